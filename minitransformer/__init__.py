@@ -1,0 +1,32 @@
+"""minitransformer: the Transformer of "Attention Is All You Need", built from scratch.
+
+Layers, each importing only those before it:
+
+    backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
+    tensor, autograd   Tensor, Function, the reverse-mode engine, no_grad
+    functional (F)     differentiable ops, each with its backward
+"""
+
+import numpy as np
+
+from .backend import has_cuda, manual_seed
+from .tensor import (  # noqa: I001 - tensor must be imported before autograd
+    Tensor, arange, full, full_like, ones, ones_like, rand, randn, randn_like, tensor, zeros,
+    zeros_like,
+)
+from .autograd import Function, enable_grad, is_grad_enabled, no_grad
+from . import functional
+
+# dtype names, as in torch.float32; NumPy's dtypes serve both backends.
+float16 = np.dtype("float16")
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int64 = np.dtype("int64")
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Function", "Tensor", "arange", "enable_grad", "full", "full_like", "functional",
+    "has_cuda", "is_grad_enabled", "manual_seed", "no_grad", "ones", "ones_like", "rand",
+    "randn", "randn_like", "tensor", "zeros", "zeros_like",
+]

@@ -1,0 +1,283 @@
+"""Reverse-mode automatic differentiation.
+
+A differentiable op is a ``Function`` subclass with two static methods that work on raw
+arrays (NumPy or CuPy), never on Tensors:
+
+    forward(ctx, *args)       -> array        args: arrays where the caller passed Tensors,
+                                               plain values (axis, p, eps...) elsewhere
+    backward(ctx, grad_out)   -> one gradient per forward argument (None where there is none)
+
+``Function.apply(*args)`` unwraps Tensors, runs ``forward`` and, when gradients are being
+recorded, returns a Tensor that remembers its ``Context``: the function, its input Tensors and
+whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the graph.
+
+``backward`` below walks that graph once, from the output to the leaves:
+
+1. An iterative depth-first search puts the contexts in topological order. (A recursive walk
+   would overflow Python's stack on a 10,000-op chain; and a context reached along two paths
+   must be visited once, after every context that feeds gradient into it.)
+2. In reverse order, each context's gradient, summed over all its uses, goes through its
+   ``backward``. A gradient whose shape differs from its input's was broadcast in the forward
+   pass, so it is summed back to the input's shape here, once for every op.
+3. Leaves (tensors created by the user with ``requires_grad=True``) accumulate into ``.grad``.
+   Each leaf's ``.grad`` owns its memory, so an optimiser may update it in place.
+4. Unless ``retain_graph=True``, each context drops its inputs and saved arrays as soon as it
+   has been used, so the graph of one training step is freed before the next one starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from .backend import array_module_of, device_of
+from .tensor import Tensor
+
+_grad_enabled = True
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class _GradMode(contextlib.ContextDecorator):
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self):
+        global _grad_enabled
+        self.prev, _grad_enabled = _grad_enabled, self.enabled
+
+    def __exit__(self, *exc):
+        global _grad_enabled
+        _grad_enabled = self.prev
+        return False
+
+
+def no_grad():
+    """Context manager (and decorator) inside which ops record no graph."""
+    return _GradMode(False)
+
+
+def enable_grad():
+    """Re-enable graph recording inside a ``no_grad`` block."""
+    return _GradMode(True)
+
+
+class Context:
+    """What one op remembers between forward and backward; also the graph's node.
+
+    Arrays go through ``save_for_backward``; small non-array values (an axis, a shape) may
+    simply be set as attributes, ``ctx.axes = axes``.
+    """
+
+    def __init__(self) -> None:
+        self.fn = None
+        self.inputs = ()
+        self.saved = ()
+        self.needs_input_grad = ()
+        self.freed = False
+
+    def save_for_backward(self, *arrays) -> None:
+        self.saved = arrays
+
+    def free(self) -> None:
+        self.inputs = ()
+        self.saved = ()
+        self.freed = True
+
+
+class Function:
+    """Base class of differentiable ops; see the module docstring for the contract."""
+
+    @staticmethod
+    def forward(ctx: Context, *args):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, grad_out):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args) -> Tensor:
+        arrays = []
+        needs = []
+        first = None  # (array type, index) of the first Tensor argument, for device checks
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor):
+                if first is None:
+                    first = (type(a.data), i)
+                elif type(a.data) is not first[0]:
+                    _raise_device_mismatch(cls, args, first[1], i)
+                arrays.append(a.data)
+                needs.append(a.requires_grad)
+            else:
+                arrays.append(a)
+                needs.append(False)
+        record = _grad_enabled and any(needs)
+        ctx = Context()
+        ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
+        out = cls.forward(ctx, *arrays)
+        if not record:
+            return Tensor(out)
+        ctx.fn = cls
+        ctx.inputs = tuple(a if n else None for a, n in zip(args, needs))
+        return Tensor(out, requires_grad=True, _ctx=ctx)
+
+
+def _raise_device_mismatch(fn, args, i, j):
+    a, b = args[i], args[j]
+    raise RuntimeError(
+        f"{fn.__name__}: expected all tensors on one device, but argument {i} is on "
+        f"{device_of(a.data)} (shape {a.shape}) and argument {j} is on "
+        f"{device_of(b.data)} (shape {b.shape})"
+    )
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+def _topological_order(root: Context) -> list[Context]:
+    """Contexts reachable from ``root``, every context after all the contexts it feeds."""
+    order, visited = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            if t is not None and t._ctx is not None and id(t._ctx) not in visited:
+                stack.append((t._ctx, False))
+    order.reverse()  # root first
+    return order
+
+
+def sum_to_shape(grad, shape: tuple):
+    """Undo broadcasting: sum ``grad`` over the axes that broadcasting added or stretched."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    if lead < 0:
+        raise RuntimeError(f"gradient of shape {grad.shape} cannot be reduced to {shape}")
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
+    )
+    return array_module_of(grad).asarray(grad.sum(axis=axes)).reshape(shape)
+
+
+def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad."""
+    if not root.requires_grad:
+        raise RuntimeError(
+            "backward() called on a tensor that does not require grad "
+            "(no input had requires_grad=True, or it was computed under no_grad())"
+        )
+    xp = array_module_of(root.data)
+    if grad is None:
+        if root.data.size != 1:
+            raise RuntimeError(
+                f"backward() on a non-scalar tensor of shape {root.shape} needs an explicit "
+                f"gradient of that shape: call backward(grad)"
+            )
+        grad = xp.ones_like(root.data)
+    else:
+        grad = grad.data if isinstance(grad, Tensor) else grad
+        if device_of(grad) != root.device:
+            raise RuntimeError(
+                f"backward(): gradient is on {device_of(grad)}, tensor is on {root.device}"
+            )
+        grad = xp.array(grad, dtype=root.dtype)  # a copy: the caller keeps its array
+        if grad.shape != root.shape:
+            raise RuntimeError(
+                f"backward(): gradient of shape {grad.shape} does not match the tensor's "
+                f"shape {root.shape}"
+            )
+
+    given_to_leaves: set[int] = set()
+    if root._ctx is None:
+        _accumulate(root, grad, given_to_leaves)
+        return
+    if root._ctx.freed:
+        raise RuntimeError(_FREED)
+
+    order = _topological_order(root._ctx)
+    pending = _pending_hooks(order)
+    grads = {id(root._ctx): grad}
+    for node in order:
+        g = grads.pop(id(node), None)
+        if g is None:  # every path to this node carried no gradient
+            if pending:
+                _run_ready_hooks(node, pending)
+            continue
+        if node.freed:
+            raise RuntimeError(_FREED)
+        in_grads = node.fn.backward(node, g)
+        if not isinstance(in_grads, tuple):
+            in_grads = (in_grads,)
+        if len(in_grads) != len(node.inputs):
+            raise RuntimeError(
+                f"{node.fn.__name__}.backward returned {len(in_grads)} gradients "
+                f"for {len(node.inputs)} inputs"
+            )
+        for t, gi in zip(node.inputs, in_grads):
+            if t is None or gi is None:
+                continue
+            gi = sum_to_shape(gi, t.shape)
+            if gi.dtype != t.dtype:
+                gi = gi.astype(t.dtype)
+            if t._ctx is None:
+                _accumulate(t, gi, given_to_leaves)
+            else:
+                key = id(t._ctx)
+                grads[key] = grads[key] + gi if key in grads else gi
+        if pending:
+            _run_ready_hooks(node, pending)
+        if not retain_graph:
+            node.free()
+
+
+_FREED = (
+    "trying to backward through the graph a second time: its saved arrays were freed "
+    "after the first backward(); call backward(retain_graph=True) the first time"
+)
+
+
+def _accumulate(leaf: Tensor, g, given_to_leaves: set[int]) -> None:
+    if leaf.grad is None:
+        # The same array may reach several leaves (the two inputs of an add), or be a view
+        # of another gradient; copy it then, so that each .grad owns its memory.
+        if id(g) in given_to_leaves or g.base is not None:
+            g = g.copy()
+        given_to_leaves.add(id(g))
+        leaf.grad = Tensor(g)
+    else:
+        leaf.grad = Tensor(leaf.grad.data + g)
+
+
+# Hooks that fire when a leaf's gradient is complete for this backward pass; data-parallel
+# training uses them to start all-reducing a bucket while backward is still running.
+
+
+def _pending_hooks(order: list[Context]) -> dict[int, list]:
+    pending: dict[int, list] = {}
+    for node in order:
+        for t in node.inputs:
+            if t is not None and t._ctx is None and t._hooks:
+                entry = pending.setdefault(id(t), [t, 0])
+                entry[1] += 1
+    return pending
+
+
+def _run_ready_hooks(node: Context, pending: dict[int, list]) -> None:
+    for t in node.inputs:
+        if t is not None and id(t) in pending:
+            entry = pending[id(t)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del pending[id(t)]
+                for hook in t._hooks:
+                    hook(t)

@@ -1,0 +1,156 @@
+"""Array backends: NumPy on the CPU, CuPy on NVIDIA GPUs.
+
+Everything above this module manipulates arrays through the module returned by
+``get_array_module`` (``xp`` by convention), so one implementation of each op serves
+both devices, the way chainer's functions do. A device is named by a string:
+
+    "cpu"   NumPy arrays in host memory (always available; the reference backend)
+    "cuda"  CuPy arrays on the current CUDA device (needs CuPy and a GPU)
+
+CuPy is optional. Importing this module never fails for lack of CuPy, a driver or a GPU;
+asking for "cuda" without them raises a ``RuntimeError`` that says what is missing.
+
+The module also owns the random number generators (one per device), so that
+``manual_seed`` makes weight init and dropout reproducible on both backends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # CuPy is an optional extra: pip install minitransformer[cuda]
+    import cupy as _cupy
+except Exception:  # ImportError, or a broken CUDA install raising at import
+    _cupy = None
+
+DEVICES = ("cpu", "cuda")
+
+
+def has_cupy() -> bool:
+    """True when CuPy can be imported (a GPU may still be absent)."""
+    return _cupy is not None
+
+
+def has_cuda() -> bool:
+    """True when CuPy is installed and at least one CUDA device is usable."""
+    if _cupy is None:
+        return False
+    try:
+        return bool(_cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def check_device(device: str) -> str:
+    """Validate a device name and return it; "cuda" also checks that a GPU is usable."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
+    if device == "cuda" and not has_cuda():
+        if _cupy is None:
+            raise RuntimeError(
+                "device 'cuda' needs CuPy, which is not installed "
+                "(pip install 'minitransformer[cuda]')"
+            )
+        raise RuntimeError("device 'cuda' requested, but CuPy finds no usable CUDA device")
+    return device
+
+
+def get_array_module(device: str):
+    """The array module for a device: numpy for "cpu", cupy for "cuda"."""
+    if device == "cpu":
+        return np
+    return _cupy if check_device(device) == "cuda" else np
+
+
+def device_of(array) -> str:
+    """The device an array lives on."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return "cpu"
+    if _cupy is not None and isinstance(array, _cupy.ndarray):
+        return "cuda"
+    raise TypeError(f"expected a NumPy or CuPy array, got {type(array).__name__}")
+
+
+def array_module_of(array):
+    """numpy or cupy, whichever owns ``array``."""
+    if _cupy is not None and isinstance(array, _cupy.ndarray):
+        return _cupy
+    return np
+
+
+def to_device(array, device: str):
+    """Copy ``array`` to ``device`` (no copy when it is already there)."""
+    check_device(device)
+    if device_of(array) == device:
+        return array
+    if device == "cuda":
+        return _cupy.asarray(array)
+    return _cupy.asnumpy(array)
+
+
+def index_add(target, index, values) -> None:
+    """``target[index] += values`` where repeated indices accumulate (unlike ``+=``)."""
+    if array_module_of(target) is np:
+        np.add.at(target, index, values)
+    else:
+        import cupyx  # ships with CuPy
+
+        cupyx.scatter_add(target, index, values)
+
+
+# --------------------------------------------------------------------------- random state
+
+
+class _RNG:
+    """One ``Generator`` per device, all derived from one seed.
+
+    NumPy's PCG64 generator and CuPy's generator are seeded from the same integer, so
+    ``manual_seed(0)`` pins both. Generators are created lazily: a CPU-only program never
+    touches CuPy.
+    """
+
+    def __init__(self) -> None:
+        self.seed(int(np.random.SeedSequence().entropy % (2**63)))
+
+    def seed(self, seed: int) -> None:
+        self._seed = int(seed)
+        self._generators: dict[str, object] = {}
+
+    def generator(self, device: str):
+        gen = self._generators.get(device)
+        if gen is None:
+            if device == "cpu":
+                gen = np.random.default_rng(self._seed)
+            else:
+                gen = get_array_module(device).random.default_rng(self._seed)
+            self._generators[device] = gen
+        return gen
+
+    def get_state(self) -> dict:
+        """The CPU generator's full state, for checkpoints."""
+        return {"seed": self._seed, "cpu": self.generator("cpu").bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        self.seed(state["seed"])
+        self.generator("cpu").bit_generator.state = state["cpu"]
+
+
+_rng = _RNG()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generators of every device (weight init, ``randn``, dropout masks)."""
+    _rng.seed(seed)
+
+
+def generator(device: str):
+    """The random ``Generator`` for ``device`` (NumPy's or CuPy's ``default_rng``)."""
+    return _rng.generator(device)
+
+
+def get_rng_state() -> dict:
+    return _rng.get_state()
+
+
+def set_rng_state(state: dict) -> None:
+    _rng.set_state(state)

@@ -1,0 +1,32 @@
+"""Differentiable ops on Tensors, imported as ``F`` (``import minitransformer.functional as F``).
+
+One concept a file, each op's backward right under its forward:
+
+    elementwise  add sub mul div neg pow exp log sqrt relu where masked_fill dropout cast
+    reduce       sum mean max
+    shape        reshape transpose permute concat stack getitem embedding
+    matmul       matmul linear
+    softmax      softmax log_softmax
+    layernorm    layer_norm
+    attention    scaled_dot_product_attention
+    loss         cross_entropy
+"""
+
+from .attention import scaled_dot_product_attention
+from .elementwise import (
+    add, cast, compare, div, dropout, exp, log, masked_fill, mul, neg, pow, relu, sqrt, sub,
+    to_device, where,
+)
+from .layernorm import layer_norm
+from .loss import cross_entropy
+from .matmul import linear, matmul
+from .reduce import max, mean, sum
+from .shape import concat, embedding, getitem, permute, reshape, stack, transpose
+from .softmax import log_softmax, softmax
+
+__all__ = [
+    "add", "cast", "compare", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
+    "getitem", "layer_norm", "linear", "log", "log_softmax", "masked_fill", "matmul", "max",
+    "mean", "mul", "neg", "permute", "pow", "relu", "reshape", "scaled_dot_product_attention",
+    "softmax", "sqrt", "stack", "sub", "sum", "to_device", "transpose", "where",
+]

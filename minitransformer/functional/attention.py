@@ -1,0 +1,107 @@
+"""Scaled dot-product attention, paper section 3.2.1, equation (1):
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V
+
+Shapes: q (..., T, d_k), k (..., S, d_k), v (..., S, d_v) -> (..., T, d_v); the leading axes
+(batch B, heads h) broadcast. M comes from ``attn_mask``: a boolean mask (True = this query may
+attend to this key, as in PyTorch's SDPA) or a float mask that is added to the scores. Both
+broadcast to (..., T, S). ``is_causal`` masks future keys: query i sees keys j <= i + (S - T),
+i.e. the mask is aligned to the bottom-right corner, so a single new query with a cache of S
+keys sees them all (incremental decoding); for T == S it is the usual lower triangle.
+
+A query whose keys are all masked gets the zero vector (softmax's fully-masked-row rule), and
+zero gradient, never NaN.
+
+Forward saves the probabilities P (T x S per head); backward is
+
+    dV = P^T dO        dP = dO V^T        dS = P * (dP - rowsum(dP * P))
+    dQ = dS K / sqrt(d_k)                 dK = dS^T Q / sqrt(d_k)
+
+with the dropout mask applied to P exactly as in forward. (The fused CUDA kernel saves only
+the log-sum-exp per row and recomputes P tile by tile instead.)
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..autograd import Function
+from ..tensor import Tensor
+from .softmax import softmax_array
+
+
+def causal_mask(xp, t: int, s: int):
+    """(T, S) boolean mask, True where query i may see key j: j <= i + (S - T)."""
+    return xp.tril(xp.ones((t, s), dtype=bool), k=s - t)
+
+
+def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
+    """Masked, scaled scores Q K^T * scale, -inf where masked: (..., T, S)."""
+    xp = backend.array_module_of(q)
+    scores = q @ k.swapaxes(-1, -2)
+    scores *= scale
+    if attn_mask is not None:
+        if attn_mask.dtype == bool:
+            scores = xp.where(attn_mask, scores, -xp.inf)
+        else:
+            scores = scores + attn_mask
+    if is_causal:
+        scores = xp.where(causal_mask(xp, q.shape[-2], k.shape[-2]), scores, -xp.inf)
+    return scores
+
+
+class ScaledDotProductAttention(Function):
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, dropout_p, scale):
+        p = softmax_array(attention_scores(q, k, attn_mask, is_causal, scale))  # (..., T, S)
+        keep = None
+        if dropout_p > 0.0:
+            gen = backend.generator(backend.device_of(q))
+            keep = (gen.random(p.shape, dtype=p.dtype) >= dropout_p) * p.dtype.type(1 / (1 - dropout_p))
+            p_used = p * keep
+        else:
+            p_used = p
+        ctx.save_for_backward(q, k, v, p, keep)
+        ctx.scale = scale
+        return p_used @ v  # (..., T, d_v)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, p, keep = ctx.saved
+        p_used = p if keep is None else p * keep
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        gv = p_used.swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
+        gp = g @ v.swapaxes(-1, -2)  # (..., T, S)
+        if keep is not None:
+            gp *= keep
+        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
+        gs *= ctx.scale
+        gq = gs @ k if need_q else None  # (..., T, d_k)
+        gk = gs.swapaxes(-1, -2) @ q if need_k else None  # (..., S, d_k)
+        return gq, gk, gv, None, None, None, None
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
+                                 is_causal: bool = False, dropout_p: float = 0.0,
+                                 scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + M) v with scale = 1/sqrt(d_k) by default; see the module doc.
+
+    ``dropout_p`` drops attention weights (pass 0.0 when not training, as with PyTorch).
+    """
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention: q {q.shape} and k {k.shape} differ in d_k")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: k {k.shape} and v {v.shape} differ in the number of keys")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    if mask is not None:
+        t, s = q.shape[-2], k.shape[-2]
+        if mask.ndim < 2 or mask.shape[-2] not in (1, t) or mask.shape[-1] not in (1, s):
+            raise ValueError(
+                f"attention: mask of shape {mask.shape} does not broadcast to (..., {t}, {s}) "
+                f"for q {q.shape} and k {k.shape}"
+            )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return ScaledDotProductAttention.apply(q, k, v, mask, is_causal, dropout_p, scale)

@@ -1,0 +1,66 @@
+"""Layer normalisation (Ba et al., 2016) over the last axis, as used after every sublayer
+of the Transformer (paper section 3.1: LayerNorm(x + Sublayer(x))).
+
+    mean = (1/D) sum_i x_i          var = (1/D) sum_i (x_i - mean)^2
+    rstd = 1 / sqrt(var + eps)      xhat = (x - mean) * rstd
+    y    = xhat * weight + bias
+
+Forward saves only the per-row statistics ``mean`` and ``rstd`` (besides x and weight); backward
+rebuilds xhat from them:
+
+    dweight = sum_rows g * xhat        dbias = sum_rows g
+    dxhat   = g * weight
+    dx      = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+"""
+
+from __future__ import annotations
+
+from ..autograd import Function
+from ..tensor import Tensor
+
+
+def layer_norm_stats(x, eps: float):
+    """Per-row ``(mean, rstd)`` with keepdims, in x's dtype."""
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    return mean, 1.0 / (var + eps) ** 0.5
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        mean, rstd = layer_norm_stats(x, eps)
+        y = (x - mean) * rstd  # (..., D)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        if weight is not None:
+            y *= weight
+        if bias is not None:
+            y += bias
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, mean, rstd = ctx.saved
+        _, need_w, need_b, _ = ctx.needs_input_grad
+        xhat = (x - mean) * rstd
+        rows = tuple(range(g.ndim - 1))
+        gw = (g * xhat).sum(axis=rows) if need_w else None
+        gb = g.sum(axis=rows) if need_b else None
+        gxhat = g * weight if weight is not None else g
+        gx = rstd * (
+            gxhat
+            - gxhat.mean(axis=-1, keepdims=True)
+            - xhat * (gxhat * xhat).mean(axis=-1, keepdims=True)
+        )
+        return gx, gw, gb, None
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise over the last axis of ``x``, then scale by ``weight`` and shift by ``bias``."""
+    d = x.shape[-1]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != (d,):
+            raise ValueError(f"layer_norm: {name} of shape {p.shape} does not match the last axis of {x.shape}")
+    return LayerNorm.apply(x, weight, bias, eps)

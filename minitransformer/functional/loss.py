@@ -1,0 +1,83 @@
+"""Cross-entropy with label smoothing, the Transformer's training loss (paper section 5.4).
+
+For logits z over V classes and target y, the smoothed target distribution is (Szegedy et
+al., 2016, the paper's reference [36])
+
+    q_k = (1 - eps) * [k == y] + eps / V
+
+and the loss per position is the cross-entropy  -sum_k q_k log softmax(z)_k
+    = (1 - eps) * nll + eps * mean_k(-log softmax(z)_k),    nll = -log softmax(z)_y.
+
+Positions whose target equals ``ignore_index`` (padding) contribute neither loss nor gradient.
+"mean" averages over the other positions, "sum" adds them up, "none" returns one value per
+position (0 where ignored). The gradient with respect to the logits is  softmax(z) - q  per
+position, times that position's weight.
+
+The log-probabilities are computed once and turned into probabilities in place, so the
+(N, V) logits cost one extra array of their size, not three.
+"""
+
+from __future__ import annotations
+
+from .. import backend
+from ..autograd import Function
+from ..tensor import Tensor
+from .softmax import log_softmax_array
+
+
+class CrossEntropy(Function):
+    @staticmethod
+    def forward(ctx, logits, target, label_smoothing, ignore_index, reduction):
+        xp = backend.array_module_of(logits)
+        v = logits.shape[-1]
+        z = logits.reshape(-1, v)  # (N, V)
+        t = target.reshape(-1)  # (N,)
+        valid = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
+        t = xp.where(valid, t, 0)
+        if t.size and (int(t.min()) < 0 or int(t.max()) >= v):
+            raise IndexError(f"cross_entropy: target ids must be in [0, {v}), got "
+                             f"min {int(t.min())} and max {int(t.max())}")
+        logp = log_softmax_array(z, axis=-1)  # (N, V)
+        rows = xp.arange(t.size)
+        nll = -logp[rows, t]
+        loss = nll if label_smoothing == 0.0 else (
+            (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
+        )
+        weight = valid.astype(logits.dtype)
+        loss = loss * weight
+        if reduction == "mean":
+            weight /= max(int(valid.sum()), 1)  # an all-padding batch gives 0, not 0/0
+            out = (loss * weight).sum()
+        elif reduction == "sum":
+            out = loss.sum()
+        else:
+            out = loss.reshape(target.shape)
+        xp.exp(logp, out=logp)  # now the probabilities, reusing the memory
+        ctx.save_for_backward(logp, t, weight)
+        ctx.shape, ctx.eps, ctx.reduction = logits.shape, label_smoothing, reduction
+        return xp.asarray(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        prob, t, weight = ctx.saved
+        xp = backend.array_module_of(prob)
+        grad = prob - ctx.eps / prob.shape[-1]  # softmax - q, off-target part
+        grad[xp.arange(t.size), t] -= 1.0 - ctx.eps
+        w = weight * g.reshape(-1) if ctx.reduction == "none" else weight * g
+        grad *= w[:, None]
+        return grad.reshape(ctx.shape), None, None, None, None
+
+
+def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
+                  ignore_index: int | None = None, reduction: str = "mean") -> Tensor:
+    """Label-smoothed cross-entropy of (..., V) logits against (...) integer targets."""
+    t = target.data if isinstance(target, Tensor) else target
+    if t.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: target of shape {t.shape} does not match logits {logits.shape}")
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold integer class ids, got {t.dtype}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return CrossEntropy.apply(logits, t, label_smoothing, ignore_index, reduction)

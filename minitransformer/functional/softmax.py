@@ -1,0 +1,83 @@
+"""Softmax and log-softmax along an axis, numerically stable, safe on fully masked rows.
+
+    softmax(x)_i     = exp(x_i - m) / sum_j exp(x_j - m),   m = max_j x_j
+    log_softmax(x)_i = x_i - m - log sum_j exp(x_j - m)
+
+Subtracting the row maximum m keeps exp() from overflowing (logits of 1e4 are fine). A row
+whose entries are all -inf (every key masked out) has no maximum to subtract; there m is
+taken as 0, the row's exponentials are all 0, and the row's softmax is defined as all zeros
+(its log-softmax all -inf) instead of the 0/0 = NaN that the formula would give.
+
+Backward, with y = softmax(x) and upstream gradient g:
+    dx = y * (g - sum(g * y))              for softmax
+    dx = g - exp(out) * sum(g)             for log-softmax
+"""
+
+from __future__ import annotations
+
+from .. import backend
+from ..autograd import Function
+from ..tensor import Tensor
+
+
+def stable_softmax_parts(x, axis: int):
+    """``(x - m, sum exp(x - m))`` per row, with the fully-masked-row guard; shared by both ops."""
+    xp = backend.array_module_of(x)
+    m = x.max(axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    shifted = x - m
+    e = xp.exp(shifted)
+    s = e.sum(axis=axis, keepdims=True)
+    return shifted, e, s
+
+
+def softmax_array(x, axis: int = -1):
+    """The softmax of an array (no autograd): also used by attention and the loss."""
+    xp = backend.array_module_of(x)
+    _, e, s = stable_softmax_parts(x, axis)
+    e /= xp.where(s == 0, 1, s)  # an all -inf row: 0 / 1 = zeros
+    return e
+
+
+def log_softmax_array(x, axis: int = -1):
+    xp = backend.array_module_of(x)
+    shifted, _, s = stable_softmax_parts(x, axis)
+    shifted -= xp.log(xp.where(s == 0, 1, s))
+    return shifted
+
+
+class Softmax(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        y = softmax_array(x, axis)
+        ctx.save_for_backward(y)
+        ctx.axis = axis
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        return y * (g - (g * y).sum(axis=ctx.axis, keepdims=True)), None
+
+
+class LogSoftmax(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        out = log_softmax_array(x, axis)
+        ctx.save_for_backward(out)
+        ctx.axis = axis
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved
+        xp = backend.array_module_of(g)
+        return g - xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True), None
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return Softmax.apply(x, axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return LogSoftmax.apply(x, axis)

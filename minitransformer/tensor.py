@@ -1,0 +1,338 @@
+"""Tensor: an array (NumPy or CuPy) plus what autograd needs to differentiate through it.
+
+    data           the raw array; ``x.data`` is a ``numpy.ndarray`` on "cpu", ``cupy.ndarray``
+                   on "cuda"
+    requires_grad  whether gradients flow back to this tensor
+    grad           after ``backward()``, a Tensor of the same shape (leaves only)
+    _ctx           the autograd Context of the op that produced it (None for leaves)
+
+Operators (``+ - * / ** @``, unary minus, indexing, comparisons) and the common methods
+(``sum``, ``reshape``, ``softmax``...) call the ops in ``minitransformer.functional``.
+Creation functions (``tensor``, ``zeros``, ``randn``...) are at the bottom of this file.
+Floating-point data defaults to float32, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend
+
+DEFAULT_DTYPE = np.float32
+
+
+class Tensor:
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_hooks", "__weakref__")
+
+    # NumPy must hand ``ndarray + Tensor`` over to ``Tensor.__radd__`` instead of
+    # treating the Tensor as an object array.
+    __array_ufunc__ = None
+
+    def __init__(self, data, requires_grad: bool = False, _ctx=None) -> None:
+        self.data = data
+        self.grad = None
+        self._ctx = _ctx
+        self._hooks = None
+        if requires_grad and data.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require grad, not {data.dtype}")
+        self.requires_grad = requires_grad
+
+    # ----------------------------------------------------------------- attributes
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def device(self) -> str:
+        return backend.device_of(self.data)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        extra = f", device='{self.device}'" if self.device != "cpu" else ""
+        if self._ctx is not None:
+            extra += f", grad_fn={self._ctx.fn.__name__ if self._ctx.fn else 'freed'}"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        body = np.array2string(self.numpy(), prefix="tensor(", separator=", ")
+        return f"tensor({body}, dtype={self.dtype}{extra})"
+
+    # ----------------------------------------------------------------- autograd
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Compute gradients of this tensor with respect to every leaf that requires grad.
+
+        ``grad`` (same shape as this tensor) is required unless the tensor has one element.
+        """
+        from .autograd import backward
+
+        backward(self, grad, retain_graph)
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the graph."""
+        return Tensor(self.data)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and self.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require grad, not {self.dtype}")
+        self.requires_grad = requires_grad
+        return self
+
+    def register_post_accumulate_grad_hook(self, hook) -> None:
+        """Call ``hook(tensor)`` once this leaf's ``.grad`` is complete in a backward pass."""
+        if self._ctx is not None:
+            raise RuntimeError("post-accumulate hooks can only be registered on leaf tensors")
+        self._hooks = (self._hooks or []) + [hook]
+
+    # ----------------------------------------------------------------- conversion
+    def numpy(self) -> np.ndarray:
+        """The data as a NumPy array (copied from the GPU if needed)."""
+        return backend.to_device(self.data, "cpu")
+
+    def item(self):
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, not shape {self.shape}")
+        return self.data.reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def to(self, device: str) -> Tensor:
+        """This tensor on ``device``; differentiable, so gradients flow back across devices."""
+        if device == self.device:
+            return self
+        return F.to_device(self, device)
+
+    def astype(self, dtype) -> Tensor:
+        """Cast to ``dtype``; differentiable between floating-point types."""
+        return F.cast(self, dtype)
+
+    def float(self) -> Tensor:
+        return F.cast(self, np.float32)
+
+    def __bool__(self) -> bool:
+        return bool(self.data)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    # ----------------------------------------------------------------- operators
+    def __add__(self, other):
+        return F.add(self, other)
+
+    def __radd__(self, other):
+        return F.add(other, self)
+
+    def __sub__(self, other):
+        return F.sub(self, other)
+
+    def __rsub__(self, other):
+        return F.sub(other, self)
+
+    def __mul__(self, other):
+        return F.mul(self, other)
+
+    def __rmul__(self, other):
+        return F.mul(other, self)
+
+    def __truediv__(self, other):
+        return F.div(self, other)
+
+    def __rtruediv__(self, other):
+        return F.div(other, self)
+
+    def __pow__(self, exponent):
+        return F.pow(self, exponent)
+
+    def __rpow__(self, base):
+        return F.pow(base, self)
+
+    def __neg__(self):
+        return F.neg(self)
+
+    def __matmul__(self, other):
+        return F.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return F.matmul(other, self)
+
+    def __getitem__(self, index):
+        return F.getitem(self, index)
+
+    # Comparisons give boolean tensors (masks); they are not differentiable.
+    def __eq__(self, other):
+        return F.compare(self, other, "equal")
+
+    def __ne__(self, other):
+        return F.compare(self, other, "not_equal")
+
+    def __lt__(self, other):
+        return F.compare(self, other, "less")
+
+    def __le__(self, other):
+        return F.compare(self, other, "less_equal")
+
+    def __gt__(self, other):
+        return F.compare(self, other, "greater")
+
+    def __ge__(self, other):
+        return F.compare(self, other, "greater_equal")
+
+    __hash__ = object.__hash__  # tensors are keyed by identity, as in PyTorch
+
+    # ----------------------------------------------------------------- methods
+    def sum(self, axis=None, keepdims: bool = False):
+        return F.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims: bool = False):
+        return F.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims: bool = False):
+        return F.max(self, axis, keepdims)
+
+    def exp(self):
+        return F.exp(self)
+
+    def log(self):
+        return F.log(self)
+
+    def sqrt(self):
+        return F.sqrt(self)
+
+    def relu(self):
+        return F.relu(self)
+
+    def reshape(self, *shape):
+        return F.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+    def transpose(self, axis0: int, axis1: int):
+        return F.transpose(self, axis0, axis1)
+
+    def permute(self, *axes):
+        return F.permute(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
+
+    def softmax(self, axis: int = -1):
+        return F.softmax(self, axis)
+
+    def log_softmax(self, axis: int = -1):
+        return F.log_softmax(self, axis)
+
+    def masked_fill(self, mask, value):
+        return F.masked_fill(self, mask, value)
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def _resolve_dtype(dtype):
+    return None if dtype is None else np.dtype(dtype)
+
+
+def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    """A new leaf tensor holding a copy of ``data`` (a list, scalar, or NumPy/CuPy array).
+
+    Python floats become float32 (the default dtype); arrays keep their dtype unless
+    ``dtype`` is given.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    xp = backend.get_array_module(device)
+    dtype = _resolve_dtype(dtype)
+    if dtype is None and not hasattr(data, "dtype"):
+        inferred = np.asarray(data).dtype
+        dtype = np.dtype(DEFAULT_DTYPE) if inferred.kind == "f" else inferred
+    if hasattr(data, "dtype"):  # an array, possibly on the other device
+        data = backend.to_device(data, device)
+    return Tensor(xp.array(data, dtype=dtype), requires_grad=requires_grad)
+
+
+def _filled(fill, shape, dtype, device, requires_grad) -> Tensor:
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        shape = tuple(shape[0])
+    xp = backend.get_array_module(device)
+    data = xp.full(shape, fill, dtype=_resolve_dtype(dtype) or DEFAULT_DTYPE)
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def zeros(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    return _filled(0, shape, dtype, device, requires_grad)
+
+
+def ones(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    return _filled(1, shape, dtype, device, requires_grad)
+
+
+def full(shape, fill_value, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    return _filled(fill_value, (tuple(shape),), dtype, device, requires_grad)
+
+
+def randn(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    """Standard normal samples from the device's seeded generator (see ``manual_seed``)."""
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        shape = tuple(shape[0])
+    dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
+    data = backend.generator(device).standard_normal(shape, dtype=dtype)
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def rand(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) from the device's seeded generator."""
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        shape = tuple(shape[0])
+    dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
+    data = backend.generator(device).random(shape, dtype=dtype)
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def arange(start, stop=None, step=1, dtype=None, device: str = "cpu") -> Tensor:
+    """Like ``numpy.arange``; integer arguments give int64, float ones float32."""
+    if stop is None:
+        start, stop = 0, start
+    if dtype is None:
+        is_int = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+        dtype = np.int64 if is_int else DEFAULT_DTYPE
+    xp = backend.get_array_module(device)
+    return Tensor(xp.arange(start, stop, step, dtype=dtype))
+
+
+def zeros_like(t: Tensor, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return zeros(t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                 requires_grad=requires_grad)
+
+
+def ones_like(t: Tensor, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return ones(t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                requires_grad=requires_grad)
+
+
+def full_like(t: Tensor, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return full(t.shape, fill_value, dtype=dtype or t.dtype, device=device or t.device,
+                requires_grad=requires_grad)
+
+
+def randn_like(t: Tensor, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return randn(t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                 requires_grad=requires_grad)
+
+
+# functional builds on Tensor, so it is imported once the class exists.
+from . import functional as F  # noqa: E402
