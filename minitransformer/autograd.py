@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from .backend import array_module_of, device_of
 from .tensor import Tensor
 
@@ -117,6 +119,8 @@ class Function:
         ctx = Context()
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays)
+        if isinstance(out, np.generic):  # NumPy reductions to 0-d return scalars, not arrays
+            out = np.asarray(out)
         if not record:
             return Tensor(out)
         ctx.fn = cls

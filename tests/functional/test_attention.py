@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minitransformer as mt
+from minitransformer import functional as F
+from minitransformer.testing import gradcheck
+from tests.helpers import randn, seeds
+
+
+def attention_reference(q, k, v, keep=None, causal=False):
+    """Equation (1) written out in NumPy, with explicit loops over nothing clever."""
+    d_k = q.shape[-1]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
+    t, s = scores.shape[-2:]
+    allowed = np.ones(scores.shape, bool)
+    if keep is not None:
+        allowed &= keep
+    if causal:
+        allowed &= np.tril(np.ones((t, s), bool), k=s - t)
+    scores = np.where(allowed, scores, -np.inf)
+    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    for idx in np.ndindex(*scores.shape[:-1]):
+        row = scores[idx]
+        if np.isfinite(row).any():
+            p = np.exp(row - row[np.isfinite(row)].max())
+            out[idx] = (p / p.sum()) @ v[idx[:-1]]
+    return out
+
+
+dims = st.integers(1, 4)
+
+
+@given(b=st.integers(1, 2), h=st.integers(1, 2), t=dims, s=dims, d_k=dims, d_v=dims, seed=seeds,
+       causal=st.booleans(), masked=st.booleans())
+def test_attention_matches_reference_and_gradients(device, b, h, t, s, d_k, d_v, seed, causal, masked):
+    q = randn(device, b, h, t, d_k, seed=seed)
+    k = randn(device, b, h, s, d_k, seed=seed + 1)
+    v = randn(device, b, h, s, d_v, seed=seed + 2)
+    keep = None
+    if masked:  # key padding: (B, 1, 1, S), broadcast over heads and queries
+        keep = np.random.default_rng(seed).random((b, 1, 1, s)) > 0.3
+    mask = None if keep is None else mt.tensor(keep, device=device)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    expected = attention_reference(q.numpy(), k.numpy(), v.numpy(), keep, causal)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)
+    gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal), [q, k, v])
+
+
+def test_float_mask_is_added_to_scores(device):
+    q, k, v = (randn(device, 2, 3, 4, seed=i) for i in range(3))
+    bias = randn(device, 3, 3, seed=9, requires_grad=False)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    scores = q.numpy() @ np.swapaxes(k.numpy(), -1, -2) / 2.0 + bias.numpy()
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-10)
+
+
+def test_fully_masked_query_gives_zeros_and_finite_gradients(device):
+    q, k, v = (randn(device, 1, 2, 3, 4, seed=i) for i in range(3))
+    keep = np.ones((1, 1, 3, 3), bool)
+    keep[..., 1, :] = False  # query 1 may attend to nothing
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert not np.isnan(out.numpy()).any()
+    np.testing.assert_array_equal(out.numpy()[..., 1, :], 0.0)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert np.isfinite(t.grad.numpy()).all()
+    np.testing.assert_array_equal(q.grad.numpy()[..., 1, :], 0.0)
+    gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, keep), [q, k, v])
+
+
+def test_causal_single_query_sees_every_cached_key(device):
+    q = randn(device, 1, 1, 1, 4, seed=1)
+    k, v = randn(device, 1, 1, 5, 4, seed=2), randn(device, 1, 1, 5, 4, seed=3)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    full = F.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(causal.numpy(), full.numpy(), rtol=1e-12)
+
+
+def test_attention_dropout_gradient_and_expectation(device):
+    q, k, v = (randn(device, 2, 3, 4, seed=i) for i in range(3))
+
+    def fn(q, k, v):
+        mt.manual_seed(3)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+
+    gradcheck(fn, [q, k, v])
+    assert not np.allclose(fn(q, k, v).numpy(), F.scaled_dot_product_attention(q, k, v).numpy())
+
+
+def test_attention_errors_name_shapes(device):
+    q = randn(device, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(2, 3, 5\)"):
+        F.scaled_dot_product_attention(q, randn(device, 2, 3, 5), randn(device, 2, 3, 4))
+    with pytest.raises(ValueError, match="mask of shape"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((2, 5), bool))

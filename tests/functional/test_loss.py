@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minitransformer as mt
+from minitransformer import functional as F
+from minitransformer.testing import gradcheck
+from tests.helpers import randn, seeds
+
+
+def smoothed_ce_reference(logits, target, eps, ignore_index):
+    """The explicit formula: -sum_k q_k log p_k with q = (1-eps) onehot + eps/V, per position."""
+    v = logits.shape[-1]
+    z = logits.reshape(-1, v)
+    t = target.reshape(-1)
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    losses = []
+    for row, y in zip(logp, t):
+        if ignore_index is not None and y == ignore_index:
+            continue
+        q = np.full(v, eps / v)
+        q[y] += 1 - eps
+        losses.append(-(q * row).sum())
+    return np.array(losses)
+
+
+@given(n=st.integers(1, 5), v=st.integers(2, 6), seed=seeds,
+       eps=st.sampled_from([0.0, 0.1, 0.5]), reduction=st.sampled_from(["mean", "sum", "none"]),
+       with_ignore=st.booleans())
+def test_cross_entropy_matches_formula_and_gradients(device, n, v, seed, eps, reduction, with_ignore):
+    rng = np.random.default_rng(seed)
+    logits = randn(device, 2, n, v, seed=seed, scale=2.0)
+    target_np = rng.integers(0, v, size=(2, n))
+    ignore = 0 if with_ignore else None
+    target = mt.tensor(target_np, device=device)
+    loss = F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=ignore, reduction=reduction)
+    ref = smoothed_ce_reference(logits.numpy(), target_np, eps, ignore)
+    if reduction == "none":
+        keep = target_np != ignore if with_ignore else np.ones_like(target_np, bool)
+        assert loss.shape == (2, n)
+        np.testing.assert_allclose(loss.numpy()[keep], ref, rtol=1e-10)
+        np.testing.assert_array_equal(loss.numpy()[~keep], 0.0)
+    else:
+        expected = ref.sum() if reduction == "sum" else (ref.mean() if ref.size else 0.0)
+        np.testing.assert_allclose(loss.item(), expected, rtol=1e-10, atol=1e-12)
+    gradcheck(lambda z: F.cross_entropy(z, target, eps, ignore, reduction), [logits])
+
+
+def test_ignored_positions_get_no_gradient(device):
+    logits = randn(device, 4, 5, seed=1)
+    target = mt.tensor([1, 0, 3, 0], device=device)
+    F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=0).backward()
+    np.testing.assert_array_equal(logits.grad.numpy()[[1, 3]], 0.0)
+    assert np.abs(logits.grad.numpy()[[0, 2]]).min() > 0
+
+
+def test_huge_logits_stay_finite(device):
+    logits = mt.tensor([[1e4, -1e4, 0.0]], device=device, requires_grad=True)
+    loss = F.cross_entropy(logits, mt.tensor([1], device=device), label_smoothing=0.1)
+    assert np.isfinite(loss.item())
+    loss.backward()
+    assert np.isfinite(logits.grad.numpy()).all()
+
+
+def test_bad_targets_are_reported(device):
+    logits = randn(device, 3, 4)
+    with pytest.raises(IndexError, match=r"\[0, 4\)"):
+        F.cross_entropy(logits, mt.tensor([0, 4, 1], device=device))
+    with pytest.raises(ValueError, match=r"\(2,\).*\(3, 4\)"):
+        F.cross_entropy(logits, mt.tensor([0, 1], device=device))

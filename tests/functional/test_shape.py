@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minitransformer as mt
+from minitransformer import functional as F
+from minitransformer.testing import gradcheck
+from tests.helpers import randn, seeds, shapes
+
+
+@given(shape=shapes, seed=seeds)
+def test_reshape_gradient(device, shape, seed):
+    x = randn(device, *shape, seed=seed)
+    gradcheck(lambda x: F.reshape(x, (-1,)) * mt.arange(x.size, device=device), [x])
+    gradcheck(lambda x: x.reshape(1, *shape[::-1]), [x])
+
+
+@given(shape=shapes.filter(lambda s: len(s) >= 2), seed=seeds, data=st.data())
+def test_transpose_and_permute_gradients(device, shape, seed, data):
+    x = randn(device, *shape, seed=seed)
+    perm = data.draw(st.permutations(range(len(shape))))
+    np.testing.assert_array_equal(F.permute(x, perm).numpy(), x.numpy().transpose(perm))
+    gradcheck(lambda x: F.permute(x, perm), [x])
+    gradcheck(lambda x: F.transpose(x, 0, -1), [x])
+
+
+@given(shape=shapes, seed=seeds, n=st.integers(1, 3), data=st.data())
+def test_concat_and_stack_gradients(device, shape, seed, n, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    xs = [randn(device, *shape, seed=seed + i) for i in range(n)]
+    np.testing.assert_array_equal(F.concat(xs, axis).numpy(), np.concatenate([x.numpy() for x in xs], axis))
+    gradcheck(lambda *xs: F.concat(xs, axis), xs)
+    gradcheck(lambda *xs: F.stack(xs, axis), xs)
+
+
+@given(seed=seeds)
+def test_basic_indexing_gradients(device, seed):
+    x = randn(device, 4, 5, 3, seed=seed)
+    for index in [1, (slice(1, 3), 2), (Ellipsis, 0), (slice(None, None, -2), None, 1)]:
+        np.testing.assert_array_equal(x[index].numpy(), x.numpy()[index])
+        gradcheck(lambda x: x[index], [x])
+
+
+@given(seed=seeds)
+def test_integer_array_indexing_accumulates_repeats(device, seed):
+    x = randn(device, 5, 3, seed=seed)
+    rows = mt.tensor([0, 2, 2, 4, 0, 0], device=device)
+    gradcheck(lambda x: x[rows], [x])
+    x.grad = None
+    x[rows].sum().backward()
+    np.testing.assert_allclose(x.grad.numpy()[:, 0], [3, 0, 2, 0, 1])
+    gradcheck(lambda x: x[[1, 1], 1:], [x])
+
+
+def test_boolean_mask_indexing_gradient(device):
+    x = randn(device, 3, 4, seed=3)
+    mask = x.data > 0
+    gradcheck(lambda x: x[mask], [x])
+
+
+@given(seed=seeds, vocab=st.integers(1, 6), dim=st.integers(1, 4))
+def test_embedding_gradient_with_repeated_ids(device, seed, vocab, dim):
+    rng = np.random.default_rng(seed)
+    ids = mt.tensor(rng.integers(0, vocab, size=(3, 4)), device=device)
+    weight = randn(device, vocab, dim, seed=seed)
+    gradcheck(lambda w: F.embedding(ids, w), [weight])
+    weight.grad = None
+    F.embedding(ids, weight).sum().backward()
+    counts = np.bincount(ids.numpy().ravel(), minlength=vocab)
+    np.testing.assert_allclose(weight.grad.numpy(), np.repeat(counts[:, None], dim, axis=1))
+
+
+def test_embedding_rejects_float_ids(device):
+    with pytest.raises(TypeError, match="integers"):
+        F.embedding(randn(device, 2), randn(device, 3, 2))

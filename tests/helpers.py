@@ -1,0 +1,30 @@
+"""Helpers shared by the tests: fresh random inputs and hypothesis strategies."""
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import minitransformer as mt
+
+# Small shapes keep finite differences cheap (two forward passes per input element) while
+# still covering size-1 axes, which is where broadcasting bugs hide.
+shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
+seeds = st.integers(0, 2**32 - 1)
+
+
+def broadcastable_pair(min_dims=1, max_dims=3):
+    """Two shapes that broadcast together, e.g. (3, 1, 4) and (2, 1)."""
+    return hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=min_dims, max_dims=max_dims,
+                                             min_side=1, max_side=4).map(lambda r: r.input_shapes)
+
+
+def randn(device, *shape, seed=0, dtype=np.float64, requires_grad=True, scale=1.0, offset=0.0):
+    """A fresh random tensor (normal samples, never all zeros) on ``device``."""
+    data = np.random.default_rng(seed).standard_normal(shape) * scale + offset
+    return mt.tensor(data.astype(dtype), device=device, requires_grad=requires_grad)
+
+
+def positive(device, *shape, seed=0, requires_grad=True):
+    """Random float64 values in [0.5, 2): safe inputs for log, sqrt, division and pow."""
+    data = np.random.default_rng(seed).uniform(0.5, 2.0, shape)
+    return mt.tensor(data, device=device, requires_grad=requires_grad)

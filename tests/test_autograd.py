@@ -1,0 +1,183 @@
+import gc
+import sys
+import weakref
+
+import numpy as np
+import pytest
+
+import minitransformer as mt
+from minitransformer import backend
+from minitransformer import functional as F
+from minitransformer.autograd import Context, Function
+from minitransformer.testing import gradcheck
+from tests.helpers import randn
+
+
+def test_tensor_used_several_times_accumulates(device):
+    x = randn(device, 3, seed=1)
+    y = x * x + x * 3.0 + F.exp(x)  # x reaches the output along four paths
+    y.sum().backward()
+    xn = x.numpy()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * xn + 3 + np.exp(xn), rtol=1e-12)
+
+
+def test_diamond_graph_visits_shared_node_once(device):
+    x = randn(device, 4, seed=2)
+    h = F.exp(x)  # used by both branches: its backward must run once, with the summed gradient
+    y = (h * 2.0 + h.sum() * h).sum()
+    y.backward()
+    hn = np.exp(x.numpy())
+    np.testing.assert_allclose(x.grad.numpy(), (2 + hn.sum() + hn.sum()) * hn, rtol=1e-12)
+
+
+def test_deep_chain_does_not_hit_the_recursion_limit(device):
+    x = randn(device, 2, seed=3)
+    y = x
+    for _ in range(10_000):
+        y = y * 1.0001
+    assert 10_000 > sys.getrecursionlimit() / 2
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full(2, 1.0001**10_000), rtol=1e-9)
+
+
+def test_gradients_accumulate_across_backward_calls(device):
+    x = randn(device, 3, seed=4)
+    (x * 2.0).sum().backward()
+    (x * 3.0).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 5.0))
+
+
+def test_leaf_grads_own_their_memory(device):
+    a, b = randn(device, 3, seed=5), randn(device, 3, seed=6)
+    (a + b).sum().backward()  # Add hands the same array to both inputs
+    a.grad.data *= 10.0  # an optimiser scaling one gradient in place...
+    np.testing.assert_allclose(b.grad.numpy(), np.ones(3))  # ...must not touch the other
+
+
+def test_backward_on_non_scalar_needs_a_gradient(device):
+    x = randn(device, 2, 3)
+    y = x * 2.0
+    with pytest.raises(RuntimeError, match=r"non-scalar tensor of shape \(2, 3\)"):
+        y.backward()
+    y.backward(mt.ones_like(y))
+    np.testing.assert_allclose(x.grad.numpy(), np.full((2, 3), 2.0))
+    with pytest.raises(RuntimeError, match="does not match"):
+        (x * 2.0).backward(mt.ones(3, device=device))
+
+
+def test_backward_without_grad_is_an_error(device):
+    x = randn(device, 2, requires_grad=False)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        (x * 2.0).sum().backward()
+
+
+def test_graph_is_freed_unless_retained(device):
+    x = randn(device, 3)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 4 * x.numpy())
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+def test_no_grad_builds_no_graph(device):
+    x = randn(device, 3)
+    with mt.no_grad():
+        y = F.relu(x * 2.0).sum()
+    assert y._ctx is None and not y.requires_grad
+    z = x * 2.0
+    assert z._ctx is not None and z.requires_grad
+
+    @mt.no_grad()
+    def f(t):
+        return t * 3.0
+
+    assert not f(x).requires_grad
+    assert mt.is_grad_enabled()
+
+
+def test_training_steps_do_not_keep_previous_graphs_alive(device):
+    """Count live autograd contexts across steps: they must not grow with the step count."""
+    w = randn(device, 8, 8, seed=7)
+    x = randn(device, 16, 8, seed=8, requires_grad=False)
+    target = mt.tensor(np.arange(16) % 8, device=device)
+
+    def live_contexts():
+        gc.collect()
+        return sum(isinstance(o, Context) for o in gc.get_objects())
+
+    def step():
+        loss = F.cross_entropy(F.relu(x @ w) @ w, target)
+        loss.backward()
+        w.data -= 0.1 * w.grad.data
+        w.grad = None
+        return loss
+
+    kept = [step()]  # a caller that keeps each step's loss for logging
+    baseline = live_contexts()
+    ctx_refs = [weakref.ref(kept[0]._ctx)]
+    for _ in range(20):
+        kept.append(step())
+    assert live_contexts() - baseline <= 20  # at most the freed root context of each kept loss
+    assert all(len(ref().inputs) == 0 for ref in ctx_refs if ref() is not None)
+    del kept
+    assert live_contexts() < baseline
+
+
+def test_custom_function_contract(device):
+    class Cube(Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            ctx.save_for_backward(x)
+            ctx.scale = scale
+            return scale * x**3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved
+            return g * 3 * ctx.scale * x**2, None
+
+    x = randn(device, 5, seed=9)
+    gradcheck(lambda x: Cube.apply(x, 2.0), [x])
+
+
+def test_wrong_number_of_gradients_is_reported(device):
+    class Broken(Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x + y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    with pytest.raises(RuntimeError, match="returned 1 gradients for 2 inputs"):
+        Broken.apply(randn(device, 2), randn(device, 2)).sum().backward()
+
+
+def test_post_accumulate_hook_fires_once_per_leaf_when_complete(device):
+    a, b = randn(device, 3, seed=1), randn(device, 3, seed=2)
+    seen = []
+    for t in (a, b):
+        t.register_post_accumulate_grad_hook(lambda t: seen.append((t, t.grad.numpy().copy())))
+    (a * b + a * 2.0).sum().backward()  # a is used twice: its hook waits for both uses
+    assert sum(t is a for t, _ in seen) == 1 and sum(t is b for t, _ in seen) == 1
+    grads = {id(t): g for t, g in seen}
+    np.testing.assert_allclose(grads[id(a)], b.numpy() + 2.0)
+
+
+@pytest.mark.skipif(not backend.has_cuda(), reason="no CUDA device (CuPy with a GPU)")
+def test_mixing_devices_names_both():
+    a = randn("cpu", 2, 3)
+    b = randn("cuda", 2, 3)
+    with pytest.raises(RuntimeError, match=r"cpu \(shape \(2, 3\)\).*cuda \(shape \(2, 3\)\)"):
+        a + b
+
+
+@pytest.mark.skipif(not backend.has_cuda(), reason="no CUDA device (CuPy with a GPU)")
+def test_gradient_flows_across_devices():
+    x = randn("cpu", 3)
+    (x.to("cuda") * 2.0).sum().backward()
+    assert x.grad.device == "cpu"
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 2.0))
