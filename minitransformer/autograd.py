@@ -89,15 +89,8 @@ class Context:
 
 
 class Function:
-    """Base class of differentiable ops; see the module docstring for the contract."""
-
-    @staticmethod
-    def forward(ctx: Context, *args):
-        raise NotImplementedError
-
-    @staticmethod
-    def backward(ctx: Context, grad_out):
-        raise NotImplementedError
+    """Base class of differentiable ops: subclasses define the static methods ``forward`` and
+    ``backward`` described in the module docstring, and are called through ``apply``."""
 
     @classmethod
     def apply(cls, *args) -> Tensor:

@@ -105,3 +105,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
             )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return ScaledDotProductAttention.apply(q, k, v, mask, is_causal, dropout_p, scale)
+
+
+def attention_weights(q: Tensor, k: Tensor, attn_mask=None, is_causal: bool = False,
+                      scale: float | None = None) -> Tensor:
+    """The probabilities softmax(q k^T * scale + M), (..., T, S), for inspection and plots.
+
+    Not differentiable: training goes through ``scaled_dot_product_attention``, which never
+    hands the T x S matrix out (and, in the fused kernel, never stores it).
+    """
+    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return Tensor(softmax_array(attention_scores(q.data, k.data, mask, is_causal, scale)))
+

@@ -27,7 +27,7 @@ from .softmax import log_softmax_array
 
 class CrossEntropy(Function):
     @staticmethod
-    def forward(ctx, logits, target, label_smoothing, ignore_index, reduction):
+    def forward(ctx, logits, target, label_smoothing, ignore_index, reduction, stats):
         xp = backend.array_module_of(logits)
         v = logits.shape[-1]
         z = logits.reshape(-1, v)  # (N, V)
@@ -44,10 +44,14 @@ class CrossEntropy(Function):
             (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
         )
         weight = valid.astype(logits.dtype)
+        n_valid = int(valid.sum())
+        if stats is not None:  # the unsmoothed NLL, for perplexity, from the same log-softmax
+            stats["nll_sum"] = float((nll * weight).sum())
+            stats["n_tokens"] = n_valid
         loss = loss * weight
         if reduction == "mean":
-            weight /= max(int(valid.sum()), 1)  # an all-padding batch gives 0, not 0/0
-            out = (loss * weight).sum()
+            weight /= max(n_valid, 1)  # an all-padding batch gives 0, not 0/0
+            out = loss.sum() / max(n_valid, 1)
         elif reduction == "sum":
             out = loss.sum()
         else:
@@ -65,12 +69,17 @@ class CrossEntropy(Function):
         grad[xp.arange(t.size), t] -= 1.0 - ctx.eps
         w = weight * g.reshape(-1) if ctx.reduction == "none" else weight * g
         grad *= w[:, None]
-        return grad.reshape(ctx.shape), None, None, None, None
+        return grad.reshape(ctx.shape), None, None, None, None, None
 
 
 def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
-                  ignore_index: int | None = None, reduction: str = "mean") -> Tensor:
-    """Label-smoothed cross-entropy of (..., V) logits against (...) integer targets."""
+                  ignore_index: int | None = None, reduction: str = "mean",
+                  stats: dict | None = None) -> Tensor:
+    """Label-smoothed cross-entropy of (..., V) logits against (...) integer targets.
+
+    Pass a dict as ``stats`` to also receive ``nll_sum`` (the unsmoothed negative
+    log-likelihood summed over counted positions, for perplexity) and ``n_tokens``.
+    """
     t = target.data if isinstance(target, Tensor) else target
     if t.shape != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: target of shape {t.shape} does not match logits {logits.shape}")
@@ -80,4 +89,4 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return CrossEntropy.apply(logits, t, label_smoothing, ignore_index, reduction)
+    return CrossEntropy.apply(logits, t, label_smoothing, ignore_index, reduction, stats)

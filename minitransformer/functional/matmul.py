@@ -34,17 +34,18 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        out = x @ weight  # (..., out_features)
+        # Rows of all leading axes in one GEMM: NumPy would loop over a batch axis instead.
+        out = x.reshape(-1, x.shape[-1]) @ weight  # (rows, out_features)
         if bias is not None:
             out += bias
-        return out
+        return out.reshape(x.shape[:-1] + (weight.shape[1],))
 
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved
         need_x, need_w, need_b = ctx.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])  # (rows, out_features)
-        gx = g @ weight.T if need_x else None
+        gx = (g2 @ weight.T).reshape(x.shape) if need_x else None
         gw = x.reshape(-1, x.shape[-1]).T @ g2 if need_w else None
         gb = g2.sum(axis=0) if need_b else None
         return gx, gw, gb

@@ -1,0 +1,110 @@
+"""Train a small Transformer to copy (or reverse) random token sequences, on the CPU.
+
+The smallest end-to-end check of the whole stack: embeddings, positional encoding, encoder,
+causal decoder with cross-attention, label-smoothed loss, Adam with the warmup schedule, and
+greedy/beam decoding with the KV cache. Within a minute or two on a laptop CPU the model
+decodes held-out sequences exactly.
+
+    python examples/copy_task.py                 # copy, default size
+    python examples/copy_task.py --task reverse --steps 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import minitransformer as mt
+from minitransformer import nn
+from minitransformer.decoding import beam_search, greedy_decode
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
+from minitransformer.train import train_step
+
+PAD, BOS, EOS, FIRST_SYMBOL = 0, 2, 3, 4
+
+
+def make_batch(rng: np.random.Generator, batch_size: int, vocab: int, min_len: int, max_len: int,
+               task: str):
+    """Random sequences of symbols (ids >= 4), padded; targets are the copy or the reversal."""
+    lengths = rng.integers(min_len, max_len + 1, size=batch_size)
+    src = np.full((batch_size, max_len), PAD, dtype=np.int64)
+    tgt = np.full((batch_size, max_len + 2), PAD, dtype=np.int64)
+    for i, n in enumerate(lengths):
+        seq = rng.integers(FIRST_SYMBOL, vocab, size=n)
+        src[i, :n] = seq
+        tgt[i, 0] = BOS
+        tgt[i, 1: n + 1] = seq if task == "copy" else seq[::-1]
+        tgt[i, n + 1] = EOS
+    return src, tgt[:, :-1], tgt[:, 1:], [tgt[i, 1: n + 1].tolist() for i, n in enumerate(lengths)]
+
+
+def build(args) -> nn.Transformer:
+    cfg = nn.TransformerConfig(
+        vocab_size=args.vocab, d_model=args.d_model, d_ff=4 * args.d_model, h=args.heads,
+        num_encoder_layers=args.layers, num_decoder_layers=args.layers, dropout=args.dropout,
+        pad_id=PAD, bos_id=BOS, eos_id=EOS,
+    )
+    return nn.Transformer(cfg)
+
+
+def exact_match(model, rng, args, n: int = 200, beam: int = 1) -> float:
+    src, _, _, refs = make_batch(rng, n, args.vocab, args.min_len, args.max_len, args.task)
+    src = mt.tensor(src, device=args.device)
+    hyps = greedy_decode(model, src, max_len_extra=5) if beam == 1 else beam_search(model, src, beam, max_len_extra=5)
+    return float(np.mean([h == r for h, r in zip(hyps, refs)]))
+
+
+def run(args) -> dict:
+    mt.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    model = build(args).to(args.device)
+    optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = WarmupInverseSqrtSchedule(optimizer, args.d_model, warmup=args.warmup, factor=args.lr_factor)
+    print(f"model: {model.num_parameters():,} parameters; task: {args.task}; device: {args.device}")
+    losses, start = [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        src, tgt_in, tgt_out, _ = make_batch(rng, args.batch_size, args.vocab, args.min_len, args.max_len, args.task)
+        result = train_step(model, optimizer, schedule, mt.tensor(src, device=args.device),
+                            mt.tensor(tgt_in, device=args.device), mt.tensor(tgt_out, device=args.device),
+                            label_smoothing=args.label_smoothing)
+        if result.skipped:
+            print(f"step {step}: skipped ({result.skipped})")
+        losses.append(result.loss)
+        if step % args.log_every == 0 or step == args.steps:
+            print(f"step {step:5d}  loss {result.loss:.4f}  ppl {result.ppl:8.3f}  lr {result.lr:.2e}  "
+                  f"{time.perf_counter() - start:6.1f}s")
+    eval_rng = np.random.default_rng(args.seed + 1)
+    greedy = exact_match(model, eval_rng, args)
+    beam = exact_match(model, np.random.default_rng(args.seed + 1), args, beam=4)
+    chance = float(args.vocab - FIRST_SYMBOL) ** -args.min_len
+    print(f"exact match on 200 held-out sequences: greedy {greedy:.1%}, beam 4 {beam:.1%} "
+          f"(chance < {chance:.1e})")
+    return {"losses": losses, "greedy_exact_match": greedy, "beam_exact_match": beam}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", choices=["copy", "reverse"], default="copy")
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=20, help="vocabulary size, including 4 special ids")
+    p.add_argument("--min-len", type=int, default=4)
+    p.add_argument("--max-len", type=int, default=10)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2, help="N, for the encoder and the decoder")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--lr-factor", type=float, default=1.0, help="scale of the paper's schedule")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=100)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    run(parse_args())

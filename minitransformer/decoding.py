@@ -1,0 +1,162 @@
+"""Inference: greedy decoding and batched beam search, both incremental.
+
+The encoder runs once per batch. The decoder then runs one position at a time with a cache
+(see ``nn.attention``): each layer keeps the keys and values of the target prefix, and the
+cross-attention keys and values of the source, so a step costs O(current length), not a
+recompute of the whole prefix.
+
+Beam search follows the paper (section 6.1): beam size 4, length penalty alpha = 0.6, and a
+maximum output length of input length + 50. The length penalty is GNMT's (Wu et al., 2016):
+
+    score(Y) = log P(Y | X) / lp(Y),     lp(Y) = ((5 + |Y|) / 6) ** alpha
+
+Each step keeps the best ``beam_size`` live hypotheses per sentence. A hypothesis that emits
+EOS among the top ``beam_size`` candidates is finished and never extended again; a sentence
+is done once it has ``beam_size`` finished hypotheses or reaches its maximum length (where EOS
+is forced), and leaves the batch. Its answer is the finished hypothesis with the best score.
+Sentences are independent: each is decoded exactly as it would be alone (padding is masked,
+and the stopping rule looks at nothing but the sentence itself). With beam size 1 this is
+greedy decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend
+from .autograd import no_grad
+from .functional.softmax import log_softmax_array
+from .tensor import Tensor
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _prepare(model, src):
+    src = src if isinstance(src, Tensor) else Tensor(np.asarray(src))
+    lengths = backend.to_device((src.data != model.config.pad_id).sum(axis=1), "cpu")
+    pad_mask = model.src_pad_mask(src)
+    return src, lengths, pad_mask, model.encode(src, pad_mask)
+
+
+def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: int, xp):
+    """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
+
+    PAD and BOS are never valid outputs, so they get probability 0."""
+    states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, pad_mask, cache, offset=t)
+    logits = model.project(states).data[:, -1].astype(np.float32)
+    logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
+    return log_softmax_array(logits)
+
+
+@no_grad()
+def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
+    """The most probable next token at every step; returns token ids without BOS/EOS."""
+    cfg = model.config
+    was_training = model.training
+    model.eval()
+    src, lengths, pad_mask, memory = _prepare(model, src)
+    xp = backend.array_module_of(src.data)
+    n = src.shape[0]
+    max_out = lengths + max_len_extra  # tokens, EOS included
+    cache = model.new_cache()
+    out = [[] for _ in range(n)]
+    done = np.zeros(n, bool)
+    last = np.full(n, cfg.bos_id)
+    for t in range(int(max_out.max())):
+        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)
+        last = backend.to_device(logp.argmax(axis=-1), "cpu")
+        for i in np.flatnonzero(~done):
+            if last[i] == cfg.eos_id:
+                done[i] = True
+            else:
+                out[i].append(int(last[i]))
+                done[i] = len(out[i]) >= max_out[i] - 1  # the next position could only be EOS
+        if done.all():
+            break
+    model.train(was_training)
+    return out
+
+
+@no_grad()
+def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extra: int = 50,
+                return_scores: bool = False):
+    """Batched beam search (see the module docstring). Returns, per sentence, the best
+    hypothesis's token ids without BOS/EOS (and its score when ``return_scores``)."""
+    cfg = model.config
+    k = beam_size
+    was_training = model.training
+    model.eval()
+    src, lengths, pad_mask, memory = _prepare(model, src)
+    xp = backend.array_module_of(src.data)
+    n = src.shape[0]
+    max_out = lengths + max_len_extra  # tokens, EOS included
+
+    # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * k + beam.
+    rows = xp.asarray(np.repeat(np.arange(n), k))
+    memory = Tensor(memory.data[rows])
+    pad_mask = Tensor(pad_mask.data[rows])
+    cache = model.new_cache()
+    active = np.arange(n)  # sentence id of each slot still in the batch
+    tokens = np.full((n * k, 0), cfg.bos_id, dtype=np.int64)  # generated so far, per row
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+
+    for t in range(int(max_out.max())):
+        last = tokens[:, -1] if t else np.full(len(scores), cfg.bos_id)
+        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)  # (slots*k, V)
+        vocab = logp.shape[-1]
+        at_max = np.repeat(t + 1 >= max_out[active], k)
+        if at_max.any():  # the last allowed position: only EOS may follow
+            forced = xp.asarray(np.flatnonzero(at_max))
+            eos_logp = logp[forced, cfg.eos_id].copy()
+            logp[forced] = -np.inf
+            logp[forced, cfg.eos_id] = eos_logp
+        cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(len(active), k * vocab)
+        top = xp.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k]
+        top_scores = xp.take_along_axis(cand, top, axis=1)
+        order = xp.argsort(-top_scores, axis=1, kind="stable")
+        top = backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu")
+        top_scores = backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu")
+
+        keep_slots, keep_rows, keep_words, keep_scores = [], [], [], []
+        for slot, sid in enumerate(active):
+            live = []
+            for rank in range(2 * k):
+                beam, word = divmod(int(top[slot, rank]), vocab)
+                score = float(top_scores[slot, rank])
+                if score == -np.inf:
+                    break
+                if word == cfg.eos_id:
+                    if rank < k:
+                        hyp = tokens[slot * k + beam].tolist()
+                        finished[sid].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
+                elif len(live) < k:
+                    live.append((slot * k + beam, word, score))
+            if len(finished[sid]) >= k or not live:
+                continue
+            keep_slots.append(slot)
+            for row, word, score in live:
+                keep_rows.append(row)
+                keep_words.append(word)
+                keep_scores.append(score)
+        if not keep_slots:
+            break
+        index = np.asarray(keep_rows)
+        tokens = np.concatenate([tokens[index], np.asarray(keep_words)[:, None]], axis=1)
+        scores = np.asarray(keep_scores)
+        active = active[keep_slots]
+        dev_index = xp.asarray(index)  # surviving beams of the sentences still running
+        model.reorder_cache(cache, dev_index)
+        memory = Tensor(memory.data[dev_index])
+        pad_mask = Tensor(pad_mask.data[dev_index])
+
+    results = []
+    for hyps in finished:
+        best_score, best = max(hyps, key=lambda h: h[0])
+        results.append((best, best_score))
+    model.train(was_training)
+    if return_scores:
+        return results
+    return [hyp for hyp, _ in results]

@@ -1,0 +1,16 @@
+"""Layers built on ``minitransformer.functional``, with PyTorch's Module conventions."""
+
+from .attention import MultiHeadAttention
+from .embedding import Embedding, PositionalEncoding
+from .layers import Dropout, LayerNorm, Linear
+from .module import Module, ModuleList, Parameter
+from .transformer import (
+    Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward, Transformer,
+    TransformerConfig, expected_num_parameters,
+)
+
+__all__ = [
+    "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer", "LayerNorm",
+    "Linear", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionalEncoding",
+    "PositionwiseFeedForward", "Transformer", "TransformerConfig", "expected_num_parameters",
+]

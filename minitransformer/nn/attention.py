@@ -1,0 +1,84 @@
+"""Multi-head attention, paper section 3.2.2:
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i),     d_k = d_v = d_model / h
+
+The h per-head projections W^Q_i (d_model x d_k) are stored side by side as one d_model x
+d_model matrix, so projecting once and reshaping (B, T, d_model) -> (B, h, T, d_k) gives
+every head at once.
+
+Incremental decoding passes a ``cache`` dict per attention layer:
+  * self-attention appends this step's keys and values to ``cache["k"]``/``cache["v"]``, so
+    each new token costs one query against the stored keys, not a recompute of the prefix;
+  * cross-attention (``static_kv=True``) projects the encoder output once, on the first step,
+    and reuses it for every later step.
+"""
+
+from __future__ import annotations
+
+from .. import functional as F
+from ..tensor import Tensor
+from .layers import Linear
+from .module import Module
+
+
+class MultiHeadAttention(Module):
+    def __init__(self, d_model: int, h: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % h:
+            raise ValueError(f"d_model={d_model} is not divisible by h={h}")
+        self.d_model, self.h, self.d_k = d_model, h, d_model // h
+        self.dropout = dropout  # on the attention weights: a named deviation, 0 in the paper
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.h, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def _project_kv(self, key: Tensor, value: Tensor, cache, static_kv: bool):
+        if cache is not None and static_kv and "k" in cache:
+            return cache["k"], cache["v"]
+        k = self._split_heads(self.k_proj(key))  # (B, h, S, d_k)
+        v = self._split_heads(self.v_proj(value))
+        if cache is not None:
+            if not static_kv and "k" in cache:
+                k = F.concat([cache["k"], k], axis=2)
+                v = F.concat([cache["v"], v], axis=2)
+            cache["k"], cache["v"] = k, v
+        return k, v
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
+                is_causal: bool = False, need_weights: bool = False, cache: dict | None = None,
+                static_kv: bool = False):
+        """query (B, T, d_model), key/value (B, S, d_model) -> (B, T, d_model).
+
+        ``key_padding_mask``: (B, S) booleans, True at padding keys (ignored).
+        ``is_causal``: query t attends to keys up to its own position (decoder self-attention).
+        ``need_weights``: also return the (B, h, T, S) attention probabilities, for plots.
+        """
+        q = self._split_heads(self.q_proj(query))  # (B, h, T, d_k)
+        k, v = self._project_kv(key, value, cache, static_kv)
+        mask = None
+        if key_padding_mask is not None:
+            pad = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else key_padding_mask
+            mask = ~pad[:, None, None, :]  # (B, 1, 1, S): True = may attend
+        p = self.dropout if self.training else 0.0
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=p)
+        b, _, t, _ = heads.shape
+        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.d_model))  # Concat(heads) W^O
+        if need_weights:
+            return out, F.attention_weights(q, k, mask, is_causal)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, h={self.h}"
+
+
+def reorder_cache(cache: dict, index) -> None:
+    """Select batch rows of a cache in place (beam search keeps the surviving beams)."""
+    for name in ("k", "v"):
+        if name in cache:
+            cache[name] = Tensor(cache[name].data[index])

@@ -1,0 +1,81 @@
+"""Token embeddings and the sinusoidal positional encoding (paper sections 3.4 and 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend
+from .. import functional as F
+from ..tensor import Tensor
+from . import init
+from .module import Module, Parameter
+
+
+class Embedding(Module):
+    """A (num_embeddings, d_model) table of learned vectors, looked up by integer id.
+
+    Initialised N(0, d_model^-1/2): the Transformer multiplies embeddings by sqrt(d_model)
+    (section 3.4), which brings them to unit scale, and with tied weights the same matrix
+    maps decoder states to logits of moderate size.
+    """
+
+    def __init__(self, num_embeddings: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = Parameter(init.normal((num_embeddings, d_model), d_model**-0.5))
+
+    def forward(self, ids) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+
+def sinusoid_table(length: int, d_model: int) -> np.ndarray:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): (length, d_model)."""
+    pos = np.arange(length, dtype=np.float64)[:, None]
+    inv_freq = np.exp(-math.log(10000.0) * np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+    table = np.zeros((length, d_model))
+    table[:, 0::2] = np.sin(pos * inv_freq)
+    table[:, 1::2] = np.cos(pos * inv_freq[: d_model // 2])
+    return table
+
+
+class PositionalEncoding(Module):
+    """Adds position information to (B, T, d_model) inputs, starting at position ``offset``.
+
+    Sinusoidal by default (section 3.5): a fixed table, grown on demand, so any length works.
+    ``learned=True`` is the paper's ablation (Table 3, row E): a trained table of ``max_len``
+    rows, which cannot extrapolate past them.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 1024, learned: bool = False) -> None:
+        super().__init__()
+        self.d_model, self.learned = d_model, learned
+        if learned:
+            self.weight = Parameter(init.normal((max_len, d_model), d_model**-0.5))
+        else:
+            self._table = Tensor(sinusoid_table(max_len, d_model).astype(np.float32))
+
+    def table(self, length: int, device: str) -> Tensor:
+        if self.learned:
+            if length > self.weight.shape[0]:
+                raise ValueError(
+                    f"learned positional encoding has {self.weight.shape[0]} positions, "
+                    f"input needs {length}"
+                )
+            return self.weight
+        if length > self._table.shape[0]:  # grow by doubling: amortised O(1)
+            self._table = Tensor(sinusoid_table(max(length, 2 * self._table.shape[0]),
+                                                self.d_model).astype(np.float32))
+        if self._table.device != device:
+            self._table = Tensor(backend.to_device(self._table.data, device))
+        return self._table
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.shape[-2]
+        return x + self.table(offset + t, x.device)[offset: offset + t]
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, learned={self.learned}"

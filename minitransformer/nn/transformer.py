@@ -1,0 +1,241 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3.
+
+    src ids (B, S) -> Embedding * sqrt(d_model) + PE -> Dropout -> N x EncoderLayer -> memory
+    tgt ids (B, T) -> Embedding * sqrt(d_model) + PE -> Dropout -> N x DecoderLayer(memory)
+                   -> xW_emb^T -> logits (B, T, V)
+
+Each sublayer (self-attention, cross-attention, feed-forward) is wrapped as in section 3.1
+and 5.4: ``LayerNorm(x + Dropout(Sublayer(x)))`` (post-norm). With a joint source/target
+vocabulary, one matrix serves the source embedding, the target embedding and the pre-softmax
+projection (section 3.4).
+
+Deviations from the paper are named options, off by default:
+  * ``norm_first``: pre-norm, ``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm
+    after each stack (trains without warmup more easily; not what the paper did);
+  * ``attention_dropout``: dropout on the attention weights (the tensor2tensor code has it;
+    the paper does not mention it);
+  * ``learned_positions``: the learned positional embeddings of Table 3, row (E).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .. import functional as F
+from ..tensor import Tensor
+from .attention import MultiHeadAttention, reorder_cache
+from .embedding import Embedding, PositionalEncoding
+from .layers import Dropout, LayerNorm, Linear
+from .module import Module, ModuleList
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 37000  # source vocabulary; also the target one when the vocabulary is joint
+    tgt_vocab_size: int | None = None  # None: joint vocabulary
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    num_encoder_layers: int = 6  # N
+    num_decoder_layers: int = 6
+    dropout: float = 0.1  # P_drop
+    label_smoothing: float = 0.1  # eps_ls
+    share_embeddings: bool = True  # needs a joint vocabulary
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+    layer_norm_eps: float = 1e-5
+    norm_first: bool = False
+    attention_dropout: float = 0.0
+    learned_positions: bool = False
+    max_len: int = 1024  # rows of the learned position table; the sinusoid grows past it
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.h:
+            raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h}")
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            raise ValueError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+    @classmethod
+    def base(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
+        """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1."""
+        return cls(vocab_size=vocab_size, **overrides)
+
+    @classmethod
+    def big(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
+        """Table 3, "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE)."""
+        params = dict(d_model=1024, d_ff=4096, h=16, dropout=0.3)
+        params.update(overrides)
+        return cls(vocab_size=vocab_size, **params)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class PositionwiseFeedForward(Module):
+    """FFN(x) = max(0, xW_1 + b_1)W_2 + b_2, equation (2)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w_1 = Linear(d_model, d_ff)
+        self.w_2 = Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(F.relu(self.w_1(x)))
+
+
+class _Residual(Module):
+    """Wraps one sublayer: LayerNorm(x + Dropout(f(x))), or x + Dropout(f(LayerNorm(x)))."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.dropout = Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sub1 = _Residual(cfg)
+        self.sub2 = _Residual(cfg)
+
+    def forward(self, x: Tensor, src_pad_mask=None) -> Tensor:
+        x = self.sub1(x, lambda y: self.self_attn(y, y, y, key_padding_mask=src_pad_mask))
+        return self.sub2(x, self.ffn)
+
+
+class DecoderLayer(Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sub1 = _Residual(cfg)
+        self.sub2 = _Residual(cfg)
+        self.sub3 = _Residual(cfg)
+
+    def forward(self, x: Tensor, memory: Tensor, src_pad_mask=None, cache: dict | None = None) -> Tensor:
+        """``cache``: {"self": {}, "cross": {}} for incremental decoding (see nn.attention)."""
+        self_cache = cache["self"] if cache is not None else None
+        cross_cache = cache["cross"] if cache is not None else None
+        x = self.sub1(x, lambda y: self.self_attn(y, y, y, is_causal=True, cache=self_cache))
+        x = self.sub2(x, lambda y: self.cross_attn(
+            y, memory, memory, key_padding_mask=src_pad_mask, cache=cross_cache, static_kv=True))
+        return self.sub3(x, self.ffn)
+
+
+class Encoder(Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
+        self.final_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, x: Tensor, src_pad_mask=None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, src_pad_mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Decoder(Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
+        self.final_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, x: Tensor, memory: Tensor, src_pad_mask=None, cache: list | None = None) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_pad_mask, cache[i] if cache is not None else None)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Transformer(Module):
+    """The encoder-decoder model. ``forward(src, tgt_in)`` gives next-token logits (B, T, V)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.src_embed = Embedding(cfg.vocab_size, cfg.d_model)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else Embedding(cfg.target_vocab_size, cfg.d_model)
+        self.positions = PositionalEncoding(cfg.d_model, cfg.max_len, cfg.learned_positions)
+        self.embed_dropout = Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.out_proj = None if cfg.share_embeddings else Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
+
+    def _embed(self, embedding: Embedding, ids, offset: int = 0) -> Tensor:
+        x = embedding(ids) * math.sqrt(self.config.d_model)  # section 3.4
+        return self.embed_dropout(self.positions(x, offset))  # section 5.4
+
+    def src_pad_mask(self, src) -> Tensor:
+        """(B, S) booleans, True at padding."""
+        data = src.data if isinstance(src, Tensor) else src
+        return Tensor(data == self.config.pad_id)
+
+    def encode(self, src, src_pad_mask=None) -> Tensor:
+        """src (B, S) ids -> memory (B, S, d_model)."""
+        if src_pad_mask is None:
+            src_pad_mask = self.src_pad_mask(src)
+        return self.encoder(self._embed(self.src_embed, src), src_pad_mask)
+
+    def decode(self, tgt_in, memory: Tensor, src_pad_mask=None, cache: list | None = None,
+               offset: int = 0) -> Tensor:
+        """tgt_in (B, T) ids at positions offset..offset+T-1 -> decoder states (B, T, d_model)."""
+        x = self._embed(self.tgt_embed, tgt_in, offset)
+        return self.decoder(x, memory, src_pad_mask, cache)
+
+    def project(self, states: Tensor) -> Tensor:
+        """Decoder states -> logits over the target vocabulary (the pre-softmax linear map)."""
+        if self.out_proj is not None:
+            return self.out_proj(states)
+        return F.linear(states, F.transpose(self.tgt_embed.weight, 0, 1))  # x W_emb^T
+
+    def forward(self, src, tgt_in) -> Tensor:
+        pad = self.src_pad_mask(src)
+        return self.project(self.decode(tgt_in, self.encode(src, pad), pad))
+
+    def new_cache(self) -> list:
+        """Empty per-layer caches for incremental decoding."""
+        return [{"self": {}, "cross": {}} for _ in range(self.config.num_decoder_layers)]
+
+    @staticmethod
+    def reorder_cache(cache: list, index) -> None:
+        """Keep batch rows ``index`` of every layer's cache (beam search)."""
+        for layer in cache:
+            reorder_cache(layer["self"], index)
+            reorder_cache(layer["cross"], index)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"d_model={c.d_model}, d_ff={c.d_ff}, h={c.h}, N={c.num_encoder_layers}+"
+                f"{c.num_decoder_layers}, vocab={c.vocab_size}, params={self.num_parameters():,}")
+
+
+def expected_num_parameters(cfg: TransformerConfig) -> int:
+    """The parameter count from the architecture alone (section 3), to check the modules by."""
+    d, f = cfg.d_model, cfg.d_ff
+    attn = 4 * (d * d + d)
+    ffn = d * f + f + f * d + d
+    norm = 2 * d
+    enc = cfg.num_encoder_layers * (attn + ffn + 2 * norm)
+    dec = cfg.num_decoder_layers * (2 * attn + ffn + 3 * norm)
+    if cfg.norm_first:
+        enc, dec = enc + norm, dec + norm
+    emb = cfg.vocab_size * d
+    if not cfg.share_embeddings:
+        emb += 2 * cfg.target_vocab_size * d  # target embedding and output projection
+    if cfg.learned_positions:
+        emb += cfg.max_len * d
+    return emb + enc + dec

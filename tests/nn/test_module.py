@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+import minitransformer as mt
+from minitransformer import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(3, 4)
+        self.second = nn.Linear(4, 2, bias=False)
+        self.tied = self.first  # the same module twice: its parameters are listed once
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.second(self.drop(self.first(x).relu()))
+
+
+def test_parameters_are_registered_with_dotted_names_once():
+    m = Tiny()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["first.weight", "first.bias", "second.weight"]
+    assert m.num_parameters() == 3 * 4 + 4 + 4 * 2
+    assert [type(c).__name__ for c in m.children()] == ["Linear", "Linear", "Linear", "Dropout"]
+
+
+def test_train_eval_and_zero_grad():
+    m = Tiny()
+    m.eval()
+    assert not m.drop.training and not m.first.training
+    x = mt.randn(5, 3)
+    np.testing.assert_array_equal(m(x).numpy(), m(x).numpy())  # no dropout in eval
+    m(x).sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+    m.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
+    m.train()
+    assert m.drop.training
+
+
+def test_state_dict_round_trip_and_errors():
+    a, b = Tiny(), Tiny()
+    b.load_state_dict(a.state_dict())
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(pa.numpy(), pb.numpy())
+    state = a.state_dict()
+    state["extra.weight"] = np.zeros(1)
+    del state["second.weight"]
+    with pytest.raises(KeyError, match=r"missing keys \['second.weight'\].*unexpected keys \['extra.weight'\]"):
+        b.load_state_dict(state)
+    missing, unexpected = b.load_state_dict(state, strict=False)
+    assert missing == ["second.weight"] and unexpected == ["extra.weight"]
+    state = a.state_dict()
+    state["first.weight"] = np.zeros((2, 2))
+    with pytest.raises(ValueError, match=r"first.weight: checkpoint \(2, 2\) vs model \(3, 4\)"):
+        b.load_state_dict(state)
+
+
+def test_to_keeps_parameter_objects(device):
+    m = Tiny()
+    params = list(m.parameters())
+    m.to(device)
+    assert all(p is q for p, q in zip(params, m.parameters()))
+    assert all(p.device == device for p in m.parameters())
+
+
+def test_linear_is_xavier_uniform_and_xw_plus_b():
+    mt.manual_seed(0)
+    lin = nn.Linear(300, 200)
+    w = lin.weight.numpy()
+    bound = np.sqrt(6 / 500)
+    assert w.shape == (300, 200) and np.abs(w).max() <= bound and np.abs(w).max() > 0.95 * bound
+    np.testing.assert_allclose(w.var(), bound**2 / 3, rtol=0.05)
+    x = mt.randn(7, 300)
+    np.testing.assert_allclose(lin(x).numpy(), x.numpy() @ w + lin.bias.numpy(), rtol=1e-5)
+
+
+def test_manual_seed_makes_init_reproducible():
+    mt.manual_seed(3)
+    a = Tiny().state_dict()
+    mt.manual_seed(3)
+    b = Tiny().state_dict()
+    assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -1,0 +1,121 @@
+import numpy as np
+import pytest
+
+import minitransformer as mt
+from minitransformer import functional as F
+from minitransformer import nn
+from minitransformer.nn.embedding import sinusoid_table
+from minitransformer.testing import gradcheck
+
+SMALL = dict(vocab_size=23, d_model=16, d_ff=32, h=4, num_encoder_layers=2, num_decoder_layers=2)
+
+
+def small_model(device="cpu", **overrides):
+    mt.manual_seed(0)
+    return nn.Transformer(nn.TransformerConfig(**{**SMALL, **overrides})).to(device)
+
+
+def random_batch(seed=0, b=3, s=7, t=5, vocab=23, pad_tail=True):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(4, vocab, (b, s))
+    tgt = rng.integers(4, vocab, (b, t))
+    if pad_tail:
+        src[0, -2:] = 0
+        tgt[1, -1:] = 0
+    return src, tgt
+
+
+@pytest.mark.parametrize("preset,expected", [("base", 63_082_496), ("big", 214_245_376)])
+def test_paper_presets_parameter_counts(preset, expected):
+    cfg = getattr(nn.TransformerConfig, preset)(vocab_size=37000)
+    assert nn.expected_num_parameters(cfg) == expected
+    assert nn.Transformer(cfg).num_parameters() == expected
+
+
+@pytest.mark.parametrize("overrides", [{}, {"share_embeddings": False, "tgt_vocab_size": 19},
+                                       {"norm_first": True}, {"learned_positions": True, "max_len": 32}])
+def test_module_count_equals_formula(overrides):
+    cfg = nn.TransformerConfig(**{**SMALL, **overrides})
+    assert nn.Transformer(cfg).num_parameters() == nn.expected_num_parameters(cfg)
+
+
+def test_presets_follow_table_3():
+    base, big = nn.TransformerConfig.base(), nn.TransformerConfig.big()
+    assert (base.num_encoder_layers, base.d_model, base.d_ff, base.h, base.dropout, base.label_smoothing) == (6, 512, 2048, 8, 0.1, 0.1)
+    assert (big.d_model, big.d_ff, big.h, big.dropout) == (1024, 4096, 16, 0.3)
+
+
+def test_embeddings_are_shared_three_ways():
+    m = small_model()
+    assert m.src_embed is m.tgt_embed and m.out_proj is None
+    src, tgt = random_batch()
+    F.cross_entropy(m(src, tgt), tgt, 0.1, 0).backward()
+    assert m.src_embed.weight.grad is not None
+    assert sum(p is m.src_embed.weight for p in m.parameters()) == 1
+
+
+def test_sinusoid_matches_section_3_5_and_grows():
+    table = sinusoid_table(50, 8)
+    pos, i = 17, 3
+    assert table[pos, 2 * i] == pytest.approx(np.sin(pos / 10000 ** (2 * i / 8)))
+    assert table[pos, 2 * i + 1] == pytest.approx(np.cos(pos / 10000 ** (2 * i / 8)))
+    pe = nn.PositionalEncoding(8, max_len=4)
+    x = mt.zeros(1, 9, 8)
+    np.testing.assert_allclose(pe(x).numpy()[0], table[:9], rtol=1e-6)
+    np.testing.assert_allclose(pe(x[:, :2], offset=7).numpy()[0], table[7:9], rtol=1e-6)
+    learned = nn.PositionalEncoding(8, max_len=4, learned=True)
+    with pytest.raises(ValueError, match="4 positions"):
+        learned(x)
+
+
+def test_post_norm_layer_structure():
+    """LayerNorm(x + Dropout(Sublayer(x))): every sublayer output has zero mean, unit variance."""
+    m = small_model(dropout=0.0).eval()
+    src, _ = random_batch()
+    layer = m.encoder.layers[0]
+    out = layer(m._embed(m.src_embed, src), m.src_pad_mask(src)).numpy()
+    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)
+
+
+def test_padding_does_not_change_other_positions():
+    m = small_model().eval()
+    src, tgt = random_batch(pad_tail=False)
+    padded = np.concatenate([src, np.zeros((3, 4), np.int64)], axis=1)
+    np.testing.assert_allclose(m(src, tgt).numpy(), m(padded, tgt).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_is_causal():
+    m = small_model().eval()
+    src, tgt = random_batch()
+    changed = tgt.copy()
+    changed[:, 3:] = 5
+    a, b = m(src, tgt).numpy(), m(src, changed).numpy()
+    np.testing.assert_allclose(a[:, :3], b[:, :3], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_attention_weights_are_returned_for_plots():
+    mha = nn.MultiHeadAttention(16, 4)
+    x = mt.randn(2, 5, 16)
+    pad = np.zeros((2, 5), bool)
+    pad[1, 3:] = True
+    out, w = mha(x, x, x, key_padding_mask=pad, need_weights=True)
+    assert out.shape == (2, 5, 16) and w.shape == (2, 4, 5, 5)
+    np.testing.assert_allclose(w.numpy().sum(-1), 1, rtol=1e-5)
+    np.testing.assert_array_equal(w.numpy()[1, :, :, 3:], 0)
+
+
+def test_whole_model_gradient_in_float64():
+    """Finite differences through embedding, attention, layernorm and the tied projection."""
+    m = small_model(d_model=8, d_ff=8, h=2, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
+    for p in m.parameters():
+        p.data = p.data.astype(np.float64)
+    src, tgt = random_batch(b=2, s=3, t=3)
+    w = m.decoder.layers[0].cross_attn.q_proj.weight
+    emb = m.src_embed.weight
+
+    def loss(w_, emb_):
+        return F.cross_entropy(m(src, tgt), tgt, 0.1, 0)
+
+    gradcheck(loss, [w, emb], atol=1e-6)

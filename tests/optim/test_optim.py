@@ -1,0 +1,72 @@
+import math
+
+import numpy as np
+import pytest
+
+import minitransformer as mt
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, clip_grad_norm_, grad_norm, noam_lr
+
+
+def adam_reference(p, grads, lr, b1, b2, eps):
+    """Algorithm 1 of Kingma and Ba, written plainly."""
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    return p
+
+
+def test_adam_matches_the_algorithm(device):
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal((3, 4))
+    grads = [rng.standard_normal((3, 4)) for _ in range(5)]
+    p = mt.tensor(p0, device=device, requires_grad=True)
+    opt = Adam([p], lr=0.01, betas=(0.9, 0.98), eps=1e-9)
+    for g in grads:
+        p.grad = mt.tensor(g, device=device)
+        opt.step()
+    np.testing.assert_allclose(p.numpy(), adam_reference(p0, grads, 0.01, 0.9, 0.98, 1e-9), rtol=1e-10)
+
+
+def test_adam_state_dict_round_trip():
+    rng = np.random.default_rng(1)
+    a = mt.tensor(rng.standard_normal(5), requires_grad=True)
+    b = mt.tensor(a.numpy(), requires_grad=True)
+    opt_a, opt_b = Adam([a], lr=0.1), Adam([b], lr=0.5)
+    a.grad = mt.tensor(rng.standard_normal(5))
+    opt_a.step()
+    b.data = a.data.copy()
+    opt_b.load_state_dict(opt_a.state_dict())
+    g = mt.tensor(rng.standard_normal(5))
+    a.grad, b.grad = g, g
+    opt_a.step()
+    opt_b.step()
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="holds 1 parameters"):
+        Adam([a, b]).load_state_dict(opt_a.state_dict())
+
+
+def test_schedule_is_equation_3():
+    d, warmup = 512, 4000
+    assert noam_lr(1, d, warmup) == pytest.approx(d**-0.5 * warmup**-1.5)
+    assert noam_lr(warmup, d, warmup) == pytest.approx(d**-0.5 * warmup**-0.5)  # the peak
+    assert noam_lr(4 * warmup, d, warmup) == pytest.approx(noam_lr(warmup, d, warmup) / 2)
+    steps = [noam_lr(s, d, warmup) for s in range(1, 3 * warmup)]
+    assert int(np.argmax(steps)) + 1 == warmup
+    opt = Adam([mt.zeros(1, requires_grad=True)])
+    sched = WarmupInverseSqrtSchedule(opt, d, warmup, factor=2.0)
+    sched.step()
+    sched.step()
+    assert opt.lr == pytest.approx(2 * noam_lr(2, d, warmup))
+
+
+def test_clip_grad_norm():
+    a, b = mt.zeros(3, requires_grad=True), mt.zeros(4, requires_grad=True)
+    a.grad, b.grad = mt.full((3,), 3.0), mt.full((4,), 4.0)
+    norm = clip_grad_norm_([a, b], 1.0)
+    assert norm == pytest.approx(math.sqrt(27 + 64))
+    assert grad_norm([a, b]) == pytest.approx(1.0, rel=1e-5)
+    a.grad = mt.tensor([np.nan, 0, 0])
+    assert not math.isfinite(grad_norm([a, b]))
