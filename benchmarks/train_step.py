@@ -1,0 +1,143 @@
+"""Time one full training step (forward, backward, Adam) of a small Transformer, and the same
+step of PyTorch's ``torch.nn.Transformer`` with a matching configuration, in the same run.
+
+    python benchmarks/train_step.py                  # d_model 256, 3+3 layers, batch 64 x 20
+    python benchmarks/train_step.py --device cuda --batch 128 --len 64
+
+Both models: post-norm layers, ReLU feed-forward, dropout 0.1, sinusoidal positions, one
+embedding matrix shared with the output projection, label-smoothed cross-entropy, Adam.
+(``torch.nn.Transformer`` also puts a final LayerNorm after each stack: 2 x d_model x 2 extra
+parameters, a negligible cost.) Prints the median step time of each and the ratio; medians,
+because the first steps and a busy machine give outliers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import numpy as np
+
+import minitransformer as mt
+from minitransformer import nn
+from minitransformer.optim import Adam
+from minitransformer.train import train_step
+
+
+def batch(rng, b, t, vocab):
+    src = rng.integers(4, vocab, (b, t))
+    tgt = rng.integers(4, vocab, (b, t + 1))
+    tgt[:, 0] = 2
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def sync(device):
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def time_ours(args, data) -> list[float]:
+    mt.manual_seed(0)
+    cfg = nn.TransformerConfig(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, h=args.heads,
+                               num_encoder_layers=args.layers, num_decoder_layers=args.layers, dropout=0.1)
+    model = nn.Transformer(cfg).to(args.device)
+    opt = Adam(model.parameters(), lr=1e-4)
+    times = []
+    for src, tgt_in, tgt_out in data:
+        src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
+        sync(args.device)
+        start = time.perf_counter()
+        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1)
+        sync(args.device)
+        times.append(time.perf_counter() - start)
+    print(f"minitransformer: {model.num_parameters():,} parameters")
+    return times
+
+
+def time_torch(args, data) -> list[float] | None:
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: no peer to compare against (pip install 'minitransformer[bench]')")
+        return None
+    torch.manual_seed(0)
+    dev = "cuda" if args.device == "cuda" else "cpu"
+
+    class Peer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(args.vocab, args.d_model)
+            self.core = torch.nn.Transformer(args.d_model, args.heads, args.layers, args.layers, args.d_ff,
+                                             dropout=0.1, batch_first=True)
+            pos = torch.arange(512)[:, None] * torch.exp(-math.log(1e4) * torch.arange(0, args.d_model, 2) / args.d_model)
+            pe = torch.zeros(512, args.d_model)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
+            self.register_buffer("pe", pe)
+            self.drop = torch.nn.Dropout(0.1)
+
+        def embed_(self, ids):
+            return self.drop(self.embed(ids) * math.sqrt(args.d_model) + self.pe[: ids.shape[1]])
+
+        def forward(self, src, tgt):
+            causal = self.core.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
+            h = self.core(self.embed_(src), self.embed_(tgt), tgt_mask=causal,
+                          src_key_padding_mask=src == 0, memory_key_padding_mask=src == 0)
+            return h @ self.embed.weight.T
+
+    model = Peer().to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+    times = []
+    for src, tgt_in, tgt_out in data:
+        src, tgt_in, tgt_out = (torch.as_tensor(a, device=dev) for a in (src, tgt_in, tgt_out))
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.zero_grad()
+        logits = model(src, tgt_in)
+        loss = loss_fn(logits.reshape(-1, args.vocab), tgt_out.reshape(-1))
+        loss.backward()
+        opt.step()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    print(f"torch {torch.__version__}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{torch.get_num_threads()} threads")
+    return times
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=3, help="N for encoder and decoder")
+    p.add_argument("--vocab", type=int, default=8000, help="joint vocabulary size")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--len", type=int, default=20, help="source and target tokens per sentence")
+    p.add_argument("--steps", type=int, default=20, help="timed steps, after --warmup untimed ones")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = p.parse_args(argv)
+
+    rng = np.random.default_rng(0)
+    data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
+    ours = time_ours(args, data)[args.warmup:]
+    peer = time_torch(args, data)
+    ms = statistics.median(ours) * 1e3
+    print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "
+          f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, median of {args.steps}")
+    print(f"  minitransformer  {ms:8.1f} ms")
+    if peer is not None:
+        peer_ms = statistics.median(peer[args.warmup:]) * 1e3
+        print(f"  torch            {peer_ms:8.1f} ms")
+        print(f"  ratio            {ms / peer_ms:8.2f}  (minitransformer / torch; lower is better)")
+
+
+if __name__ == "__main__":
+    main()
