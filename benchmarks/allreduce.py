@@ -65,7 +65,8 @@ def time_all_reduce(comm, buf, iters: int, warmup: int) -> float:
         if i >= warmup:
             samples.append(seconds)
     if not bool((buf == comm.world_size).all()):
-        raise RuntimeError(f"all-reduce of {buf.size} elements gave a wrong sum on rank {comm.rank}")
+        raise RuntimeError(
+            f"all-reduce of {buf.size} elements gave a wrong sum on rank {comm.rank}")
     return statistics.median(samples)
 
 
@@ -90,7 +91,8 @@ def main() -> None:
     if world.is_main:
         print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "
               f"median of {args.iters} after {args.warmup} warm-up")
-        print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} {'busbw_GB/s':>11}")
+        print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} "
+              f"{'busbw_GB/s':>11}")
     while size <= stop:
         count = max(1, size // itemsize)
         buf = xp.empty(count, dtype=args.dtype)

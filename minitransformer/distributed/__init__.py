@@ -15,7 +15,13 @@ and as N ranks (``mpiexec -n N python train.py``). MPI (the ``[mpi]`` extra: mpi
 from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator
 from .ddp import DEFAULT_BUCKET_BYTES, Bucket, DistributedDataParallel, StepStats
 from .world import (
-    World, get_rank, get_world, get_world_size, init, is_main_process, launched_by_mpi,
+    World,
+    get_rank,
+    get_world,
+    get_world_size,
+    init,
+    is_main_process,
+    launched_by_mpi,
 )
 
 __all__ = [

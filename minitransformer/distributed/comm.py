@@ -66,7 +66,8 @@ class Communicator:
 
     def _check(self, buf, op: str = "sum") -> None:
         if op not in OPS:
-            raise ValueError(f"{self.backend_name}: unknown reduction {op!r}; expected one of {OPS}")
+            raise ValueError(
+                f"{self.backend_name}: unknown reduction {op!r}; expected one of {OPS}")
         if not hasattr(buf, "flags") or backend.device_of(buf) != self.device:
             raise TypeError(
                 f"the {self.backend_name} communicator works on {self.device} arrays, got a "
@@ -79,11 +80,13 @@ class Communicator:
             )
         if buf.dtype not in self.dtypes:
             names = ", ".join(str(np.dtype(d)) for d in self.dtypes)
-            raise TypeError(f"{self.backend_name}: dtype {buf.dtype} is not supported (use {names})")
+            raise TypeError(
+                f"{self.backend_name}: dtype {buf.dtype} is not supported (use {names})")
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.world_size:
-            raise ValueError(f"broadcast root {root} is not a rank of a world of size {self.world_size}")
+            raise ValueError(
+                f"broadcast root {root} is not a rank of a world of size {self.world_size}")
 
 
 class _Done:

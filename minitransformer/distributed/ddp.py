@@ -167,8 +167,9 @@ class DistributedDataParallel:
             for start in range(0, n, cap):
                 self.buckets.append(Bucket(f, start, min(start + cap, n), ()))
             for i, (pf, o) in enumerate(slots):
-                if pf == f and self.params[i].size:
-                    for b in range(first + o // cap, first + (o + self.params[i].size - 1) // cap + 1):
+                n_i = self.params[i].size
+                if pf == f and n_i:  # elements o .. o + n_i - 1 fall in these buckets
+                    for b in range(first + o // cap, first + (o + n_i - 1) // cap + 1):
                         self._buckets_of[i].append(b)
                         self.buckets[b].params += (i,)
 

@@ -146,7 +146,10 @@ def main() -> None:
             raise ValueError("boom from rank 1")
         world.comm.barrier()  # rank 0 would wait here forever without the abort
         return
-    out = collectives(world, args.seed) if args.scenario == "collectives" else train(world, args.seed, args)
+    if args.scenario == "collectives":
+        out = collectives(world, args.seed)
+    else:
+        out = train(world, args.seed, args)
     np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)
 
 

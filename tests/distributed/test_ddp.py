@@ -30,11 +30,13 @@ class RecordingComm(dist.LocalCommunicator):
 def make_ddp(params, bucket_bytes, overlap=True):
     comm = RecordingComm()
     world = dist.World(rank=0, world_size=1, local_rank=0, device="cpu", comm=comm)
-    return dist.DistributedDataParallel(params, world, bucket_bytes=bucket_bytes, overlap=overlap), comm
+    ddp = dist.DistributedDataParallel(params, world, bucket_bytes=bucket_bytes, overlap=overlap)
+    return ddp, comm
 
 
 def offset_in(buf, flat) -> int:
-    return (buf.__array_interface__["data"][0] - flat.__array_interface__["data"][0]) // flat.itemsize
+    address = buf.__array_interface__["data"][0] - flat.__array_interface__["data"][0]
+    return address // flat.itemsize
 
 
 def linear_loss(params, coefs):
@@ -55,7 +57,8 @@ shapes = st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 @given(shapes=shapes, cap=st.integers(1, 40), overlap=st.booleans(), seed=st.integers(0, 2**31))
 def test_buckets_tile_the_flat_buffer_in_order_and_split_parameters(shapes, cap, overlap, seed):
     rng = np.random.default_rng(seed)
-    params = [mt.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True) for s in shapes]
+    params = [mt.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True)
+              for s in shapes]
     coefs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     ddp, comm = make_ddp(params, bucket_bytes=4 * cap, overlap=overlap)
 

@@ -25,7 +25,8 @@ def fresh_seed() -> int:
 def run_ok(mpirun, tmp_path, scenario, *options):
     seed = fresh_seed()
     proc = mpirun(scenario, tmp_path, seed, *options)
-    assert proc.returncode == 0, f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
     return seed, ranks
 

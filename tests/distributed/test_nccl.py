@@ -44,8 +44,8 @@ def test_nccl_collectives_on_one_rank(nccl_comm):
 
 def mlp_grads(device, comm, bucket_bytes, seed):
     rng = np.random.default_rng(seed)
-    params = [mt.tensor(rng.standard_normal(s).astype(np.float32), device=device, requires_grad=True)
-              for s in [(6, 9), (9,), (9, 4), (4,)]]
+    params = [mt.tensor(rng.standard_normal(s).astype(np.float32), device=device,
+                        requires_grad=True) for s in [(6, 9), (9,), (9, 4), (4,)]]
     x = mt.tensor(rng.standard_normal((13, 6)).astype(np.float32), device=device)
     y = mt.tensor(rng.integers(0, 4, 13), device=device)
     world = dist.World(0, 1, 0, device, comm)
