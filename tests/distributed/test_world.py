@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,7 @@ def test_a_lone_process_is_a_world_of_one(lone_process):
     assert (world.rank, world.world_size, world.local_rank) == (0, 1, 0)
     assert isinstance(world.comm, dist.LocalCommunicator) and world.is_main
     assert dist.init("cpu") is world and dist.get_world() is world
+    assert "mpi4py.MPI" not in sys.modules  # a lone process never starts MPI
     with pytest.raises(RuntimeError, match="already initialised"):
         dist.init("cpu", "mpi")
 
