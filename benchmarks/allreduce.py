@@ -1,0 +1,116 @@
+"""All-reduce bandwidth per message size, reported the way nccl-tests reports it.
+
+    mpiexec -n 2 python benchmarks/allreduce.py --device cpu      MPI, NumPy buffers
+    mpiexec -n 8 python benchmarks/allreduce.py --device cuda     NCCL, one GPU per rank
+    python benchmarks/allreduce.py --device cuda                  NCCL on one GPU (world size 1)
+
+It goes through ``minitransformer.distributed``'s own communicators, the ones training uses.
+For a message of S bytes that takes t seconds on n ranks:
+
+    algbw = S / t
+    busbw = algbw * 2 (n - 1) / n
+
+A ring all-reduce (reduce-scatter, then all-gather) makes each rank send and receive
+2 (n - 1) / n * S bytes, so busbw is the bandwidth each link achieved: comparable across n, and
+with the hardware's link bandwidth (NCCL reaches about 370-480 GB/s on 8 H200s over NVLink).
+With n = 1 nothing crosses a link: busbw is 0 and algbw only times NCCL's local copy.
+
+Timing: ``--warmup`` untimed runs per size, then ``--iters`` timed ones, each after a barrier and
+a refill of the buffer with ones (which also checks the result: every element must be n). A
+rank's time is the median of its iterations (CUDA events on the GPU, perf_counter on the CPU);
+the time reported is the largest median over ranks, since a collective ends with its slowest rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from minitransformer import backend
+from minitransformer import distributed as dist
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'64M' -> 67108864; plain integers are bytes."""
+    text = text.strip().upper().removesuffix("B")
+    unit = text[-1] if text and text[-1] in _UNITS else ""
+    return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
+
+
+def time_all_reduce(comm, buf, iters: int, warmup: int) -> float:
+    """Median seconds of one in-place sum all-reduce of ``buf`` on this rank."""
+    xp = backend.array_module_of(buf)
+    on_gpu = xp is not np
+    samples = []
+    for i in range(warmup + iters):
+        buf.fill(1)
+        comm.barrier()
+        if on_gpu:
+            start, stop = xp.cuda.Event(), xp.cuda.Event()
+            start.record()
+            comm.all_reduce(buf)
+            stop.record()
+            stop.synchronize()
+            seconds = xp.cuda.get_elapsed_time(start, stop) / 1e3
+        else:
+            t0 = time.perf_counter()
+            comm.all_reduce(buf)
+            seconds = time.perf_counter() - t0
+        if i >= warmup:
+            samples.append(seconds)
+    if not bool((buf == comm.world_size).all()):
+        raise RuntimeError(
+            f"all-reduce of {buf.size} elements gave a wrong sum on rank {comm.rank}")
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32")
+    ap.add_argument("--min-bytes", default="4K")
+    ap.add_argument("--max-bytes", default="64M")
+    ap.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows to this file (rank 0)")
+    args = ap.parse_args()
+
+    world = dist.init(args.device)
+    comm, n = world.comm, world.world_size
+    xp = backend.get_array_module(args.device)
+    itemsize = np.dtype(args.dtype).itemsize
+    size, stop = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    rows = []
+    if world.is_main:
+        print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "
+              f"median of {args.iters} after {args.warmup} warm-up")
+        print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} "
+              f"{'busbw_GB/s':>11}")
+    while size <= stop:
+        count = max(1, size // itemsize)
+        buf = xp.empty(count, dtype=args.dtype)
+        t = comm.all_reduce_scalar(time_all_reduce(comm, buf, args.iters, args.warmup), "max")
+        nbytes = count * itemsize
+        algbw = nbytes / t / 1e9
+        busbw = algbw * 2 * (n - 1) / n
+        rows.append(dict(bytes=nbytes, elements=count, time_us=t * 1e6, algbw_GBps=algbw,
+                         busbw_GBps=busbw))
+        if world.is_main:
+            print(f"{nbytes:>12} {count:>11} {t * 1e6:>10.1f} {algbw:>11.3f} {busbw:>11.3f}",
+                  flush=True)
+        size *= args.factor
+    if world.is_main and args.json:
+        meta = dict(backend=comm.backend_name, world_size=n, dtype=args.dtype, iters=args.iters)
+        with open(args.json, "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

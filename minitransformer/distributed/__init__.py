@@ -1,0 +1,31 @@
+"""Data-parallel training over MPI-launched ranks: NCCL on GPUs, MPI on CPUs.
+
+    world.py   init(device): rank, world size, local rank -> GPU, from the MPI launcher;
+               is_main_process(); every rank aborts when one raises
+    comm.py    communicators: all_reduce (sync and async), broadcast, barrier, scalar reduce;
+               NCCLCommunicator, MPICommunicator, LocalCommunicator (one process)
+    ddp.py     DistributedDataParallel: parameter broadcast, bucketed gradient all-reduce that
+               overlaps backward, averaging by the global token count, agreed step skipping
+
+A program written against this package runs unchanged as one process (``python train.py``)
+and as N ranks (``mpiexec -n N python train.py``). MPI (the ``[mpi]`` extra: mpi4py and the
+``mpich`` wheel) is needed only for the latter.
+"""
+
+from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator
+from .ddp import DEFAULT_BUCKET_BYTES, Bucket, DistributedDataParallel, StepStats
+from .world import (
+    World,
+    get_rank,
+    get_world,
+    get_world_size,
+    init,
+    is_main_process,
+    launched_by_mpi,
+)
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES", "Bucket", "Communicator", "DistributedDataParallel",
+    "LocalCommunicator", "MPICommunicator", "NCCLCommunicator", "StepStats", "World",
+    "get_rank", "get_world", "get_world_size", "init", "is_main_process", "launched_by_mpi",
+]

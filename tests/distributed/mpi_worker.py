@@ -1,0 +1,157 @@
+"""The program each rank runs in the multi-process tests: ``mpiexec -n 2 python mpi_worker.py
+SCENARIO OUT_DIR SEED [options]``. Each rank writes what it saw to OUT_DIR/rank<r>.npz; the
+tests in this folder compare those files with a single-process reference.
+
+Scenarios:
+    collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64 buffers of odd
+                  sizes, broadcast from rank 1, all_reduce_scalar, barrier
+    train         a two-layer MLP trained for a few SGD steps with DistributedDataParallel
+    raise         rank 1 raises while rank 0 waits in a collective
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+import minitransformer as mt
+import minitransformer.functional as F
+from minitransformer import distributed as dist
+
+PAD = -100  # ignore_index of the padded target positions
+SIZES = (1, 3, 17, 1001, 65537)
+DTYPES = ("float32", "float64", "int64")
+D_IN, HIDDEN, CLASSES = 7, 11, 5
+
+
+def rank_input(seed: int, rank: int, size: int, dtype: str) -> np.ndarray:
+    """The buffer rank ``rank`` contributes in the collectives scenario (the tests rebuild it)."""
+    rng = np.random.default_rng([seed, rank, size, DTYPES.index(dtype)])
+    if dtype == "int64":
+        return rng.integers(-1000, 1000, size)
+    return rng.standard_normal(size).astype(dtype)
+
+
+def init_params(seed: int) -> list[np.ndarray]:
+    """Weights of the MLP; ranks start from different ones, which the broadcast must fix."""
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((D_IN, HIDDEN)) / np.sqrt(D_IN)).astype(np.float32),
+        (0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
+        (rng.standard_normal((HIDDEN, CLASSES)) / np.sqrt(HIDDEN)).astype(np.float32),
+        (0.1 * rng.standard_normal(CLASSES)).astype(np.float32),
+        (0.1 * rng.standard_normal(CLASSES)).astype(np.float32),  # "extra": see mlp_loss
+    ]
+
+
+def batch(seed: int, step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s batch at ``step``: a different number of positions and of padded ones."""
+    rng = np.random.default_rng([seed, step, rank, 7])
+    n = int(rng.integers(3, 14))
+    x = rng.standard_normal((n, D_IN)).astype(np.float32)
+    y = rng.integers(0, CLASSES, n)
+    y[rng.random(n) < 0.3] = PAD
+    y[0] = int(rng.integers(0, CLASSES))  # at least one real token
+    return x, y
+
+
+def mlp_loss(params, x, y, extra_rows, reduction: str):
+    """Cross-entropy of a ReLU MLP. The last parameter is added to the logits of the rows where
+    ``extra_rows`` (n,) is 1; with ``extra_rows=None`` it is not in the graph at all, the way a
+    rank that takes another branch never produces that parameter's gradient."""
+    w1, b1, w2, b2, extra = params
+    logits = F.linear(F.linear(mt.tensor(x), w1, b1).relu(), w2, b2)  # (n, CLASSES)
+    if extra_rows is not None:
+        logits = logits + extra * mt.tensor(extra_rows[:, None].astype(np.float32))
+    return F.cross_entropy(logits, mt.tensor(y), ignore_index=PAD, reduction=reduction)
+
+
+def collectives(world, seed: int) -> dict:
+    comm, out = world.comm, {}
+    for dtype in DTYPES:
+        for size in SIZES:
+            key = f"{dtype}_{size}"
+            buf = rank_input(seed, world.rank, size, dtype)
+            comm.all_reduce(buf)
+            out[f"sum_{key}"] = buf
+            buf = rank_input(seed, world.rank, size, dtype)
+            comm.all_reduce_async(buf, "max").wait()
+            out[f"max_{key}"] = buf
+            buf = rank_input(seed, world.rank, size, dtype)
+            comm.all_reduce(buf, "min")
+            out[f"min_{key}"] = buf
+            buf = rank_input(seed, world.rank, size, dtype)
+            comm.broadcast(buf, root=1)
+            out[f"bcast_{key}"] = buf
+    comm.barrier()
+    out["scalar_sum"] = comm.all_reduce_scalar(world.rank + 1)
+    out["scalar_min"] = comm.all_reduce_scalar(10 + world.rank, "min")
+    out["flag_max"] = comm.all_reduce_scalar(world.rank == 1, "max")
+    out["float_sum"] = comm.all_reduce_scalar(0.25 * (world.rank + 1))
+    return out
+
+
+def train(world, seed: int, args) -> dict:
+    params = [mt.tensor(a, requires_grad=True) for a in init_params(seed + 1000 * world.rank)]
+    ddp = dist.DistributedDataParallel(params, world, bucket_bytes=args.bucket_bytes,
+                                       overlap=bool(args.overlap))
+    out = {f"init_{i}": p.numpy().copy() for i, p in enumerate(params)}
+    finite, tokens, launched = [], [], []
+    for step in range(args.steps):
+        x, y = batch(seed, step, world.rank)
+        if step == args.nan_step and world.rank == 1:
+            x[0, 0] = np.nan
+        n_tokens = int((y != PAD).sum())
+        unused = args.unused_on_rank1 and world.rank == 1
+        loss = mlp_loss(params, x, y, None if unused else np.ones(len(y)), reduction="sum")
+        loss.backward()
+        launched.append(ddp.launched_buckets)
+        stats = ddp.reduce_gradients(n_tokens, loss)
+        if stats.finite:
+            for p in params:
+                p.data -= args.lr * p.grad.data
+        for p in params:
+            p.grad = None
+        finite.append(stats.finite)
+        tokens.append(stats.num_tokens)
+    out.update({f"final_{i}": p.numpy() for i, p in enumerate(params)})
+    out.update(finite=np.array(finite), tokens=np.array(tokens), launched=np.array(launched),
+               n_buckets=len(ddp.buckets))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=("collectives", "train", "raise"))
+    ap.add_argument("out_dir")
+    ap.add_argument("seed", type=int)
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--bucket-bytes", type=int, default=dist.DEFAULT_BUCKET_BYTES)
+    ap.add_argument("--overlap", type=int, default=1)
+    ap.add_argument("--nan-step", type=int, default=-1)
+    ap.add_argument("--unused-on-rank1", type=int, default=0)
+    args = ap.parse_args()
+
+    world = dist.init("cpu")
+    if world.world_size != args.world_size:  # e.g. an mpiexec from another MPI than mpi4py's
+        sys.exit(f"expected {args.world_size} ranks, got world size {world.world_size}")
+    if args.scenario == "raise":
+        world.comm.barrier()
+        if world.rank == 1:
+            raise ValueError("boom from rank 1")
+        world.comm.barrier()  # rank 0 would wait here forever without the abort
+        return
+    if args.scenario == "collectives":
+        out = collectives(world, args.seed)
+    else:
+        out = train(world, args.seed, args)
+    np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Two MPI ranks on the CPU (``mpiexec -n 2``), checked against one process doing the same work.
+
+Each test launches tests/distributed/mpi_worker.py under mpiexec with a fresh seed, loads what
+every rank wrote, and rebuilds the expected values here without MPI.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import minitransformer as mt
+
+# float32 training for a few steps: the two orders of summation (per rank then across ranks,
+# versus all tokens at once) differ by a few ulps per step.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def fresh_seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
+def run_ok(mpirun, tmp_path, scenario, *options):
+    seed = fresh_seed()
+    proc = mpirun(scenario, tmp_path, seed, *options)
+    assert proc.returncode == 0, (
+        f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    return seed, ranks
+
+
+def test_collectives_on_odd_sizes(mpirun, tmp_path, worker):
+    seed, ranks = run_ok(mpirun, tmp_path, "collectives")
+    for dtype in worker.DTYPES:
+        for size in worker.SIZES:
+            key = f"{dtype}_{size}"
+            a, b = (worker.rank_input(seed, r, size, dtype) for r in range(2))
+            for out in ranks:
+                # Two operands: a + b is one IEEE addition, the same in MPI as in NumPy.
+                np.testing.assert_array_equal(out[f"sum_{key}"], a + b, err_msg=key)
+                assert out[f"sum_{key}"].dtype == np.dtype(dtype)
+                np.testing.assert_array_equal(out[f"max_{key}"], np.maximum(a, b), err_msg=key)
+                np.testing.assert_array_equal(out[f"min_{key}"], np.minimum(a, b), err_msg=key)
+                np.testing.assert_array_equal(out[f"bcast_{key}"], b, err_msg=key)
+    for out in ranks:
+        assert out["scalar_sum"] == 3 and out["scalar_min"] == 10
+        assert out["flag_max"] == True  # noqa: E712 - a numpy bool
+        assert out["float_sum"] == 0.75
+
+
+def reference_training(worker, seed, steps, lr, nan_step=-1, unused_on_rank1=False):
+    """One process, no MPI: every step takes the union of both ranks' batches."""
+    params = [mt.tensor(a, requires_grad=True) for a in worker.init_params(seed)]  # rank 0's
+    for step in range(steps):
+        if step == nan_step:
+            continue  # the step every rank must skip
+        parts = [worker.batch(seed, step, r) for r in range(2)]
+        x = np.concatenate([x for x, _ in parts])
+        y = np.concatenate([y for _, y in parts])
+        # rows of rank 1 do not see the extra parameter when rank 1 does not use it
+        extra_rows = np.concatenate([np.ones(len(parts[0][1])),
+                                     np.full(len(parts[1][1]), 0.0 if unused_on_rank1 else 1.0)])
+        loss = worker.mlp_loss(params, x, y, extra_rows, "mean")
+        loss.backward()
+        for p in params:
+            p.data -= lr * p.grad.data
+            p.grad = None
+    return [p.numpy() for p in params]
+
+
+@pytest.mark.parametrize("overlap", [1, 0], ids=["overlap", "no-overlap"])
+@pytest.mark.parametrize("bucket_bytes", [52, 25 * 2**20], ids=["13-float-buckets", "25MiB"])
+def test_two_ranks_match_one_process_on_the_union(mpirun, tmp_path, worker, overlap, bucket_bytes):
+    steps, lr = 4, 0.5
+    seed, ranks = run_ok(mpirun, tmp_path, "train", "--steps", steps, "--lr", lr,
+                         "--bucket-bytes", bucket_bytes, "--overlap", overlap)
+    expected = reference_training(worker, seed, steps, lr)
+    init0 = worker.init_params(seed)
+    for i, e in enumerate(expected):
+        for out in ranks:
+            # rank 1 started from other weights: the broadcast gave it rank 0's
+            np.testing.assert_array_equal(out[f"init_{i}"], init0[i])
+            np.testing.assert_allclose(out[f"final_{i}"], e, rtol=RTOL, atol=ATOL)
+        # identical reduced gradients on both ranks keep them bit for bit in step
+        np.testing.assert_array_equal(ranks[0][f"final_{i}"], ranks[1][f"final_{i}"])
+    for out in ranks:
+        tokens = [sum(int((worker.batch(seed, s, r)[1] != worker.PAD).sum()) for r in range(2))
+                  for s in range(steps)]
+        np.testing.assert_array_equal(out["tokens"], tokens)
+        assert out["finite"].all()
+        if bucket_bytes == 52:
+            assert out["n_buckets"] > 5  # 137 floats in 13-float buckets: parameters split
+        # with hooks, buckets start during backward; without, none does before reduce_gradients
+        assert (out["launched"] > 0).all() if overlap else (out["launched"] == 0).all()
+
+
+def test_parameter_unused_on_one_rank(mpirun, tmp_path, worker):
+    """Rank 1 never produces the extra parameter's gradient; the buckets must still be
+    reduced in the same order on both ranks (else a hang) and its gradient averaged."""
+    steps, lr = 3, 0.5
+    seed, ranks = run_ok(mpirun, tmp_path, "train", "--steps", steps, "--lr", lr,
+                         "--bucket-bytes", 24, "--unused-on-rank1", 1)
+    expected = reference_training(worker, seed, steps, lr, unused_on_rank1=True)
+    for i, e in enumerate(expected):
+        for out in ranks:
+            np.testing.assert_allclose(out[f"final_{i}"], e, rtol=RTOL, atol=ATOL)
+    # the extra parameter comes last, so it fills bucket 0: rank 1 can start nothing early
+    assert (ranks[1]["launched"] == 0).all() and (ranks[0]["launched"] > 0).all()
+
+
+def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(mpirun, tmp_path, worker):
+    steps, lr, nan_step = 4, 0.5, 1
+    seed, ranks = run_ok(mpirun, tmp_path, "train", "--steps", steps, "--lr", lr,
+                         "--bucket-bytes", 40, "--nan-step", nan_step)
+    for out in ranks:
+        np.testing.assert_array_equal(out["finite"], [s != nan_step for s in range(steps)])
+    expected = reference_training(worker, seed, steps, lr, nan_step=nan_step)
+    for i, e in enumerate(expected):
+        for out in ranks:
+            assert np.isfinite(out[f"final_{i}"]).all()
+            np.testing.assert_allclose(out[f"final_{i}"], e, rtol=RTOL, atol=ATOL)
+
+
+def test_a_rank_that_raises_ends_the_whole_job(mpirun, tmp_path):
+    """Rank 1 raises while rank 0 waits in a barrier: the job must end, non-zero, quickly."""
+    start = time.monotonic()
+    proc = mpirun("raise", tmp_path, fresh_seed(), timeout=60)  # TimeoutExpired = a hang
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "boom from rank 1" in proc.stderr
+    assert "[rank 1/2] uncaught exception" in proc.stderr
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
