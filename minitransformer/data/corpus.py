@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         with opener(path, "rb") as f:
             return f.read()
-    except (gzip.BadGzipFile, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise CorpusError(f"{path}: not a valid gzip file ({e})") from e
 
 
