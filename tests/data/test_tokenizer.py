@@ -83,6 +83,9 @@ def test_cache_reuses_then_retrains_on_changed_settings(sample_pairs, tmp_path, 
 
     bigger = load_or_train(sample_pairs, tmp_path, TokenizerConfig(vocab_size=450))
     assert bigger.path != first.path and bigger.vocab_size == 450
+    coverage = load_or_train(sample_pairs, tmp_path,
+                             TokenizerConfig(vocab_size=400, character_coverage=0.9999))
+    assert coverage.path not in (first.path, bigger.path)
     changed = ParallelCorpus(sample_pairs.src[:-1] + ["A different last sentence."],
                              sample_pairs.tgt, sample_pairs.src_paths, sample_pairs.tgt_paths)
     assert load_or_train(changed, tmp_path, SMALL).path not in (first.path, bigger.path)
