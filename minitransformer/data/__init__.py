@@ -18,12 +18,15 @@ A training script strings them together::
     for batch in batcher:                    # batch.src (B, S), batch.tgt_in / tgt_out (B, T)
         ...                                  # checkpoint batcher.state_dict() to resume
 
+For WMT14, ``data.encode_packed(tok, train.src)`` instead of ``tok.encode(train.src)``
+keeps the 4.5M tokenized pairs in one flat array rather than ~10 GB of Python lists.
+
 The download module is not imported here, so that ``python -m minitransformer.data.download``
 runs it once, as a script. This package uses NumPy (and sentencepiece, tqdm) only; it
 imports nothing from the model or the autograd engine.
 """
 
-from .batching import Batch, TokenBatcher, collate
+from .batching import Batch, PackedSequences, TokenBatcher, collate, encode_packed
 from .corpus import (
     CorpusError, ParallelCorpus, find_split_file, load_corpus, load_multi30k, load_wmt14,
     missing_files, read_lines, read_parallel, read_sgm,
@@ -34,8 +37,8 @@ from .tokenizer import (
 )
 
 __all__ = [
-    "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "ParallelCorpus",
-    "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate", "find_split_file",
+    "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
+    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate", "encode_packed", "find_split_file",
     "load_corpus", "load_multi30k", "load_or_train", "load_wmt14", "missing_files",
     "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]

@@ -253,6 +253,8 @@ def _transfer(url: str, part: Path, offset: int, timeout: float, bar: tqdm) -> N
     except urllib.error.HTTPError as e:
         if e.code == 416 and offset:
             return  # nothing past our offset: the .part is already whole; the checksum decides
+        if e.code >= 500:
+            raise _Interrupted(f"HTTP {e.code} {e.reason}") from None  # the server may recover
         raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise _Interrupted(getattr(e, "reason", e)) from None
@@ -322,6 +324,8 @@ def download(dataset: str | DatasetSpec, dest: str | Path, *, base_url: str | No
     Raises ``ChecksumError`` for bytes that are not the published ones, ``DownloadError``
     for anything else that stops it (its message says where to put the files by hand).
     """
+    if isinstance(dataset, str) and dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(DATASETS)}")
     spec = DATASETS[dataset] if isinstance(dataset, str) else dataset
     base = (base_url or os.environ.get(spec.env_var) or spec.base_url).rstrip("/")
     dest = Path(dest)

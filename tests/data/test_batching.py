@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitransformer.data import (
-    BOS_ID, EOS_ID, PAD_ID, TokenBatcher, TokenizerConfig, collate, load_or_train,
+    BOS_ID, EOS_ID, PAD_ID, PackedSequences, TokenBatcher, TokenizerConfig, collate,
+    encode_packed, load_or_train,
 )
 
 
@@ -207,3 +208,18 @@ def test_batches_of_real_tokenized_pairs(sample_pairs, tmp_path):
         check_batch(batch, src, tgt, 500)
         texts = tok.decode(batch.tgt_out)
         assert texts == [" ".join(sample_pairs.tgt[i].split()) for i in batch.indices]
+
+
+def test_packed_encoding_matches_lists(sample_pairs, tmp_path):
+    tok = load_or_train(sample_pairs, tmp_path, TokenizerConfig(vocab_size=400))
+    lists = tok.encode(sample_pairs.src)
+    packed = encode_packed(tok, sample_pairs.src, chunk_size=37)  # many uneven chunks
+    assert len(packed) == len(lists)
+    assert all(packed[i].tolist() == lists[i] for i in range(len(lists)))
+    tgt = encode_packed(tok, sample_pairs.tgt, chunk_size=1000)
+    a = TokenBatcher(packed, tgt, max_tokens=300, seed=9)
+    b = TokenBatcher(lists, tok.encode(sample_pairs.tgt), max_tokens=300, seed=9)
+    assert all(np.array_equal(x, y) for x, y in zip(a.epoch_batches(2), b.epoch_batches(2)))
+    assert len(encode_packed(tok, [])) == 0
+    with pytest.raises(ValueError, match="offsets"):
+        PackedSequences(np.zeros(5, np.int32), np.array([0, 2, 4]))

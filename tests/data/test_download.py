@@ -43,10 +43,12 @@ def loopback_only(monkeypatch):
 class FileServer:
     """Serves ``files`` (URL path -> bytes) with HTTP Range support, and can misbehave:
     ``cut_once`` paths send half their body on the first request and hang up;
-    ``ignore_range`` paths answer every request with the whole file (200)."""
+    ``ignore_range`` paths answer every request with the whole file (200);
+    ``unavailable_once`` paths answer their first request with 503."""
 
     def __init__(self):
         self.files, self.cut_once, self.ignore_range = {}, set(), set()
+        self.unavailable_once = set()
         self.requests = []  # (path, Range header or None)
         server = self
 
@@ -57,6 +59,10 @@ class FileServer:
                 body = server.files.get(self.path)
                 if body is None:
                     self.send_error(404)
+                    return
+                if self.path in server.unavailable_once:
+                    server.unavailable_once.discard(self.path)
+                    self.send_error(503)
                     return
                 start = 0
                 if rng and self.path not in server.ignore_range:
@@ -266,10 +272,17 @@ def test_offline_says_which_files_to_put_where(tmp_path, capsys):
         assert str(tmp_path / "m" / file.name) in err_text
 
 
-def test_http_error_is_reported(server, tmp_path):
+def test_http_errors(server, tmp_path):
     spec = toy_spec({"missing.bin": b"x"})
     with pytest.raises(DownloadError, match="HTTP 404"):
         download(spec, tmp_path, base_url=server.url + "/toy", **FAST)
+    data = random_bytes(3_000)
+    base = serve(server, {"busy.bin": data})
+    server.unavailable_once.add("/toy/busy.bin")  # a server error is worth another try
+    download(toy_spec({"busy.bin": data}), tmp_path, base_url=base, **FAST)
+    assert (tmp_path / "busy.bin").read_bytes() == data
+    with pytest.raises(ValueError, match="unknown dataset 'iwslt'"):
+        download("iwslt", tmp_path)
 
 
 def tgz(members: dict[str, bytes]) -> bytes:
