@@ -59,18 +59,24 @@ def test_an_epoch_covers_every_pair_once_within_budget(seed, n, max_len, slack, 
 
 def test_similar_lengths_are_bucketed_together():
     rng = np.random.default_rng()
-    src, tgt = random_pairs(rng, 3000, max_len=60)
+    # Translations: target lengths follow source lengths, give or take a few tokens.
+    n = 3000
+    src_len = rng.integers(1, 60, size=n)
+    tgt_len = np.clip(src_len + rng.integers(-4, 5, size=n), 0, None)
+    src = [[7] * k for k in src_len]
+    tgt = [[8] * k for k in tgt_len]
     batcher = TokenBatcher(src, tgt, max_tokens=1000, seed=int(rng.integers(1 << 30)))
     batches = list(batcher.iter_epoch(0))
-    real = sum(b.num_src_tokens for b in batches)
-    padded = sum(b.src.size for b in batches)
-    # Random batches of the same sizes would pad heavily (lengths are uniform in [1, 60]).
-    perm = rng.permutation(3000)
     sizes = np.cumsum([0] + [len(b) for b in batches])
-    random_padded = sum(len(perm[a:b]) * (max(len(src[i]) for i in perm[a:b]) + 1)
-                        for a, b in zip(sizes[:-1], sizes[1:]))
-    assert padded - real < 0.25 * (random_padded - real)
-    assert padded < 1.1 * real
+    perm = rng.permutation(n)
+    for side, lengths in (("src", src_len), ("tgt_in", tgt_len)):
+        real = sum(lengths[b.indices].sum() + len(b) for b in batches)
+        padded = sum(getattr(b, side).size for b in batches)
+        # The same batch sizes filled at random would pad heavily (lengths uniform in 1..59).
+        random_padded = sum((b - a) * (lengths[perm[a:b]].max() + 1)
+                            for a, b in zip(sizes[:-1], sizes[1:]))
+        assert padded - real < 0.25 * (random_padded - real), side
+        assert padded < 1.1 * real, side
     # Most batches fill the budget closely (the longer side of each decides).
     fill = [len(b) * max(b.src.shape[1], b.tgt_in.shape[1]) / 1000 for b in batches]
     assert np.median(fill) > 0.9
@@ -93,8 +99,8 @@ def test_order_is_deterministic_per_seed_and_epoch_and_reshuffled_each_epoch():
     fixed = TokenBatcher(src, tgt, max_tokens=300, shuffle=False)
     assert epoch(fixed, 0) == epoch(fixed, 1)
     order = np.concatenate(fixed.epoch_batches(0))
-    lengths = [len(src[i]) for i in order]
-    assert lengths == sorted(lengths)
+    longest = [max(len(src[i]), len(tgt[i])) for i in order]
+    assert longest == sorted(longest)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
