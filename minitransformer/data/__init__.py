@@ -38,8 +38,8 @@ from .tokenizer import (
 
 __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
-    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate", "encode_packed", "find_split_file",
-    "load_corpus", "load_multi30k", "load_or_train", "load_wmt14", "missing_files",
-    "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
+    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate",
+    "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
+    "load_wmt14", "missing_files", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]
 

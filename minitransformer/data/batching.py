@@ -183,7 +183,8 @@ class TokenBatcher:
     """
 
     def __init__(self, src: PackedSequences | Sequence[Sequence[int]],
-                 tgt: PackedSequences | Sequence[Sequence[int]] | None = None, *, max_tokens: int, max_len: int | None = None, shuffle: bool = True,
+                 tgt: PackedSequences | Sequence[Sequence[int]] | None = None, *,
+                 max_tokens: int, max_len: int | None = None, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1):
         if tgt is not None and len(tgt) != len(src):
             raise ValueError(f"TokenBatcher got {len(src)} source and {len(tgt)} target sequences")
@@ -205,9 +206,8 @@ class TokenBatcher:
                          else np.zeros_like(self._src_len))
         # B * max(S, T) <= max_tokens keeps both sides within budget.
         self._longest = np.maximum(self._src_len, self._tgt_len)
-        longest = self._longest
         if max_len is not None:
-            self.kept = np.flatnonzero(longest <= max_len)
+            self.kept = np.flatnonzero(self._longest <= max_len)
             self.num_dropped = self.num_pairs - len(self.kept)
             if self.num_dropped:
                 logger.warning("dropped %d of %d sentence pairs longer than max_len=%d tokens",
@@ -215,7 +215,7 @@ class TokenBatcher:
             if len(self.kept) == 0:
                 raise ValueError(f"every pair is longer than max_len={max_len}")
         else:
-            too_long = np.flatnonzero(longest > max_tokens)
+            too_long = np.flatnonzero(self._longest > max_tokens)
             if len(too_long):
                 i = int(too_long[0])
                 raise ValueError(
@@ -267,12 +267,15 @@ class TokenBatcher:
         tgt = [self._tgt[i] for i in indices] if self._tgt is not None else None
         return collate(src, tgt, indices)
 
+    def _batch_at(self, epoch: int, step: int) -> Batch:
+        batch = self.make_batch(self.epoch_batches(epoch)[step])
+        batch.epoch, batch.step = epoch, step
+        return batch
+
     def iter_epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         """This rank's batches of one epoch, from ``start_step`` on."""
-        for step, indices in enumerate(self.epoch_batches(epoch)[start_step:], start_step):
-            batch = self.make_batch(indices)
-            batch.epoch, batch.step = epoch, step
-            yield batch
+        for step in range(start_step, self.steps_per_epoch(epoch)):
+            yield self._batch_at(epoch, step)
 
     def __iter__(self) -> Iterator[Batch]:
         """Batches forever, epoch after epoch, starting at ``self.position``.
@@ -286,9 +289,7 @@ class TokenBatcher:
                 self.position = (epoch + 1, 0)
                 continue
             self.position = (epoch, step + 1)
-            batch = self.make_batch(self.epoch_batches(epoch)[step])
-            batch.epoch, batch.step = epoch, step
-            yield batch
+            yield self._batch_at(epoch, step)
 
     def state_dict(self) -> dict:
         """Where the stream stands, plus what must match for a resume to be exact."""

@@ -211,7 +211,7 @@ def load_wmt14(data_dir: str | Path, split: str, src_lang: str = "en",
     """A WMT14 EN-DE split (see the module docstring for the files), checked aligned."""
     data_dir = Path(data_dir)
     pairs = wmt14_files(split, src_lang, tgt_lang)
-    missing = [data_dir / name for pair in pairs for name in pair if not (data_dir / name).is_file()]
+    missing = [data_dir / n for pair in pairs for n in pair if not (data_dir / n).is_file()]
     if missing:
         raise FileNotFoundError(
             "WMT14 files not found: " + ", ".join(str(p) for p in missing)

@@ -1,3 +1,4 @@
+import itertools
 import logging
 from collections import Counter
 
@@ -74,7 +75,7 @@ def test_similar_lengths_are_bucketed_together():
         padded = sum(getattr(b, side).size for b in batches)
         # The same batch sizes filled at random would pad heavily (lengths uniform in 1..59).
         random_padded = sum((b - a) * (lengths[perm[a:b]].max() + 1)
-                            for a, b in zip(sizes[:-1], sizes[1:]))
+                            for a, b in itertools.pairwise(sizes))
         assert padded - real < 0.25 * (random_padded - real), side
         assert padded < 1.1 * real, side
     # Most batches fill the budget closely (the longer side of each decides).

@@ -50,7 +50,7 @@ def test_read_lines_round_trips_any_text(lines, gz, final_newline):
 
 def test_crlf_and_lone_carriage_returns(tmp_path):
     path = tmp_path / "x.en"
-    path.write_bytes("one\r\ntwo has a \r inside\r\nthree\n".encode())
+    path.write_bytes(b"one\r\ntwo has a \r inside\r\nthree\n")
     assert read_lines(path) == ["one", "two has a \r inside", "three"]
 
 
