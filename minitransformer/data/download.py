@@ -7,10 +7,11 @@ Sources
     multi30k  github.com/multi30k/dataset, data/task1/raw/{train,val,test_2016_flickr}.{en,de}.gz,
               fetched from raw.githubusercontent.com at commit c9be912 (the last commit to
               change these files), so the pinned checksums stay valid.
-    wmt14     www.statmt.org: the WMT13 Europarl v7 and Common Crawl archives, the WMT14
-              News Commentary v9 archive (the paper's 4.5M training pairs), dev.tgz
-              (newstest2013) and test-full.tgz (newstest2014, 3,003 sentences). The files
-              ``corpus.load_wmt14`` reads are extracted from them into DIR.
+    wmt14     www.statmt.org: the WMT13 Europarl v7 and Common Crawl archives and the WMT14
+              News Commentary v9 archive (together the ~4.5M pairs the paper trains on, as
+              tensor2tensor and fairseq assemble them), dev.tgz (newstest2013) and
+              test-full.tgz (newstest2014, 3,003 sentences). The files ``corpus.load_wmt14``
+              reads are extracted from them into DIR.
 
 Checksums, and where each comes from (no dataset here publishes its own):
     multi30k          sha256 of each file, computed here from copies whose git blob ids equal
@@ -49,6 +50,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -289,18 +291,21 @@ def _transfer(url: str, part: Path, offset: int, timeout: float, bar: tqdm) -> N
 def _extract(archive: Path, members: tuple[tuple[str, str], ...], dest: Path) -> None:
     """Write the named members of a tar archive to DIR/<local name>, each atomically."""
     wanted = dict(members)
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:  # one pass: a .tgz can only be read front to back
-            name = member.name.removeprefix("./")
-            if name not in wanted or not member.isfile():
-                continue
-            target = dest / wanted.pop(name)
-            tmp = target.with_name(target.name + ".tmp")
-            with tar.extractfile(member) as src, open(tmp, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-            os.replace(tmp, target)
-            logger.info("extracted %s from %s", target.name, archive.name)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:  # one pass: a .tgz can only be read front to back
+                name = member.name.removeprefix("./")
+                if name not in wanted or not member.isfile():
+                    continue
+                target = dest / wanted.pop(name)
+                tmp = target.with_name(target.name + ".tmp")
+                with tar.extractfile(member) as src, open(tmp, "wb") as out:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+                os.replace(tmp, target)
+                logger.info("extracted %s from %s", target.name, archive.name)
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise DownloadError(f"{archive} is not a readable tar archive ({e})") from None
     if wanted:
         raise DownloadError(f"{archive} lacks the expected members: {', '.join(sorted(wanted))}")
 

@@ -345,6 +345,9 @@ def test_wmt14_archive_without_a_member_is_an_error(server, tmp_path):
     base = serve(server, {file.path: tgz({"dev/newstest2013.en": b"only english\n"})})
     with pytest.raises(DownloadError, match="lacks the expected members: dev/newstest2013.de"):
         download(spec, tmp_path, base_url=base, **FAST)
+    server.files["/toy/" + file.path] = random_bytes(5000)
+    with pytest.raises(DownloadError, match="not a readable tar archive"):
+        download(spec, tmp_path / "other", base_url=base, **FAST)
 
 
 def test_multi30k_from_the_official_bytes(server, tmp_path, multi30k_dir, monkeypatch, capsys):
