@@ -238,7 +238,7 @@ def _fetch(url: str, part: Path, file: RemoteFile, *, retries: int, retry_wait: 
                 failures += 1
                 if failures > retries:
                     raise DownloadError(f"could not download {url}: {e}") from None
-                logger.warning("download of %s interrupted (%s) at %d bytes; resuming "
+                logger.warning("download of %s failed (%s) with %d bytes in hand; retrying "
                                "(attempt %d of %d)", file.name, e,
                                part.stat().st_size if part.exists() else 0, failures, retries)
                 time.sleep(retry_wait * failures)

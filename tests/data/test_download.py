@@ -334,6 +334,14 @@ def test_wmt14_archives_are_extracted_for_the_readers(server, tmp_path):
     download(spec, tmp_path, base_url=base, **FAST)
     assert len(server.requests) == before and missing_files("wmt14", tmp_path) == []
 
+    # Offline: archives copied into DIR by hand are verified and extracted, no network used.
+    by_hand = tmp_path / "by_hand"
+    by_hand.mkdir()
+    for path, data in archives.items():
+        (by_hand / path.rsplit("/", 1)[-1]).write_bytes(data)
+    download(spec, by_hand, base_url=closed_port_url(), **FAST)
+    assert missing_files("wmt14", by_hand) == []
+
     # The real, pinned checksums reject these fixture archives.
     with pytest.raises(ChecksumError, match="training-parallel-commoncrawl.tgz"):
         download("wmt14", tmp_path / "pinned", base_url=base, **FAST)
