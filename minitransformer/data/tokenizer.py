@@ -6,7 +6,8 @@ model tie the source embedding, the target embedding and the pre-softmax project
 (section 3.4), and copies names and numbers straight across. BPE (Sennrich et al., 2016)
 starts from characters and merges the most frequent adjacent pair until the vocabulary has
 ``vocab_size`` pieces; sentencepiece runs it on raw text (a space becomes the "▁" that
-starts a word), so decoding is exact detokenization and the output goes to sacreBLEU as is.
+starts a word), so decoding gives detokenized text that goes to sacreBLEU as is (NFKC
+normalized, runs of spaces collapsed: the only changes a round trip makes).
 
 Fixed ids, whatever the vocabulary size, so every layer can name them:
 
