@@ -1,0 +1,132 @@
+import io
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from minitransformer.data import (
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ParallelCorpus, Tokenizer, TokenizerConfig,
+    load_or_train, train_tokenizer,
+)
+from minitransformer.data import tokenizer as tokenizer_module
+
+SMALL = TokenizerConfig(vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def tok(sample_pairs, tmp_path_factory):
+    return load_or_train(sample_pairs, tmp_path_factory.mktemp("tok"), SMALL)
+
+
+def test_special_ids_are_fixed(tok):
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert tok.vocab_size == SMALL.vocab_size
+    assert PRESETS["wmt14"].vocab_size == 37000  # the paper's shared vocabulary
+
+
+def test_round_trip_is_exact_detokenization(tok, sample_pairs):
+    texts = sample_pairs.src + sample_pairs.tgt
+    ids = tok.encode(texts)
+    assert all(min(row) > EOS_ID for row in ids)  # pieces only: no specials, no unknowns
+    # sentencepiece's NFKC normalization collapses runs of spaces; nothing else changes.
+    assert tok.decode(ids) == [" ".join(t.split()) for t in texts]
+
+
+def test_one_vocabulary_serves_both_languages(tok, sample_pairs):
+    en, de = tok.encode(sample_pairs.src), tok.encode(sample_pairs.tgt)
+    en_ids, de_ids = {i for r in en for i in r}, {i for r in de for i in r}
+    assert en_ids & de_ids  # shared pieces (names, punctuation, "a", ...)
+    assert en_ids - de_ids and de_ids - en_ids  # and pieces only one language uses
+    assert max(en_ids | de_ids) < tok.vocab_size
+
+
+def test_encode_batch_matches_one_at_a_time(tok, sample_pairs):
+    texts = sample_pairs.tgt[:20]
+    assert tok.encode(texts) == [tok.encode([t])[0] for t in texts]
+    with pytest.raises(TypeError, match="batch"):
+        tok.encode("a single string")
+
+
+def test_decode_cuts_at_eos_and_drops_pad_and_bos(tok, sample_pairs):
+    rng = np.random.default_rng()
+    texts = sample_pairs.tgt[:8]
+    rows = tok.encode(texts)
+    width = max(len(r) for r in rows) + 6
+    out = np.full((len(rows), width), PAD_ID, dtype=np.int64)  # as beam search returns them
+    for b, r in enumerate(rows):
+        out[b, 0] = BOS_ID
+        out[b, 1:1 + len(r)] = r
+        out[b, 1 + len(r)] = EOS_ID
+        tail = rng.integers(EOS_ID + 1, tok.vocab_size, size=width - len(r) - 2)
+        out[b, 2 + len(r):] = tail  # whatever follows EOS is not part of the sentence
+    assert tok.decode(out) == [" ".join(t.split()) for t in texts]
+    assert tok.decode([[BOS_ID, EOS_ID]]) == [""]
+
+
+def test_unseen_characters_become_unk(tok):
+    ids = tok.encode(["ሰላም ሰላም"])[0]  # Ge'ez script: not in Multi30k
+    assert UNK_ID in ids
+
+
+def test_cache_reuses_then_retrains_on_changed_settings(sample_pairs, tmp_path, monkeypatch):
+    first = load_or_train(sample_pairs, tmp_path, SMALL)
+    assert first.path.parent == tmp_path and (first.path.with_suffix(".json")).is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached tokenizer should have been used")
+
+    with monkeypatch.context() as m:
+        m.setattr(spm.SentencePieceTrainer, "train", no_training)
+        again = load_or_train(sample_pairs, tmp_path, SMALL)
+    assert again.path == first.path
+
+    bigger = load_or_train(sample_pairs, tmp_path, TokenizerConfig(vocab_size=450))
+    assert bigger.path != first.path and bigger.vocab_size == 450
+    coverage = load_or_train(sample_pairs, tmp_path,
+                             TokenizerConfig(vocab_size=400, character_coverage=0.9999))
+    assert coverage.path not in (first.path, bigger.path)
+    changed = ParallelCorpus(sample_pairs.src[:-1] + ["A different last sentence."],
+                             sample_pairs.tgt, sample_pairs.src_paths, sample_pairs.tgt_paths)
+    assert load_or_train(changed, tmp_path, SMALL).path not in (first.path, bigger.path)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_cache_beside_data_or_in_user_cache(sample_pairs, tmp_path, monkeypatch):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    corpus = ParallelCorpus(sample_pairs.src, sample_pairs.tgt,
+                            (data_dir / "train.en",), (data_dir / "train.de",))
+    assert load_or_train(corpus, config=SMALL).path.parent == data_dir
+    # A read-only data directory (the shared copy): fall back to $XDG_CACHE_HOME.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(tokenizer_module.os, "access", lambda path, mode: False)
+    fallback = load_or_train(corpus, config=SMALL).path.parent
+    assert fallback == tmp_path / "cache" / "minitransformer" / "tokenizers"
+
+
+def test_foreign_model_with_other_special_ids_is_refused(sample_pairs, tmp_path):
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample_pairs.src), model_writer=proto,
+                                   vocab_size=200, model_type="bpe", minloglevel=2)
+    path = tmp_path / "foreign.model"
+    path.write_bytes(proto.getvalue())  # sentencepiece's defaults: unk 0, bos 1, eos 2, no pad
+    with pytest.raises(ValueError, match="special ids") as err:
+        Tokenizer(path)
+    assert str(path) in str(err.value)
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a sentencepiece model"):
+        Tokenizer(junk)
+    with pytest.raises(FileNotFoundError, match="absent.model"):
+        Tokenizer(tmp_path / "absent.model")
+
+
+def test_vocabulary_too_large_for_the_text(tmp_path):
+    with pytest.raises(ValueError, match="5000-piece") as err:
+        train_tokenizer(["a tiny corpus", "with few characters"], tmp_path / "x.model",
+                        TokenizerConfig(vocab_size=5000))
+    assert "2 sentences" in str(err.value)
+    assert not (tmp_path / "x.model").exists()
+    with pytest.raises(ValueError, match="vocab_size"):
+        TokenizerConfig(vocab_size=4)
