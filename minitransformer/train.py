@@ -2,12 +2,14 @@
 
 A step (section 5): forward the batch, label-smoothed cross-entropy over the non-padding
 target tokens, backward, then Adam with the warmup schedule. Two guards keep a bad batch from
-damaging the model: a non-finite loss is not backpropagated, and a non-finite gradient norm
-skips the optimiser step; both are reported in the step's result, not trained on.
+damaging the model: a non-finite loss is not backpropagated, and a non-finite gradient skips
+the optimiser step; both are reported in the step's result, not trained on.
 
-The loss is averaged over the step's target tokens (``num_tokens``): pass the total over all
-data-parallel ranks there and every rank's gradient is already scaled for a plain sum
-all-reduce.
+The objective is the mean over the step's target tokens. Alone, a process backpropagates its
+summed loss divided by its token count. With data parallelism (``ddp``, a
+``distributed.DistributedDataParallel``) each rank backpropagates its summed loss and the
+all-reduce divides by the token count of all ranks together, so batches with different
+numbers of tokens are weighted correctly (see ``distributed.ddp``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from .optim import clip_grad_norm_, grad_norm
 
 @dataclass
 class StepResult:
-    loss: float  # label-smoothed loss per target token (what is minimised)
-    nll: float  # unsmoothed negative log-likelihood per target token
-    num_tokens: int
+    loss: float  # label-smoothed loss per target token (what is minimised; all ranks)
+    nll: float  # unsmoothed negative log-likelihood per target token (this rank)
+    num_tokens: int  # target tokens in this step (all ranks)
     grad_norm: float
     lr: float
     skipped: str | None = None  # why the optimiser step was skipped, if it was
@@ -34,45 +36,46 @@ class StepResult:
         return math.exp(min(self.nll, 700.0))
 
 
-def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, num_tokens: int | None = None):
-    """(loss tensor per token, nll per token, tokens in this batch)."""
+def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float):
+    """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens)."""
     logits = model(src, tgt_in)  # (B, T, V)
     stats: dict = {}
     loss_sum = F.cross_entropy(logits, tgt_out, label_smoothing, model.config.pad_id, "sum", stats)
-    n = stats["n_tokens"]
-    denom = max(num_tokens if num_tokens is not None else n, 1)
-    return loss_sum / denom, stats["nll_sum"] / max(n, 1), n
+    return loss_sum, stats["nll_sum"], stats["n_tokens"]
 
 
 def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing: float = 0.1,
-               clip_norm: float | None = None, num_tokens: int | None = None,
-               reduce_gradients=None) -> StepResult:
+               clip_norm: float | None = None, ddp=None) -> StepResult:
     """Forward, backward and (unless a guard trips) one optimiser step.
 
-    ``reduce_gradients(local_ok) -> bool``: data parallelism's hook, called after backward on
-    every rank (also on a rank whose loss was not finite, so no rank is left waiting in an
-    all-reduce); it reduces the gradients and returns whether every rank's loss was finite.
-    After it, all ranks hold the same gradients, so the norm check below agrees everywhere.
+    With ``ddp`` every rank calls ``ddp.reduce_gradients`` even when its own loss was not
+    finite (no rank may be left waiting in an all-reduce); that rank reports a NaN loss, the
+    reduced loss becomes NaN everywhere, and all ranks skip the step together.
     """
     model.train()
     optimizer.zero_grad()
-    loss, nll, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, num_tokens)
-    value = loss.item()
+    loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
+    value = loss_sum.item()
     local_ok = math.isfinite(value)
     if local_ok:
-        loss.backward()
-    all_ok = reduce_gradients(local_ok) if reduce_gradients is not None else local_ok
+        (loss_sum if ddp is not None else loss_sum / max(n, 1)).backward()
+    nll = nll_sum / max(n, 1)
+    if ddp is not None:
+        stats = ddp.reduce_gradients(n, loss_sum=value if local_ok else math.nan)
+        loss, tokens, all_ok, grads_ok = stats.mean_loss, stats.num_tokens, math.isfinite(stats.loss_sum), stats.finite
+    else:
+        loss, tokens, all_ok, grads_ok = value / max(n, 1), n, local_ok, True
     if not all_ok:
         optimizer.zero_grad()
         why = "non-finite loss" if not local_ok else "non-finite loss on another rank"
-        return StepResult(value, nll, n, float("nan"), optimizer.lr, skipped=why)
+        return StepResult(loss, nll, tokens, math.nan, optimizer.lr, skipped=why)
     norm = clip_grad_norm_(optimizer.params, clip_norm) if clip_norm else grad_norm(optimizer.params)
-    if not math.isfinite(norm):
+    if not (grads_ok and math.isfinite(norm)):
         optimizer.zero_grad()
-        return StepResult(value, nll, n, norm, optimizer.lr, skipped="non-finite gradient")
+        return StepResult(loss, nll, tokens, norm, optimizer.lr, skipped="non-finite gradient")
     lr = schedule.step() if schedule is not None else optimizer.lr
     optimizer.step()
-    return StepResult(value, nll, n, norm, lr)
+    return StepResult(loss, nll, tokens, norm, lr)
 
 
 @no_grad()
@@ -82,9 +85,9 @@ def evaluate_loss(model, batches, label_smoothing: float = 0.0) -> tuple[float, 
     model.eval()
     loss_total, nll_total, tokens = 0.0, 0.0, 0
     for src, tgt_in, tgt_out in batches:
-        loss, nll, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
-        loss_total += loss.item() * n
-        nll_total += nll * n
+        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
+        loss_total += loss_sum.item()
+        nll_total += nll_sum
         tokens += n
     model.train(was_training)
     tokens = max(tokens, 1)

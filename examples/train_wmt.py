@@ -1,0 +1,345 @@
+"""Train an English->German Transformer and report its sacreBLEU: the project's main job.
+
+    python examples/train_wmt.py --data-dir ../shared/data/multi30k      # Multi30k, CPU, < 1 h
+    python examples/train_wmt.py                                        # downloads Multi30k first
+    mpiexec -n 8 python examples/train_wmt.py --preset wmt14-base --device cuda --data-dir data/wmt14
+
+Steps: read the corpus (or download it), train one sentencepiece BPE vocabulary for both
+languages, batch by token count, train with label smoothing, Adam and the warmup schedule
+(section 5), validate and checkpoint as it goes, then average the last checkpoints, translate
+the test set with beam search (beam 4, alpha 0.6) and score it with sacreBLEU against the raw
+references. ``--resume`` continues a stopped run exactly where its last checkpoint left it.
+
+Everything lands in --out-dir: train.jsonl (one line per logged step and per validation),
+checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import minitransformer as mt
+from minitransformer import data, distributed, nn
+from minitransformer.checkpoint import average_checkpoints, load_checkpoint, restore, save_checkpoint
+from minitransformer.decoding import beam_search
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
+from minitransformer.train import evaluate_loss, train_step
+
+log = logging.getLogger("train_wmt")
+
+
+@dataclass
+class Preset:
+    corpus: str
+    tokenizer: str  # key of data.PRESETS
+    model: dict  # TransformerConfig fields
+    max_tokens: int  # per rank and step, each side, padding included
+    warmup: int
+    lr_factor: float
+    epochs: int
+    max_len: int
+    average_last: int
+    time_budget: float | None = None  # minutes
+
+
+PRESETS = {
+    # Sized for a 2-core CPU and an hour: a narrow, 3+3-layer model, big enough for Multi30k.
+    "multi30k": Preset("multi30k", "multi30k",
+                       dict(d_model=256, d_ff=1024, h=4, num_encoder_layers=3, num_decoder_layers=3,
+                            dropout=0.1, label_smoothing=0.1),
+                       max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=30, max_len=100, average_last=5,
+                       time_budget=55.0),
+    # The paper's setups (Table 3); max_tokens is per GPU: 8 GPUs x 3,125 = 25,000 per side.
+    "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=3125, warmup=4000, lr_factor=1.0,
+                         epochs=100, max_len=256, average_last=5),
+    "wmt14-big": Preset("wmt14", "wmt14", dict(d_model=1024, d_ff=4096, h=16, dropout=0.3),
+                        max_tokens=3125, warmup=4000, lr_factor=1.0, epochs=100, max_len=256, average_last=20),
+}
+PAPER_STEPS = {"wmt14-base": 100_000, "wmt14-big": 300_000}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
+    p.add_argument("--data-dir", default=None, help="corpus folder; downloaded there if files are missing "
+                   "(default: data/<corpus>)")
+    p.add_argument("--out-dir", default="runs/multi30k", help="checkpoints, logs, hypotheses, plots")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--max-tokens", type=int, help="tokens per batch and side, per rank (preset)")
+    p.add_argument("--epochs", type=int, help="epochs to train (preset)")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
+    p.add_argument("--time-budget", type=float, help="stop training after this many minutes (preset)")
+    p.add_argument("--eval-every", type=int, default=0, help="validate and checkpoint every N steps "
+                   "(0: once per epoch)")
+    p.add_argument("--bleu-sample", type=int, default=100, help="validation sentences beam-searched for BLEU")
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--resume", action="store_true", help="continue from --out-dir/last.npz")
+    p.add_argument("--average-last", type=int, help="checkpoints averaged for the final model (preset)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty")
+    p.add_argument("--warmup", type=int, help="warmup steps of the schedule (preset)")
+    p.add_argument("--lr-factor", type=float, help="scale of the schedule of section 5.3 (preset)")
+    p.add_argument("--limit-train", type=int, help="use only the first N training pairs (smoke tests)")
+    p.add_argument("--limit-test", type=int, help="translate only the first N test sentences")
+    p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_data(args, preset: Preset, world):
+    from minitransformer.data.download import ensure_dataset
+
+    data_dir = args.data_dir or os.path.join("data", preset.corpus)
+    if world.is_main:
+        ensure_dataset(preset.corpus, data_dir)
+    world.comm.barrier()
+    train = data.load_corpus(preset.corpus, data_dir, "train")
+    if args.limit_train:
+        train = train.subset(range(min(args.limit_train, len(train))))
+    val = data.load_corpus(preset.corpus, data_dir, "val")
+    test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
+    if args.limit_test:
+        test = test.subset(range(min(args.limit_test, len(test))))
+    tok_cfg = data.PRESETS[preset.tokenizer]
+    if args.vocab_size:
+        tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
+    if world.is_main:  # rank 0 trains (or finds) the vocabulary, the others then load it
+        tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
+    world.comm.barrier()
+    if not world.is_main:
+        tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
+    return train, val, test, tok
+
+
+def translate(model, tok, sentences, device, beam: int, alpha: float, max_tokens: int = 2048,
+              progress: bool = False) -> list[str]:
+    """Beam-search ``sentences`` in length-sorted batches; returns detokenized text in order."""
+    batcher = data.TokenBatcher(tok.encode(sentences), max_tokens=max_tokens, shuffle=False)
+    out: list[str] = [""] * len(sentences)
+    batches = batcher.epoch_batches(0)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc="translate", unit="batch", leave=False)
+    for indices in batches:
+        batch = batcher.make_batch(indices)
+        hyps = beam_search(model, mt.tensor(batch.src, device=device), beam_size=beam, alpha=alpha)
+        for i, text in zip(batch.indices, tok.decode(hyps)):
+            out[i] = text
+    return out
+
+
+def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:
+    """Corpus sacreBLEU (cased, 13a tokenization of detokenized text) and its signature."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU()
+    score = metric.corpus_score(hyps, [refs])
+    return score.score, str(metric.get_signature())
+
+
+# --------------------------------------------------------------------------- training
+
+
+def build(args, preset: Preset, tok) -> nn.Transformer:
+    params = dict(preset.model)
+    if args.d_model:
+        params.update(d_model=args.d_model, d_ff=4 * args.d_model)
+    if args.layers:
+        params.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
+    cfg = nn.TransformerConfig(vocab_size=tok.vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
+                               eos_id=data.EOS_ID, **params)
+    return nn.Transformer(cfg)
+
+
+def checkpoints(out_dir: str) -> list[str]:
+    """Step checkpoints, oldest first."""
+    paths = glob.glob(os.path.join(out_dir, "ckpt-*.npz"))
+    return sorted(paths, key=lambda p: int(os.path.basename(p)[5:-4]))
+
+
+def plot_curves(log_path: str, png_path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(log_path)]
+    train = [r for r in rows if r["kind"] == "train"]
+    val = [r for r in rows if r["kind"] == "val"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (smoothed)", lw=0.8)
+    ax1.plot([r["step"] for r in train], [math.log(r["ppl"]) for r in train], label="train NLL", lw=0.8)
+    ax1.plot([r["step"] for r in val], [math.log(r["ppl"]) for r in val], "o-", label="validation NLL")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("nats per token")
+    ax1.legend()
+    ax2.plot([r["step"] for r in val], [r["bleu"] for r in val], "o-", color="C3")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel(f"BLEU, {val[0]['bleu_sentences'] if val else 0} validation sentences")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    preset = PRESETS[args.preset]
+    world = distributed.init(args.device)
+    os.makedirs(args.out_dir, exist_ok=True)
+    mt.manual_seed(args.seed + world.rank)  # dropout differs per rank; init is broadcast from rank 0
+    train, val, test, tok = load_data(args, preset, world)
+
+    model = build(args, preset, tok).to(args.device)
+    cfg = model.config
+    optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = WarmupInverseSqrtSchedule(optimizer, cfg.d_model, args.warmup or preset.warmup,
+                                         args.lr_factor or preset.lr_factor)
+    ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
+    batcher = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt),
+                                max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
+                                seed=args.seed, rank=world.rank, world_size=world.world_size)
+    val_batches = [(b.src, b.tgt_in, b.tgt_out) for b in data.TokenBatcher(
+        tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096, shuffle=False).iter_epoch(0)]
+    if world.is_main:
+        log.info("%s: %d training pairs (%d dropped as too long), vocabulary %d, %d steps per epoch",
+                 args.preset, len(train), batcher.num_dropped, tok.vocab_size, batcher.steps_per_epoch(0))
+        log.info("model: %s", model.extra_repr())
+
+    step, history_s = 0, 0.0
+    last_path = os.path.join(args.out_dir, "last.npz")
+    log_path = os.path.join(args.out_dir, "train.jsonl")
+    if args.resume:
+        ckpt = load_checkpoint(last_path)
+        restore(ckpt, model, optimizer, schedule)
+        batcher.load_state_dict(ckpt.extra["batcher"])
+        step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
+        if world.world_size > 1:  # the checkpoint holds rank 0's generator: give each rank its own
+            mt.manual_seed(args.seed + world.rank + 7919 * step)
+        if world.is_main:
+            log.info("resumed from %s at step %d, epoch %d", last_path, step, batcher.position[0])
+    elif world.is_main and os.path.exists(log_path):
+        os.remove(log_path)  # a fresh run starts a fresh log
+
+    epochs = args.epochs or preset.epochs
+    max_steps = args.max_steps or (PAPER_STEPS.get(args.preset) or math.inf)
+    eval_every = args.eval_every or batcher.steps_per_epoch(0)
+    budget_min = args.time_budget or preset.time_budget
+    budget = budget_min * 60 if budget_min else math.inf
+    progress = None
+    if world.is_main and not args.no_progress:
+        from tqdm import tqdm
+
+        total = min(max_steps, epochs * batcher.steps_per_epoch(0))
+        progress = tqdm(total=None if math.isinf(total) else int(total), initial=step, unit="step",
+                        dynamic_ncols=True)
+
+    start = time.perf_counter() - history_s
+    tokens_since, window_start = 0, time.perf_counter()
+    stop_reason = "epochs"
+    for batch in batcher:
+        if batch.epoch >= epochs:
+            break
+        result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
+                            mt.tensor(batch.tgt_in, device=args.device), mt.tensor(batch.tgt_out, device=args.device),
+                            label_smoothing=cfg.label_smoothing, ddp=ddp)
+        step += 1
+        tokens_since += result.num_tokens
+        if result.skipped and world.is_main:
+            log.warning("step %d skipped: %s (loss %s)", step, result.skipped, result.loss)
+        if world.is_main and (step % args.log_every == 0 or step == 1):
+            elapsed = time.perf_counter() - window_start
+            record = dict(kind="train", step=step, epoch=batch.epoch, loss=result.loss, ppl=result.ppl,
+                          lr=result.lr, grad_norm=result.grad_norm, tokens_per_s=tokens_since / max(elapsed, 1e-9),
+                          seconds=time.perf_counter() - start)
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            tokens_since, window_start = 0, time.perf_counter()
+            if progress is not None:
+                progress.set_postfix(loss=f"{result.loss:.3f}", ppl=f"{result.ppl:.1f}", lr=f"{result.lr:.1e}",
+                                     tok_s=f"{record['tokens_per_s']:.0f}", epoch=batch.epoch)
+        if progress is not None:
+            progress.update(1)
+
+        out_of_time = time.perf_counter() - start >= budget
+        done = step >= max_steps or out_of_time
+        if step % eval_every == 0 or done:
+            if world.is_main:
+                validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches,
+                                  step, time.perf_counter() - start, log_path)
+            world.comm.barrier()
+        if done:
+            stop_reason = "time budget" if out_of_time else "max steps"
+            break
+    if progress is not None:
+        progress.close()
+    train_seconds = time.perf_counter() - start
+    if not world.is_main:
+        return {}
+    if not checkpoints(args.out_dir) or int(os.path.basename(checkpoints(args.out_dir)[-1])[5:-4]) != step:
+        validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches, step, train_seconds, log_path)
+    log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, train_seconds / 60)
+    return finish(args, preset, model, tok, test, step, train_seconds, log_path)
+
+
+def validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches, step, seconds, log_path):
+    loss, ppl = evaluate_loss(model, val_batches)
+    n = min(args.bleu_sample, len(val))
+    score, _ = bleu(translate(model, tok, val.src[:n], args.device, args.beam, args.alpha), val.tgt[:n])
+    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, seconds=seconds)
+    with open(log_path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences", step, math.log(ppl), ppl, score, n)
+    extra = {"step": step, "train_seconds": seconds, "batcher": batcher.state_dict(), "args": vars(args)}
+    path = os.path.join(args.out_dir, f"ckpt-{step}.npz")
+    save_checkpoint(path, model, optimizer, schedule, extra=extra)
+    save_checkpoint(os.path.join(args.out_dir, "last.npz"), model, optimizer, schedule, extra=extra)
+    keep = max(args.average_last or PRESETS[args.preset].average_last, 1)
+    for old in checkpoints(args.out_dir)[:-keep]:
+        os.remove(old)
+
+
+def finish(args, preset, model, tok, test, step, train_seconds, log_path) -> dict:
+    paths = checkpoints(args.out_dir)[-(args.average_last or preset.average_last):]
+    averaged = average_checkpoints(paths)
+    model.load_state_dict(averaged.model)
+    save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,
+                    extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step})
+    start = time.perf_counter()
+    hyps = translate(model, tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)
+    decode_seconds = time.perf_counter() - start
+    with open(os.path.join(args.out_dir, "test.hyp.de"), "w") as f:
+        f.write("\n".join(hyps) + "\n")
+    score, signature = bleu(hyps, test.tgt)
+    result = dict(bleu=score, signature=signature, steps=step, train_minutes=train_seconds / 60,
+                  decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
+                  test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset)
+    with open(os.path.join(args.out_dir, "bleu.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_curves(log_path, os.path.join(args.out_dir, "curves.png"))
+    print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "
+          f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged)")
+    print(f"sacreBLEU signature: {signature}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
