@@ -31,7 +31,7 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import data, distributed, nn
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, restore, save_checkpoint
-from minitransformer.decoding import beam_search
+from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import evaluate_loss, train_step
 
@@ -126,24 +126,6 @@ def load_data(args, preset: Preset, world):
     if not world.is_main:
         tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
     return train, val, test, tok
-
-
-def translate(model, tok, sentences, device, beam: int, alpha: float, max_tokens: int = 2048,
-              progress: bool = False) -> list[str]:
-    """Beam-search ``sentences`` in length-sorted batches; returns detokenized text in order."""
-    batcher = data.TokenBatcher(tok.encode(sentences), max_tokens=max_tokens, shuffle=False)
-    out: list[str] = [""] * len(sentences)
-    batches = batcher.epoch_batches(0)
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(batches, desc="translate", unit="batch", leave=False)
-    for indices in batches:
-        batch = batcher.make_batch(indices)
-        hyps = beam_search(model, mt.tensor(batch.src, device=device), beam_size=beam, alpha=alpha)
-        for i, text in zip(batch.indices, tok.decode(hyps)):
-            out[i] = text
-    return out
 
 
 def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:

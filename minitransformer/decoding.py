@@ -160,3 +160,28 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
     if return_scores:
         return results
     return [hyp for hyp, _ in results]
+
+
+def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,
+              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False) -> list[str]:
+    """Beam-search raw sentences in length-sorted batches of about ``max_tokens`` source
+    tokens; returns detokenized translations in the input order.
+
+    ``tokenizer`` is a ``data.Tokenizer``; sources get the EOS the model was trained with.
+    """
+    from .data import TokenBatcher  # the data layer needs nothing from the model
+
+    batcher = TokenBatcher(tokenizer.encode(sentences), max_tokens=max_tokens, shuffle=False)
+    out: list[str] = [""] * len(sentences)
+    batches = batcher.epoch_batches(0)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc="translate", unit="batch", leave=False)
+    for indices in batches:
+        batch = batcher.make_batch(indices)
+        hyps = beam_search(model, Tensor(backend.to_device(batch.src, device)), beam_size, alpha)
+        for i, text in zip(batch.indices, tokenizer.decode(hyps)):
+            out[i] = text
+    return out
+

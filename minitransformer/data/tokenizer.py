@@ -128,6 +128,10 @@ class Tokenizer:
         """The subword pieces of one sentence, for reading what BPE made of it."""
         return self._sp.encode(text, out_type=str)
 
+    def id_to_piece(self, ids: Sequence[int]) -> list[str]:
+        """The piece of each id (labels for attention plots)."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
 
 def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
                     config: TokenizerConfig = TokenizerConfig()) -> Tokenizer:

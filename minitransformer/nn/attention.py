@@ -29,6 +29,8 @@ class MultiHeadAttention(Module):
             raise ValueError(f"d_model={d_model} is not divisible by h={h}")
         self.d_model, self.h, self.d_k = d_model, h, d_model // h
         self.dropout = dropout  # on the attention weights: a named deviation, 0 in the paper
+        self.keep_weights = False  # True: each forward stores its probabilities in last_weights
+        self.last_weights = None
         self.q_proj = Linear(d_model, d_model)
         self.k_proj = Linear(d_model, d_model)
         self.v_proj = Linear(d_model, d_model)
@@ -69,8 +71,12 @@ class MultiHeadAttention(Module):
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=p)
         b, _, t, _ = heads.shape
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.d_model))  # Concat(heads) W^O
-        if need_weights:
-            return out, F.attention_weights(q, k, mask, is_causal)
+        if need_weights or self.keep_weights:
+            weights = F.attention_weights(q, k, mask, is_causal)  # (B, h, T, S)
+            if self.keep_weights:
+                self.last_weights = weights
+            if need_weights:
+                return out, weights
         return out
 
     def extra_repr(self) -> str:

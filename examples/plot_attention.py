@@ -1,0 +1,83 @@
+"""Draw a trained model's attention maps for one sentence, per layer and head, as PNG files:
+encoder self-attention, decoder self-attention and encoder-decoder attention (the paper's
+Figures 3-5).
+
+    python examples/plot_attention.py --run runs/multi30k "A dog runs through the grass."
+
+The translation is the model's own (beam search); the maps are those of the decoder reading
+that translation. Files: <out>/encoder_self.png, decoder_self.png, cross.png, one row of
+panels per layer, one column per head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+import minitransformer as mt
+from minitransformer import data
+from minitransformer.decoding import beam_search
+from translate import find_run_files, load_model
+
+
+def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers, heads = len(maps), maps[0].shape[0]
+    size = 0.22 * max(len(rows), len(cols)) + 1.2
+    fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers), squeeze=False)
+    for i, layer in enumerate(maps):
+        for j in range(heads):
+            ax = axes[i, j]
+            ax.imshow(layer[j], cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+            ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("sentence", help="an English sentence")
+    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: <run>/attention)")
+    p.add_argument("--beam", type=int, default=4)
+    args = p.parse_args(argv)
+    checkpoint, tokenizer = find_run_files(args.run)
+    model = load_model(checkpoint, "cpu")
+    tok = data.Tokenizer(tokenizer)
+
+    batch = data.collate(tok.encode([args.sentence]))
+    hyp = beam_search(model, mt.tensor(batch.src), beam_size=args.beam)[0]
+    tgt_in = np.array([[data.BOS_ID] + hyp])
+    modules = [m for m in model.modules() if hasattr(m, "keep_weights")]
+    for m in modules:
+        m.keep_weights = True
+    model(mt.tensor(batch.src), mt.tensor(tgt_in))
+
+    src_pieces = tok.id_to_piece(batch.src[0])  # ends with EOS, as the model saw it
+    tgt_pieces = tok.id_to_piece(tgt_in[0])
+    out = args.out or os.path.join(args.run, "attention")
+    os.makedirs(out, exist_ok=True)
+    weights = lambda mods: [m.last_weights.numpy()[0] for m in mods]  # noqa: E731 - (h, T, S) per layer
+    enc = [layer.self_attn for layer in model.encoder.layers]
+    dec = [layer.self_attn for layer in model.decoder.layers]
+    cross = [layer.cross_attn for layer in model.decoder.layers]
+    draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"))
+    draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"))
+    draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"))
+    print(f"translation: {tok.decode([hyp])[0]}")
+    print(f"wrote encoder_self.png, decoder_self.png, cross.png to {out}")
+
+
+if __name__ == "__main__":
+    main()
