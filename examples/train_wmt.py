@@ -151,10 +151,18 @@ def build(args, preset: Preset, tok) -> nn.Transformer:
     return nn.Transformer(cfg)
 
 
+def average_last(args) -> int:
+    """How many of the last checkpoints are kept and averaged (section 6.1: 5 base, 20 big)."""
+    return max(args.average_last or PRESETS[args.preset].average_last, 1)
+
+
+def checkpoint_step(path: str) -> int:
+    return int(os.path.basename(path)[len("ckpt-"):-len(".npz")])
+
+
 def checkpoints(out_dir: str) -> list[str]:
-    """Step checkpoints, oldest first."""
-    paths = glob.glob(os.path.join(out_dir, "ckpt-*.npz"))
-    return sorted(paths, key=lambda p: int(os.path.basename(p)[5:-4]))
+    """Step checkpoints ckpt-<step>.npz, oldest first."""
+    return sorted(glob.glob(os.path.join(out_dir, "ckpt-*.npz")), key=checkpoint_step)
 
 
 def plot_curves(log_path: str, png_path: str) -> None:
@@ -199,8 +207,9 @@ def main(argv=None) -> dict:
     batcher = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt),
                                 max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)
-    val_batches = [(b.src, b.tgt_in, b.tgt_out) for b in data.TokenBatcher(
-        tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096, shuffle=False).iter_epoch(0)]
+    val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
+                   for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
+                                              shuffle=False).iter_epoch(0)]
     if world.is_main:
         log.info("%s: %d training pairs (%d dropped as too long), vocabulary %d, %d steps per epoch",
                  args.preset, len(train), batcher.num_dropped, tok.vocab_size, batcher.steps_per_epoch(0))
@@ -215,9 +224,16 @@ def main(argv=None) -> dict:
         batcher.load_state_dict(ckpt.extra["batcher"])
         step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
         if world.world_size > 1:  # the checkpoint holds rank 0's generator: give each rank its own
-            mt.manual_seed(args.seed + world.rank + 7919 * step)
+            mt.manual_seed(args.seed + world.world_size * step + world.rank)
         if world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, batcher.position[0])
+            # Lines logged after that checkpoint describe steps that will now be run again.
+            rows = [line for line in open(log_path) if json.loads(line)["step"] <= step]
+            with open(log_path, "w") as f:
+                f.writelines(rows)
+    elif os.path.exists(last_path) or checkpoints(args.out_dir):
+        raise SystemExit(f"{args.out_dir} holds checkpoints of an earlier run: pass --resume to continue "
+                         f"it, or choose another --out-dir")
     elif world.is_main and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run starts a fresh log
 
@@ -238,7 +254,7 @@ def main(argv=None) -> dict:
     tokens_since, window_start = 0, time.perf_counter()
     stop_reason = "epochs"
     for batch in batcher:
-        if batch.epoch >= epochs:
+        if batch.epoch >= epochs or step >= max_steps:  # also a resumed run that had finished
             break
         result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
                             mt.tensor(batch.tgt_in, device=args.device), mt.tensor(batch.tgt_out, device=args.device),
@@ -262,6 +278,8 @@ def main(argv=None) -> dict:
             progress.update(1)
 
         out_of_time = time.perf_counter() - start >= budget
+        if world.world_size > 1:  # one rank's clock must not stop it alone: agree
+            out_of_time = bool(world.comm.all_reduce_scalar(int(out_of_time), "max"))
         done = step >= max_steps or out_of_time
         if step % eval_every == 0 or done:
             if world.is_main:
@@ -276,7 +294,8 @@ def main(argv=None) -> dict:
     train_seconds = time.perf_counter() - start
     if not world.is_main:
         return {}
-    if not checkpoints(args.out_dir) or int(os.path.basename(checkpoints(args.out_dir)[-1])[5:-4]) != step:
+    saved = checkpoints(args.out_dir)
+    if not saved or checkpoint_step(saved[-1]) != step:
         validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches, step, train_seconds, log_path)
     log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, train_seconds / 60)
     return finish(args, preset, model, tok, test, step, train_seconds, log_path)
@@ -291,16 +310,15 @@ def validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_b
         f.write(json.dumps(record) + "\n")
     log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences", step, math.log(ppl), ppl, score, n)
     extra = {"step": step, "train_seconds": seconds, "batcher": batcher.state_dict(), "args": vars(args)}
-    path = os.path.join(args.out_dir, f"ckpt-{step}.npz")
-    save_checkpoint(path, model, optimizer, schedule, extra=extra)
+    # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
+    save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), model, extra=extra)
     save_checkpoint(os.path.join(args.out_dir, "last.npz"), model, optimizer, schedule, extra=extra)
-    keep = max(args.average_last or PRESETS[args.preset].average_last, 1)
-    for old in checkpoints(args.out_dir)[:-keep]:
+    for old in checkpoints(args.out_dir)[:-average_last(args)]:
         os.remove(old)
 
 
 def finish(args, preset, model, tok, test, step, train_seconds, log_path) -> dict:
-    paths = checkpoints(args.out_dir)[-(args.average_last or preset.average_last):]
+    paths = checkpoints(args.out_dir)[-average_last(args):]
     averaged = average_checkpoints(paths)
     model.load_state_dict(averaged.model)
     save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,

@@ -194,9 +194,8 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 f"shape {root.shape}"
             )
 
-    given_to_leaves: set[int] = set()
     if root._ctx is None:
-        _accumulate(root, grad, given_to_leaves)
+        _accumulate(root, grad)
         return
     if root._ctx.freed:
         raise RuntimeError(_FREED)
@@ -209,6 +208,8 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         if g is None:  # every path to this node carried no gradient
             if pending:
                 _run_ready_hooks(node, pending)
+            if not retain_graph:
+                node.free()
             continue
         if node.freed:
             raise RuntimeError(_FREED)
@@ -227,7 +228,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             if gi.dtype != t.dtype:
                 gi = gi.astype(t.dtype)
             if t._ctx is None:
-                _accumulate(t, gi, given_to_leaves)
+                _accumulate(t, gi)
             else:
                 key = id(t._ctx)
                 grads[key] = grads[key] + gi if key in grads else gi
@@ -243,14 +244,12 @@ _FREED = (
 )
 
 
-def _accumulate(leaf: Tensor, g, given_to_leaves: set[int]) -> None:
+def _accumulate(leaf: Tensor, g) -> None:
     if leaf.grad is None:
-        # The same array may reach several leaves (the two inputs of an add), or be a view
-        # of another gradient; copy it then, so that each .grad owns its memory.
-        if id(g) in given_to_leaves or g.base is not None:
-            g = g.copy()
-        given_to_leaves.add(id(g))
-        leaf.grad = Tensor(g)
+        # Copied: ops like add pass their incoming gradient through unchanged, so ``g`` may
+        # still be waiting to flow into another node; an optimiser or hook that updates
+        # .grad in place must not change it.
+        leaf.grad = Tensor(g.copy())
     else:
         leaf.grad = Tensor(leaf.grad.data + g)
 

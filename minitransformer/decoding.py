@@ -29,6 +29,21 @@ from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
 
+class _eval_mode:
+    """Put a model in eval mode for a block and restore its mode afterwards, even on error."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
+        return False
+
+
 def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
@@ -45,7 +60,9 @@ def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: 
 
     PAD and BOS are never valid outputs, so they get probability 0."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, pad_mask, cache, offset=t)
-    logits = model.project(states).data[:, -1].astype(np.float32)
+    logits = model.project(states).data[:, -1]
+    if logits.dtype == np.float16:
+        logits = logits.astype(np.float32)
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
     return log_softmax_array(logits)
 
@@ -53,9 +70,12 @@ def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: 
 @no_grad()
 def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
     """The most probable next token at every step; returns token ids without BOS/EOS."""
+    with _eval_mode(model):
+        return _greedy(model, src, max_len_extra)
+
+
+def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     cfg = model.config
-    was_training = model.training
-    model.eval()
     src, lengths, pad_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
@@ -75,7 +95,6 @@ def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
                 done[i] = len(out[i]) >= max_out[i] - 1  # the next position could only be EOS
         if done.all():
             break
-    model.train(was_training)
     return out
 
 
@@ -84,10 +103,13 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
                 return_scores: bool = False):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
     hypothesis's token ids without BOS/EOS (and its score when ``return_scores``)."""
+    with _eval_mode(model):
+        results = _beam(model, src, beam_size, alpha, max_len_extra)
+    return results if return_scores else [hyp for hyp, _ in results]
+
+
+def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[list[int], float]]:
     cfg = model.config
-    k = beam_size
-    was_training = model.training
-    model.eval()
     src, lengths, pad_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
@@ -136,6 +158,8 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
                     live.append((slot * k + beam, word, score))
             if len(finished[sid]) >= k or not live:
                 continue
+            while len(live) < k:  # too few finite candidates (a tiny vocabulary): dead rows
+                live.append((live[0][0], live[0][1], -np.inf))
             keep_slots.append(slot)
             for row, word, score in live:
                 keep_rows.append(row)
@@ -156,10 +180,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
     for hyps in finished:
         best_score, best = max(hyps, key=lambda h: h[0])
         results.append((best, best_score))
-    model.train(was_training)
-    if return_scores:
-        return results
-    return [hyp for hyp, _ in results]
+    return results
 
 
 def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,

@@ -54,6 +54,15 @@ def test_leaf_grads_own_their_memory(device):
     np.testing.assert_allclose(b.grad.numpy(), np.ones(3))  # ...must not touch the other
 
 
+def test_in_place_hook_on_a_leaf_grad_cannot_corrupt_other_gradients(device):
+    w, x = randn(device, 3, seed=5), randn(device, 3, seed=6)
+    c = randn(device, 3, seed=7, requires_grad=False)
+    w.register_post_accumulate_grad_hook(lambda t: t.grad.data.__imul__(0))
+    ((w + x * 2.0) * c).sum().backward()  # Add passes one array to w and on towards x
+    np.testing.assert_allclose(x.grad.numpy(), 2.0 * c.numpy())
+    np.testing.assert_array_equal(w.grad.numpy(), 0.0)
+
+
 def test_backward_on_non_scalar_needs_a_gradient(device):
     x = randn(device, 2, 3)
     y = x * 2.0

@@ -90,6 +90,14 @@ def test_beam_respects_max_length_and_reports_its_score():
         assert score == pytest.approx(logp / length_penalty(len(hyp) + 1, 0.6), rel=1e-4)
 
 
+def test_beam_wider_than_the_vocabulary_allows():
+    mt.manual_seed(0)
+    m = nn.Transformer(nn.TransformerConfig(**{**CFG, "vocab_size": 6})).eval()
+    src = np.array([[4, 5, 4], [5, 0, 0]])
+    out = beam_search(m, src, beam_size=4, max_len_extra=3)  # only 2 tokens besides the specials
+    assert len(out) == 2 and all(set(h) <= {4, 5} for h in out)
+
+
 def test_wider_beam_never_scores_worse_on_a_sharp_model():
     m = model(seed=6)
     src = sources(seed=7, n=6)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import backend
 from ..autograd import Function
 from ..tensor import Tensor
@@ -45,7 +47,7 @@ def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
         if attn_mask.dtype == bool:
             scores = xp.where(attn_mask, scores, -xp.inf)
         else:
-            scores = scores + attn_mask
+            scores = scores + attn_mask.astype(scores.dtype, copy=False)
     if is_causal:
         scores = xp.where(causal_mask(xp, q.shape[-2], k.shape[-2]), scores, -xp.inf)
     return scores
@@ -58,7 +60,7 @@ class ScaledDotProductAttention(Function):
         keep = None
         if dropout_p > 0.0:
             gen = backend.generator(backend.device_of(q))
-            keep = (gen.random(p.shape, dtype=p.dtype) >= dropout_p) * p.dtype.type(1 / (1 - dropout_p))
+            keep = (gen.random(p.shape, dtype=np.float32) >= dropout_p) * p.dtype.type(1 / (1 - dropout_p))
             p_used = p * keep
         else:
             p_used = p

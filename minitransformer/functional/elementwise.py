@@ -7,6 +7,8 @@ op here has to. Either operand may be a plain Python number, which gets no gradi
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import backend
 from ..autograd import Function
 from ..tensor import Tensor
@@ -166,7 +168,7 @@ class Dropout(Function):
     @staticmethod
     def forward(ctx, x, p):
         gen = backend.generator(backend.device_of(x))
-        keep = gen.random(x.shape, dtype=x.dtype) >= p
+        keep = gen.random(x.shape, dtype=np.float32) >= p  # generators draw float32 or float64 only
         scaled_mask = keep * x.dtype.type(1.0 / (1.0 - p))
         ctx.save_for_backward(scaled_mask)
         return x * scaled_mask

@@ -66,6 +66,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: both operands need at least one dimension, got {a.shape} and {b.shape}")
     _check_matmul_shapes(a.shape, b.shape, "matmul")
+    if a.ndim == 1 and b.ndim == 1:
+        return matmul(a.reshape((1, -1)), b.reshape((-1, 1))).reshape(())
     if a.ndim == 1:
         return matmul(a.reshape((1, -1)), b).reshape(b.shape[:-2] + b.shape[-1:])
     if b.ndim == 1:

@@ -21,7 +21,7 @@ from ..tensor import Tensor
 
 
 def stable_softmax_parts(x, axis: int):
-    """``(x - m, sum exp(x - m))`` per row, with the fully-masked-row guard; shared by both ops."""
+    """``(x - m, exp(x - m), sum exp(x - m))`` per row, with the fully-masked-row guard."""
     xp = backend.array_module_of(x)
     m = x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)

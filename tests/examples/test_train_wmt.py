@@ -36,6 +36,9 @@ def test_train_resume_average_translate(tmp_path):
     assert (straight / "curves.png").stat().st_size > 10_000
     assert json.loads((straight / "bleu.json").read_text())["bleu"] == result["bleu"]
 
+    with pytest.raises(SystemExit, match="--resume"):  # never mixes with an earlier run's checkpoints
+        train_wmt.main(SMALL + ["--out-dir", str(straight), "--max-steps", "3"])
+
     # Stop after 6 steps, then resume to 9: the loss curve must continue exactly.
     train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "6"])
     train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "9", "--resume"])

@@ -26,6 +26,10 @@ def test_vector_operands(device, k, n, seed):
     m = randn(device, k, n, seed=seed + 1)
     np.testing.assert_allclose((v @ m).numpy(), v.numpy() @ m.numpy(), rtol=1e-12)
     gradcheck(F.matmul, [v, m])
+    w = randn(device, k, seed=seed + 2)
+    assert (v @ w).shape == ()
+    np.testing.assert_allclose((v @ w).item(), v.numpy() @ w.numpy(), rtol=1e-12)
+    gradcheck(F.matmul, [v, w])
     gradcheck(lambda m, v: F.matmul(m.reshape(n, k), v), [m, v])
 
 
