@@ -1,0 +1,521 @@
+// Fused scaled-dot-product attention, forward and backward, in the FlashAttention manner
+// (Dao et al. 2022; FlashAttention-2, Dao 2023). Paper section 3.2.1, equation (1):
+//
+//     O = softmax(Q K^T * scale + M) V          scale = 1/sqrt(d_k) by default
+//
+// Shapes (contiguous): q, o (B, H, T, D); k, v (B, H, S, D); lse (B, H, T) float32;
+// kv_lens (B,) int32 or null. D is 32, 64 or 128. The mask M is built on the fly:
+//   - key padding: key j of batch b exists only for j < kv_lens[b];
+//   - causal: query i sees keys j <= i + (S - T) (aligned bottom-right, as the composite op).
+// A query that sees no key at all gets O = 0 and lse = -inf, and zero gradients.
+//
+// Forward. One block owns BR query rows of one (b, h) and streams K/V in tiles of BC keys,
+// so the T x S score matrix never exists in memory. Per row it keeps the online-softmax state
+// (running max m, running sum l, unnormalised output O):
+//     S_tile = Q K_tile^T * scale (masked -> -inf)       m' = max(m, rowmax S_tile)
+//     P = exp(S_tile - m')     l = l * exp(m - m') + rowsum P     O = O * exp(m - m') + P V_tile
+// and finally O /= l and lse = m + log l (the only statistic saved for backward).
+// Key tiles entirely in a query tile's causal future are never loaded.
+//
+// Backward (FlashAttention-2). delta_i = sum_d dO_i,d O_i,d first; then one block owns BC keys
+// and streams the query tiles that can see them, recomputing P from lse:
+//     P = exp(Q K^T * scale - lse)      dV += P^T dO      dP = dO V^T
+//     dS = P * (dP - delta) * scale     dK += dS^T Q      dQ += dS K   (atomics into float32)
+//
+// Dropout on the attention weights (rate p) uses a counter-based generator: the keep bit of
+// weight (b*H + h, i, j) is a pure function of (seed, b*H + h, i, j) (Philox4x32-10, Salmon et
+// al. 2011), so backward regenerates exactly forward's mask without storing it. Kept weights are
+// scaled by 1/(1-p); l is summed before dropout, so softmax normalisation is unaffected.
+//
+// Matrix products run on tensor cores (WMMA 16x16x16, float32 accumulation) for float16 and
+// bfloat16, and as plain float32 FMAs for float32 inputs. Every operand tile lives in shared
+// memory; accumulators are float32 tiles in shared memory, so that the per-row rescaling of
+// the online softmax is an ordinary shared-memory loop.
+#include <mma.h>
+
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace mt {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps per block
+constexpr int kWarps = kThreads / 32;
+
+// Shared-memory row padding (16 bytes) so that consecutive rows start in different banks.
+template <typename T> __host__ __device__ constexpr int pad_of() { return 16 / sizeof(T); }
+
+struct AttnParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* o;     // forward output (read by backward)
+    const void* dout;  // backward only
+    void* out;         // forward: o; backward: unused
+    void* dk;
+    void* dv;
+    float* lse;
+    float* delta;      // backward: rowsum(dO * O)
+    float* dq_accum;   // backward: float32 dQ accumulator (B, H, T, D)
+    const int* kv_lens;
+    int B, H, T, S;
+    float scale;
+    bool causal;
+    uint32_t drop_threshold;  // drop where philox bits < threshold; 0 = no dropout
+    float keep_scale;         // 1 / (1 - p)
+    uint32_t seed0, seed1;
+};
+
+// ---------------------------------------------------------------------------- dropout RNG
+
+// Philox4x32-10: ten rounds of multiply-xorshift on a 128-bit counter under a 64-bit key.
+// Counter (j, i, bh, 0); the first output word decides weight (bh, i, j).
+__device__ __forceinline__ uint32_t philox_bits(uint32_t c0, uint32_t c1, uint32_t c2,
+                                                uint32_t k0, uint32_t k1) {
+    uint32_t c3 = 0;
+    #pragma unroll
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+    }
+    return c0;
+}
+
+// The factor that dropout applies to weight (bh, i, j): 0 or 1/(1-p).
+__device__ __forceinline__ float dropout_factor(const AttnParams& p, int bh, int i, int j) {
+    if (p.drop_threshold == 0) return 1.f;
+    uint32_t bits = philox_bits(uint32_t(j), uint32_t(i), uint32_t(bh), p.seed0, p.seed1);
+    return bits >= p.drop_threshold ? p.keep_scale : 0.f;
+}
+
+// ---------------------------------------------------------------------------- tile helpers
+
+// Copy `valid` rows of a (rows, D) row-major global tile into shared memory with leading
+// dimension `ld`, 16 bytes at a time; rows past `valid` become zeros (so that padding keys,
+// whose memory may hold anything, contribute exact zeros to P V).
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int valid) {
+    constexpr int kVec = 16 / sizeof(T);
+    constexpr int kChunks = D / kVec;
+    for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+        int r = i / kChunks, c = (i % kChunks) * kVec;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (r < valid) val = *reinterpret_cast<const uint4*>(src + size_t(r) * D + c);
+        *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
+    }
+}
+
+template <int ROWS, int COLS>
+__device__ __forceinline__ void zero_tile(float* dst, int ld) {
+    for (int i = threadIdx.x; i < ROWS * COLS; i += kThreads) dst[(i / COLS) * ld + i % COLS] = 0.f;
+}
+
+struct RowMajor {};
+struct ColMajor {};
+
+// Element (r, c) of a shared-memory matrix stored in layout L with leading dimension ld.
+template <typename L, typename T>
+__device__ __forceinline__ const T* at(const T* base, int ld, int r, int c) {
+    if constexpr (std::is_same_v<L, RowMajor>) return base + r * ld + c;
+    else return base + r + c * ld;
+}
+
+template <typename L>
+using wmma_layout = std::conditional_t<std::is_same_v<L, RowMajor>, nvcuda::wmma::row_major,
+                                       nvcuda::wmma::col_major>;
+
+// C (M x N, float32, row-major, ldc) = [C +] A (M x K) B (K x N), all in shared memory.
+// float16/bfloat16: each warp computes 16x16 output tiles on tensor cores;
+// float32: each thread computes output elements with float FMAs.
+// Callers synchronise before (operands written) and after (C read by other threads).
+template <typename T, int M, int N, int K, typename LA, typename LB, bool ACCUMULATE>
+__device__ __forceinline__ void smem_gemm(const T* A, int lda, const T* B, int ldb, float* C,
+                                          int ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+        for (int i = threadIdx.x; i < M * N; i += kThreads) {
+            int m = i / N, n = i % N;
+            float acc = ACCUMULATE ? C[m * ldc + n] : 0.f;
+            #pragma unroll 8
+            for (int k = 0; k < K; ++k) acc += *at<LA>(A, lda, m, k) * *at<LB>(B, ldb, k, n);
+            C[m * ldc + n] = acc;
+        }
+    } else {
+        using namespace nvcuda;
+        const int warp = threadIdx.x / 32;
+        for (int tile = warp; tile < (M / 16) * (N / 16); tile += kWarps) {
+            const int m0 = (tile / (N / 16)) * 16, n0 = (tile % (N / 16)) * 16;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+            if (ACCUMULATE) wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
+            else wmma::fill_fragment(c, 0.f);
+            #pragma unroll
+            for (int k0 = 0; k0 < K; k0 += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma_layout<LA>> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma_layout<LB>> b;
+                wmma::load_matrix_sync(a, at<LA>(A, lda, m0, k0), lda);
+                wmma::load_matrix_sync(b, at<LB>(B, ldb, k0, n0), ldb);
+                wmma::mma_sync(c, a, b, c);
+            }
+            wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+        }
+    }
+}
+
+// Carves consecutive 128-byte-aligned arrays out of dynamic shared memory (WMMA needs
+// 32-byte-aligned tile pointers).
+struct SmemCarver {
+    unsigned char* base;
+    size_t offset = 0;
+    template <typename U>
+    __host__ __device__ U* take(size_t count) {
+        U* p = reinterpret_cast<U*>(base + offset);
+        offset += (count * sizeof(U) + 127) / 128 * 128;
+        return p;
+    }
+};
+
+// Whether query i may attend to key j: j is not padding, and not in i's causal future.
+__device__ __forceinline__ bool key_visible(const AttnParams& p, int kv_len, int i, int j) {
+    return j < kv_len && (!p.causal || j <= i + (p.S - p.T));
+}
+
+// ---------------------------------------------------------------------------- forward
+
+template <typename T, int D, int BR, int BC>
+struct FwdLayout {
+    static constexpr int LDT = D + pad_of<T>();    // Q, K, V tiles
+    static constexpr int LDS = BC + 4;             // float scores
+    static constexpr int LDP = BC + pad_of<T>();   // probabilities in T
+    static constexpr int LDO = D + 4;              // float output accumulator
+    __host__ __device__ static size_t bytes() {
+        SmemCarver c{nullptr};
+        c.take<T>(BR * LDT); c.take<T>(BC * LDT); c.take<T>(BC * LDT);
+        c.take<float>(BR * LDS); c.take<T>(BR * LDP); c.take<float>(BR * LDO);
+        return c.offset;
+    }
+};
+
+template <typename T, int D, int BR, int BC>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnParams p) {
+    using L = FwdLayout<T, D, BR, BC>;
+    constexpr int TPR = kThreads / BR;  // threads sharing one query row
+    extern __shared__ __align__(128) unsigned char smem[];
+    SmemCarver carve{smem};
+    T* sQ = carve.take<T>(BR * L::LDT);
+    T* sK = carve.take<T>(BC * L::LDT);
+    T* sV = carve.take<T>(BC * L::LDT);
+    float* sS = carve.take<float>(BR * L::LDS);
+    T* sP = carve.take<T>(BR * L::LDP);
+    float* sO = carve.take<float>(BR * L::LDO);
+
+    const int bh = blockIdx.y, b = bh / p.H;
+    const int q0 = blockIdx.x * BR;
+    const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
+    int k_end = kv_len;  // keys at or beyond k_end are masked for every row of this tile
+    if (p.causal) k_end = min(k_end, min(q0 + BR, p.T) + (p.S - p.T));
+
+    const T* q = static_cast<const T*>(p.q) + (size_t(bh) * p.T + q0) * D;
+    const T* k = static_cast<const T*>(p.k) + size_t(bh) * p.S * D;
+    const T* v = static_cast<const T*>(p.v) + size_t(bh) * p.S * D;
+
+    load_tile<T, D, BR>(sQ, L::LDT, q, min(BR, p.T - q0));
+    zero_tile<BR, D>(sO, L::LDO);
+
+    const int r = threadIdx.x / TPR, sub = threadIdx.x % TPR;
+    const int i = q0 + r;
+    float m_row = -INFINITY, l_row = 0.f;
+
+    for (int k0 = 0; k0 < k_end; k0 += BC) {
+        load_tile<T, D, BC>(sK, L::LDT, k + size_t(k0) * D, min(BC, kv_len - k0));
+        load_tile<T, D, BC>(sV, L::LDT, v + size_t(k0) * D, min(BC, kv_len - k0));
+        __syncthreads();
+        smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
+        __syncthreads();
+
+        float tile_max = -INFINITY;
+        for (int c = sub; c < BC; c += TPR) {
+            float s = key_visible(p, kv_len, i, k0 + c) ? sS[r * L::LDS + c] * p.scale : -INFINITY;
+            sS[r * L::LDS + c] = s;
+            tile_max = fmaxf(tile_max, s);
+        }
+        #pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+        const float m_new = fmaxf(m_row, tile_max);
+        // No visible key yet: subtract 0 instead of -inf, so exp(-inf) = 0, never NaN.
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = __expf(m_row - m_use);
+        float tile_sum = 0.f;
+        for (int c = sub; c < BC; c += TPR) {
+            float e = __expf(sS[r * L::LDS + c] - m_use);
+            tile_sum += e;
+            sP[r * L::LDP + c] = from_float<T>(e * dropout_factor(p, bh, i, k0 + c));
+        }
+        #pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, o);
+        l_row = l_row * alpha + tile_sum;
+        m_row = m_new;
+        for (int d = sub; d < D; d += TPR) sO[r * L::LDO + d] *= alpha;
+        __syncthreads();
+        smem_gemm<T, BR, D, BC, RowMajor, RowMajor, true>(sP, L::LDP, sV, L::LDT, sO, L::LDO);
+        __syncthreads();
+    }
+
+    __syncthreads();  // sO complete (also when no key tile was visited)
+    if (i < p.T) {
+        const float inv = l_row > 0.f ? 1.f / l_row : 0.f;
+        T* out = static_cast<T*>(p.out) + (size_t(bh) * p.T + i) * D;
+        for (int d = sub; d < D; d += TPR) out[d] = from_float<T>(sO[r * L::LDO + d] * inv);
+        if (sub == 0) p.lse[size_t(bh) * p.T + i] = l_row > 0.f ? m_row + logf(l_row) : -INFINITY;
+    }
+}
+
+// ---------------------------------------------------------------------------- backward
+
+// delta_i = sum_d dO_i,d * O_i,d, one warp per row; also the row's term of dS = P (dP - delta).
+template <typename T, int D>
+__global__ void attention_backward_delta_kernel(const T* o, const T* dout, float* delta, int rows) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float acc = 0.f;
+    for (int d = lane; d < D; d += 32)
+        acc += to_float(o[size_t(row) * D + d]) * to_float(dout[size_t(row) * D + d]);
+    acc = warp_sum(acc);
+    if (lane == 0) delta[row] = acc;
+}
+
+template <typename T>
+__global__ void cast_from_float_kernel(const float* src, T* dst, size_t n) {
+    for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < n;
+         idx += size_t(gridDim.x) * blockDim.x)
+        dst[idx] = from_float<T>(src[idx]);
+}
+
+template <typename T, int D, int BR, int BC>
+struct BwdLayout {
+    static constexpr int LDT = D + pad_of<T>();
+    static constexpr int LDS = BC + 4;
+    static constexpr int LDP = BC + pad_of<T>();
+    static constexpr int LDO = D + 4;
+    __host__ __device__ static size_t bytes() {
+        SmemCarver c{nullptr};
+        c.take<T>(BC * LDT); c.take<T>(BC * LDT);      // K, V
+        c.take<T>(BR * LDT); c.take<T>(BR * LDT);      // Q, dO
+        c.take<float>(BR * LDS); c.take<float>(BR * LDS);  // P, dP
+        c.take<T>(BR * LDP); c.take<T>(BR * LDP);      // dropped P, dS
+        c.take<float>(BC * LDO); c.take<float>(BC * LDO);  // dK, dV
+        c.take<float>(BR * LDO);                       // this tile's dQ
+        c.take<float>(BR); c.take<float>(BR);          // lse, delta
+        return c.offset;
+    }
+};
+
+template <typename T, int D, int BR, int BC>
+__global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams p) {
+    using L = BwdLayout<T, D, BR, BC>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    SmemCarver carve{smem};
+    T* sK = carve.take<T>(BC * L::LDT);
+    T* sV = carve.take<T>(BC * L::LDT);
+    T* sQ = carve.take<T>(BR * L::LDT);
+    T* sdO = carve.take<T>(BR * L::LDT);
+    float* sS = carve.take<float>(BR * L::LDS);
+    float* sdP = carve.take<float>(BR * L::LDS);
+    T* sP = carve.take<T>(BR * L::LDP);
+    T* sdS = carve.take<T>(BR * L::LDP);
+    float* sdK = carve.take<float>(BC * L::LDO);
+    float* sdV = carve.take<float>(BC * L::LDO);
+    float* sdQ = carve.take<float>(BR * L::LDO);
+    float* sLse = carve.take<float>(BR);
+    float* sDelta = carve.take<float>(BR);
+
+    const int bh = blockIdx.y, b = bh / p.H;
+    const int k0 = blockIdx.x * BC;
+    const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
+    const size_t kv_off = (size_t(bh) * p.S + k0) * D;
+
+    zero_tile<BC, D>(sdK, L::LDO);
+    zero_tile<BC, D>(sdV, L::LDO);
+    if (k0 < kv_len) {
+        load_tile<T, D, BC>(sK, L::LDT, static_cast<const T*>(p.k) + kv_off, min(BC, kv_len - k0));
+        load_tile<T, D, BC>(sV, L::LDT, static_cast<const T*>(p.v) + kv_off, min(BC, kv_len - k0));
+        // The first query that sees key k0 under the causal mask is k0 - (S - T).
+        int q_begin = p.causal ? max(0, k0 - (p.S - p.T)) : 0;
+        q_begin = q_begin / BR * BR;
+        for (int q0 = q_begin; q0 < p.T; q0 += BR) {
+            const size_t q_off = (size_t(bh) * p.T + q0) * D;
+            const int q_valid = min(BR, p.T - q0);
+            load_tile<T, D, BR>(sQ, L::LDT, static_cast<const T*>(p.q) + q_off, q_valid);
+            load_tile<T, D, BR>(sdO, L::LDT, static_cast<const T*>(p.dout) + q_off, q_valid);
+            for (int r = threadIdx.x; r < BR; r += kThreads) {
+                bool ok = r < q_valid;
+                sLse[r] = ok ? p.lse[size_t(bh) * p.T + q0 + r] : -INFINITY;
+                sDelta[r] = ok ? p.delta[size_t(bh) * p.T + q0 + r] : 0.f;
+            }
+            __syncthreads();
+            smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
+            __syncthreads();
+            // P recomputed from the saved log-sum-exp; rows with lse = -inf saw no key.
+            for (int idx = threadIdx.x; idx < BR * BC; idx += kThreads) {
+                int r = idx / BC, c = idx % BC, i = q0 + r, j = k0 + c;
+                float lse = sLse[r];
+                float prob = (lse != -INFINITY && key_visible(p, kv_len, i, j))
+                                 ? __expf(sS[r * L::LDS + c] * p.scale - lse) : 0.f;
+                sS[r * L::LDS + c] = prob;
+                sP[r * L::LDP + c] = from_float<T>(prob * dropout_factor(p, bh, i, j));
+            }
+            __syncthreads();
+            // dV += P_dropped^T dO  and  dP = dO V^T  (independent, one phase)
+            smem_gemm<T, BC, D, BR, ColMajor, RowMajor, true>(sP, L::LDP, sdO, L::LDT, sdV, L::LDO);
+            smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sdO, L::LDT, sV, L::LDT, sdP, L::LDS);
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < BR * BC; idx += kThreads) {
+                int r = idx / BC, c = idx % BC;
+                float dp = sdP[r * L::LDS + c] * dropout_factor(p, bh, q0 + r, k0 + c);
+                sdS[r * L::LDP + c] = from_float<T>(sS[r * L::LDS + c] * (dp - sDelta[r]) * p.scale);
+            }
+            __syncthreads();
+            // dK += dS^T Q  and  dQ_tile = dS K
+            smem_gemm<T, BC, D, BR, ColMajor, RowMajor, true>(sdS, L::LDP, sQ, L::LDT, sdK, L::LDO);
+            smem_gemm<T, BR, D, BC, RowMajor, RowMajor, false>(sdS, L::LDP, sK, L::LDT, sdQ, L::LDO);
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < q_valid * D; idx += kThreads) {
+                int r = idx / D, d = idx % D;
+                atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDO + d]);
+            }
+            __syncthreads();  // the next tile overwrites sQ, sdO and sdQ
+        }
+    }
+    __syncthreads();  // sdK, sdV complete (also when no query tile was visited)
+    // Keys beyond kv_len were never seen: their rows of dK and dV stay zero.
+    const int k_valid = min(BC, p.S - k0);
+    T* dk = static_cast<T*>(p.dk) + kv_off;
+    T* dv = static_cast<T*>(p.dv) + kv_off;
+    for (int idx = threadIdx.x; idx < k_valid * D; idx += kThreads) {
+        int r = idx / D, d = idx % D;
+        dk[size_t(r) * D + d] = from_float<T>(sdK[r * L::LDO + d]);
+        dv[size_t(r) * D + d] = from_float<T>(sdV[r * L::LDO + d]);
+    }
+}
+
+// ---------------------------------------------------------------------------- launchers
+
+// Tile sizes: 64 x 64 where shared memory allows; float32 at D = 128 halves the query tile
+// to stay under the 163 KiB an A100 block may use. Backward holds more tiles at once.
+template <typename T, int D> constexpr int fwd_br() { return (sizeof(T) == 4 && D == 128) ? 32 : 64; }
+constexpr int fwd_bc() { return 64; }
+constexpr int bwd_br() { return 32; }
+template <int D> constexpr int bwd_bc() { return D <= 64 ? 64 : 32; }
+
+template <typename T, int D>
+void launch_forward(const AttnParams& p, cudaStream_t stream) {
+    constexpr int BR = fwd_br<T, D>(), BC = fwd_bc();
+    auto kernel = attention_forward_kernel<T, D, BR, BC>;
+    const size_t smem = FwdLayout<T, D, BR, BC>::bytes();
+    allow_shared_memory(kernel, smem, "attention_forward");
+    dim3 grid(ceil_div(p.T, BR), p.B * p.H);
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+    check_launch("attention_forward");
+}
+
+template <typename T, int D>
+void launch_backward(const AttnParams& p, cudaStream_t stream) {
+    constexpr int BR = bwd_br(), BC = bwd_bc<D>();
+    const int rows = p.B * p.H * p.T;
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, size_t(rows) * D * sizeof(float), stream),
+               "attention_backward (zeroing dq)");
+    attention_backward_delta_kernel<T, D><<<ceil_div(rows, 4), 128, 0, stream>>>(
+        static_cast<const T*>(p.o), static_cast<const T*>(p.dout), p.delta, rows);
+    check_launch("attention_backward_delta");
+
+    auto kernel = attention_backward_kernel<T, D, BR, BC>;
+    const size_t smem = BwdLayout<T, D, BR, BC>::bytes();
+    allow_shared_memory(kernel, smem, "attention_backward");
+    dim3 grid(ceil_div(p.S, BC), p.B * p.H);
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+    check_launch("attention_backward");
+}
+
+template <template <typename, int> class Launch>
+void dispatch(int dtype, int D, const AttnParams& p, cudaStream_t stream, const char* name) {
+    auto by_dim = [&](auto tag) {
+        using T = decltype(tag);
+        switch (D) {
+            case 32: Launch<T, 32>::run(p, stream); return;
+            case 64: Launch<T, 64>::run(p, stream); return;
+            case 128: Launch<T, 128>::run(p, stream); return;
+        }
+        throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
+                                    " is not supported (32, 64 or 128)");
+    };
+    switch (dtype) {
+        case kFloat32: by_dim(float{}); return;
+        case kFloat16: by_dim(__half{}); return;
+        case kBFloat16: by_dim(__nv_bfloat16{}); return;
+    }
+    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " +
+                                std::to_string(dtype));
+}
+
+template <typename T, int D> struct Forward { static void run(const AttnParams& p, cudaStream_t s) { launch_forward<T, D>(p, s); } };
+template <typename T, int D> struct Backward { static void run(const AttnParams& p, cudaStream_t s) { launch_backward<T, D>(p, s); } };
+
+AttnParams make_params(int B, int H, int T, int S, float scale, bool causal, float dropout_p,
+                       uint64_t seed, const int* kv_lens) {
+    AttnParams p{};
+    p.B = B; p.H = H; p.T = T; p.S = S;
+    p.scale = scale;
+    p.causal = causal;
+    p.kv_lens = kv_lens;
+    // Keep weight where bits >= threshold: P(keep) = 1 - threshold / 2^32 = 1 - p.
+    double threshold = double(dropout_p) * 4294967296.0;
+    p.drop_threshold = dropout_p > 0.f ? uint32_t(fmin(threshold, 4294967295.0)) : 0u;
+    p.keep_scale = dropout_p > 0.f ? 1.f / (1.f - dropout_p) : 1.f;
+    p.seed0 = uint32_t(seed & 0xffffffffu);
+    p.seed1 = uint32_t(seed >> 32);
+    return p;
+}
+
+}  // namespace
+
+void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
+                       const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
+                       float scale, bool causal, float dropout_p, uint64_t seed,
+                       cudaStream_t stream) {
+    AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
+    p.q = q; p.k = k; p.v = v; p.out = o; p.lse = lse;
+    dispatch<Forward>(dtype, D, p, stream, "attention_forward");
+}
+
+void attention_backward(const void* q, const void* k, const void* v, const void* o,
+                        const void* dout, const float* lse, const int* kv_lens, void* dq,
+                        void* dk, void* dv, float* dq_accum, float* delta, int dtype, int B,
+                        int H, int T, int S, int D, float scale, bool causal, float dropout_p,
+                        uint64_t seed, cudaStream_t stream) {
+    AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
+    p.q = q; p.k = k; p.v = v; p.o = o; p.dout = dout;
+    p.lse = const_cast<float*>(lse);
+    p.dk = dk; p.dv = dv; p.dq_accum = dq_accum; p.delta = delta;
+    dispatch<Backward>(dtype, D, p, stream, "attention_backward");
+    const size_t n = size_t(B) * H * T * D;
+    const int blocks = int(std::min<size_t>((n + 255) / 256, 4096));
+    auto cast = [&](auto tag) {
+        using T_ = decltype(tag);
+        cast_from_float_kernel<T_><<<blocks, 256, 0, stream>>>(dq_accum, static_cast<T_*>(dq), n);
+    };
+    if (dtype == kFloat32) cast(float{});
+    else if (dtype == kFloat16) cast(__half{});
+    else cast(__nv_bfloat16{});
+    check_launch("attention_backward (dq cast)");
+}
+
+}  // namespace mt
