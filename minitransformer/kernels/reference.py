@@ -32,11 +32,11 @@ def _acc_dtype(*arrays):
 # --------------------------------------------------------------------------- dropout bits
 
 
-def philox_bits(c0, c1, c2, seed: int):
-    """Philox4x32-10 (Salmon et al. 2011) of counter (c0, c1, c2, 0) under the 64-bit key
-    ``seed``; returns the first 32-bit output word, elementwise over the broadcast counters."""
-    c0, c1, c2 = (np.asarray(c, dtype=np.uint64) for c in np.broadcast_arrays(c0, c1, c2))
-    c3 = np.zeros_like(c0)
+def philox_bits(c0, c1, c2, seed: int, c3=0):
+    """Philox4x32-10 (Salmon et al. 2011) of counter (c0, c1, c2, c3) under the 64-bit key
+    ``seed``; returns the first 32-bit output word, elementwise over the broadcast counters.
+    The kernel always uses c3 = 0."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in np.broadcast_arrays(c0, c1, c2, c3))
     k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
     for rnd in range(10):
         if rnd:
