@@ -87,9 +87,15 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Online softmax state of a set of values: running maximum m and s = sum exp(x - m).
+// Online softmax state of a set of values in base 2: running maximum m and s = sum 2^(x - m).
 // Two states merge exactly (Milakov & Gimelshein, 2018), so a row can be reduced in one pass
-// across threads. m = -inf means "no finite value seen yet"; then s = 0.
+// across threads. m = -inf means "no finite value seen yet"; then s = 0. Callers scale their
+// values by log2(e) first: exp(x) = 2^(x log2 e), and exp2f is a single hardware instruction
+// (MUFU.EX2) where an accurate expf is a dozen, which matters for kernels that must keep up
+// with memory bandwidth.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 struct MaxSum {
     float m;
     float s;
@@ -98,7 +104,15 @@ struct MaxSum {
 __device__ __forceinline__ MaxSum maxsum_merge(MaxSum a, MaxSum b) {
     float m = fmaxf(a.m, b.m);
     if (m == -INFINITY) return {m, 0.f};
-    return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
+}
+
+// Add one value x to a state: one exp2f per value (the sum is rescaled only when x is a new
+// maximum). x = -inf (a masked entry) leaves the state unchanged.
+__device__ __forceinline__ MaxSum maxsum_add(MaxSum a, float x) {
+    if (x == -INFINITY) return a;  // also keeps -inf - (-inf) = NaN out of the empty state
+    if (x <= a.m) return {a.m, a.s + exp2f(x - a.m)};
+    return {x, a.s * exp2f(a.m - x) + 1.f};
 }
 
 __device__ __forceinline__ MaxSum warp_maxsum(MaxSum v) {

@@ -5,6 +5,7 @@
 //     y_k = exp(a x_k - m) / sum_j exp(a x_j - m)     over unmasked k, m = max_j a x_j
 // One read pass computes m and the sum together (online softmax: the running sum is rescaled
 // whenever the running maximum grows), a second pass writes y. A fully masked row gives y = 0.
+// Exponentials are taken in base 2 on values pre-scaled by log2(e) (see MaxSum in common.cuh).
 // Backward: dx = a * y * (g - sum_k g_k y_k).
 //
 // Cross-entropy of logits z (N, V) against targets t, smoothing eps, per row:
@@ -37,12 +38,13 @@ __global__ void softmax_forward_kernel(const T* __restrict__ x, const uint8_t* _
     const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
     // Block-wide rows never exit early: every thread must reach the reductions' barriers.
     const bool active = row < N;
+    const float scale2 = scale * kLog2e;
     const size_t base = size_t(active ? row : 0) * V;
     MaxSum acc{-INFINITY, 0.f};
     if (active) {
         for (int k = tid; k < V; k += THREADS) {
             if (mask && !mask[base + k]) continue;
-            acc = maxsum_merge(acc, MaxSum{scale * to_float(x[base + k]), 1.f});
+            acc = maxsum_add(acc, scale2 * to_float(x[base + k]));
         }
     }
     acc = row_maxsum<THREADS>(acc);
@@ -50,7 +52,7 @@ __global__ void softmax_forward_kernel(const T* __restrict__ x, const uint8_t* _
     const float inv = acc.s > 0.f ? 1.f / acc.s : 0.f;
     for (int k = tid; k < V; k += THREADS) {
         bool masked = mask && !mask[base + k];
-        y[base + k] = from_float<T>(masked ? 0.f : expf(scale * to_float(x[base + k]) - acc.m) * inv);
+        y[base + k] = from_float<T>(masked ? 0.f : exp2f(scale2 * to_float(x[base + k]) - acc.m) * inv);
     }
 }
 
@@ -88,14 +90,15 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict_
     if (!ignored) {
         for (int k = tid; k < V; k += THREADS) {
             float z = to_float(logits[base + k]);
-            acc = maxsum_merge(acc, MaxSum{z, 1.f});
+            acc = maxsum_add(acc, z * kLog2e);
             sum_z += z;
         }
     }
     acc = row_maxsum<THREADS>(acc);
     sum_z = row_sum<THREADS>(sum_z);
     if (!active) return;
-    const float lse = acc.m + logf(acc.s);
+    const float lse2 = acc.m + log2f(acc.s);  // log2 sum 2^(z log2 e) = lse / ln 2
+    const float lse = lse2 * kLn2;
     if (tid == 0)
         loss[row] = ignored ? 0.f
                             : (1.f - smoothing) * (lse - z_t) + smoothing * (lse - sum_z / V);
@@ -104,7 +107,7 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict_
     for (int k = tid; k < V; k += THREADS) {
         float gk = 0.f;
         if (!ignored) {
-            gk = expf(to_float(logits[base + k]) - lse) - off;
+            gk = exp2f(to_float(logits[base + k]) * kLog2e - lse2) - off;
             if (k == t) gk -= 1.f - smoothing;
         }
         grad[base + k] = from_float<T>(gk);

@@ -55,9 +55,9 @@ def dropout_factor(bh, i, j, dropout_p: float, seed: int, dtype=np.float32):
     1/(1-p) rounded to float32 as the kernel receives and computes them.
     """
     p32 = np.float32(dropout_p)
-    if p32 == 0:
-        return np.ones(np.broadcast_shapes(np.shape(bh), np.shape(i), np.shape(j)), dtype=dtype)
     threshold = np.uint32(min(float(p32) * 2.0**32, 2.0**32 - 1))
+    if threshold == 0:  # p rounds to no dropout at all (the kernel's threshold 0 means off)
+        return np.ones(np.broadcast_shapes(np.shape(bh), np.shape(i), np.shape(j)), dtype=dtype)
     keep_scale = np.float32(1) / (np.float32(1) - p32)
     bits = philox_bits(j, i, bh, seed)
     return np.where(bits >= threshold, keep_scale, np.float32(0)).astype(dtype)
