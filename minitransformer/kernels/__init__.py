@@ -31,7 +31,7 @@ from .. import backend
 try:
     from .. import _C
     _IMPORT_ERROR: str | None = None
-except ImportError as exc:  # not built (no nvcc at install time), or built for another Python
+except Exception as exc:  # not built (no nvcc at install time), built for another Python, ...
     _C = None
     _IMPORT_ERROR = str(exc)
 
