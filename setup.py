@@ -106,11 +106,11 @@ def cuda_extension(cuda_home: Path) -> Extension:
     )
 
 
-ext_modules, cmdclass = [], {}
-if cuda_wanted():
-    home = find_cuda_home()
-    if home is not None:
-        CudaBuildExt.cuda_home = home
-        ext_modules, cmdclass = [cuda_extension(home)], {"build_ext": CudaBuildExt}
-
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+if __name__ == "__main__":  # how pip's build backend runs this file; tests import it instead
+    ext_modules, cmdclass = [], {}
+    if cuda_wanted():
+        home = find_cuda_home()
+        if home is not None:
+            CudaBuildExt.cuda_home = home
+            ext_modules, cmdclass = [cuda_extension(home)], {"build_ext": CudaBuildExt}
+    setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ import numpy as np
 
 import minitransformer as mt
 import minitransformer.functional as F
-from minitransformer import backend, kernels
+from minitransformer import kernels
 from minitransformer.kernels import reference
 
 
@@ -155,7 +154,6 @@ def gpu_attention(args, results):
                             row["vs_torch"] = row["torch_ms"] / row["fused_ms"]
                         table.add(**row)
                         results["attention"].append(row)
-                    del q, k, v, do, dev32, naive_inputs
                     pool.free_all_blocks()
 
 
@@ -210,7 +208,6 @@ def _run_torch(torch, host, dtype, causal, backward, args):
     except torch.cuda.OutOfMemoryError:
         return "oom", None
     finally:
-        del q, k, v, do
         torch.cuda.empty_cache()
 
 
@@ -222,7 +219,6 @@ def gpu_bandwidth(args, results):
     src, dst = cp.ones(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
     ms = median_ms(lambda: cp.copyto(dst, src), args.repeats, args.warmup, sync)
     copy = 2 * n * 4 / ms / 1e6  # GB/s: read + write
-    del src, dst
     print(f"\n== bandwidth (device-to-device copy: {copy:.0f} GB/s) ==")
     results["copy_GBps"] = copy
     table = Table(["kernel", "dtype", "rows", "cols", "ms", "GBps", "of_copy"])
@@ -253,7 +249,6 @@ def gpu_bandwidth(args, results):
                        GBps=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy)
             table.add(**row)
             results["bandwidth"].append(row)
-        del x, g, z, y
         cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -1,19 +1,13 @@
 """The CUDA kernels against float64 formulas, and F's dispatch to them (GPU only).
 
-Skipped, with the reason, where the extension is not built or no GPU is usable.
-
-Tolerances. float32: the table FP32_TOL below, atol + rtol * |ref|; the kernels accumulate in
-float32 with hardware exp, so their error is a few float32 ulps times the reduction length.
-float16 / bfloat16: the rule of flash-attention's tests: the kernel's largest error against
-float64 is at most twice that of a naive implementation in the same precision (every stored
-intermediate rounded to the 16-bit type, products accumulated in float32 as cuBLAS does), plus
-one unit in the last place of the largest reference value (so that a lucky exact naive result
-does not demand an exact fused one).
+Skipped, with the reason, where the extension is not built or no GPU is usable. The
+tolerances and the 16-bit rule (at most twice a naive same-precision implementation's error)
+are described in formulas.py.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 
 import numpy as np
 import pytest
@@ -26,6 +20,7 @@ from minitransformer import kernels
 from minitransformer.kernels import reference as R
 
 import formulas
+from formulas import check, host64, naive_attention, naive_layernorm, rounder, to_f32, to_kernel
 
 if not kernels.available():
     pytest.skip(f"CUDA kernels unavailable: {kernels.unavailable_reason()}", allow_module_level=True)
@@ -33,84 +28,11 @@ if not kernels.available():
 import cupy as cp  # noqa: E402
 
 DTYPES = ["float32", "float16", "bfloat16"]
-FP32_TOL = {  # (rtol, atol)
-    "attention": (2e-4, 2e-4),
-    "attention_grad": (1e-3, 1e-3),
-    "layernorm": (1e-4, 1e-4),
-    "softmax": (1e-5, 1e-6),
-    "cross_entropy": (1e-5, 1e-5),
-}
-ULP = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
 SETTINGS = settings(max_examples=30, deadline=None)
-
-
-# --------------------------------------------------------------------------- dtype helpers
-
-
-def to_kernel(x32, dtype):
-    """float32 CuPy array -> the kernels' representation of dtype (bfloat16: uint16 bits)."""
-    if dtype == "bfloat16":
-        return kernels.to_bfloat16_bits(x32)
-    return x32.astype(dtype)
-
-
-def to_f32(a):
-    """Kernel-dtype CuPy array -> float32 CuPy array (exact)."""
-    return kernels.from_bfloat16_bits(a) if a.dtype == cp.uint16 else a.astype(cp.float32)
-
-
-def host64(a):
-    return cp.asnumpy(to_f32(a)).astype(np.float64)
-
-
-def rounder(dtype):
-    """Rounds a float32 CuPy array to dtype's precision (returns float32)."""
-    if dtype == "float16":
-        return lambda a: a.astype(cp.float16).astype(cp.float32)
-    if dtype == "bfloat16":
-        return lambda a: kernels.from_bfloat16_bits(kernels.to_bfloat16_bits(a))
-    return lambda a: a
-
-
-def randn(rng, shape, dtype, scale=1.0):
-    """Fresh random input in dtype; returns (kernel array, its exact float64 host copy)."""
-    a = to_kernel(cp.asarray(rng.standard_normal(shape).astype(np.float32) * scale), dtype)
-    return a, host64(a)
-
-
-def check(name, dtype, got, ref, naive=None):
-    """float32: the tolerance table; 16-bit: at most 2x the naive error plus one ulp."""
-    got = host64(got) if isinstance(got, cp.ndarray) else got
-    if dtype == "float32":
-        rtol, atol = FP32_TOL[name]
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol, err_msg=name)
-        return
-    naive = cp.asnumpy(naive).astype(np.float64)
-    err = np.abs(got - ref).max(initial=0.0)
-    naive_err = np.abs(naive - ref).max(initial=0.0)
-    bound = 2 * naive_err + ULP[dtype] * np.abs(ref).max(initial=0.0)
-    assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 1 ulp"
+randn = functools.partial(formulas.randn, xp=cp)
 
 
 # --------------------------------------------------------------------------- attention
-
-
-def naive_attention(q, k, v, dout, lens, causal, rnd):
-    """Same-precision attention and its gradients: every intermediate rounded by rnd."""
-    B, H, T, D = q.shape
-    S = k.shape[2]
-    scale = 1 / math.sqrt(D)
-    mask = cp.asarray(formulas.attention_mask(B, T, S, lens, causal))
-    s = cp.where(mask, rnd(q @ k.swapaxes(-1, -2) * scale), -cp.inf)
-    m = s.max(axis=-1, keepdims=True)
-    e = cp.exp(s - cp.where(cp.isfinite(m), m, 0))
-    total = e.sum(axis=-1, keepdims=True)
-    p = rnd(e / cp.where(total > 0, total, 1))
-    o = rnd(p @ v)
-    dv = rnd(p.swapaxes(-1, -2) @ dout)
-    dp = rnd(dout @ v.swapaxes(-1, -2))
-    ds = rnd(p * (dp - rnd((dp * p).sum(axis=-1, keepdims=True))))
-    return o, rnd(ds @ k * scale), rnd(ds.swapaxes(-1, -2) @ q * scale), dv
 
 
 @st.composite
@@ -195,18 +117,6 @@ def test_attention_rejects_bad_arguments_with_python_errors():
 # --------------------------------------------------------------------------- layernorm
 
 
-def naive_layernorm(x, w, b, g, eps, rnd):
-    mean = rnd(x.mean(axis=1, keepdims=True))
-    xc = rnd(x - mean)
-    rstd = rnd(1 / cp.sqrt(rnd((xc * xc).mean(axis=1, keepdims=True)) + eps))
-    xhat = rnd(xc * rstd)
-    y = rnd(rnd(xhat * w) + b)
-    gh = rnd(g * w)
-    dx = rnd(rstd * rnd(gh - rnd(gh.mean(axis=1, keepdims=True))
-                        - rnd(xhat * rnd((gh * xhat).mean(axis=1, keepdims=True)))))
-    return y, dx, rnd((g * xhat).sum(axis=0)), rnd(g.sum(axis=0))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(N=st.integers(1, 200), D=st.sampled_from([1, 7, 32, 64, 100, 512, 768, 1030, 4096]),
@@ -245,16 +155,6 @@ def test_layernorm_without_affine_parameters():
 # --------------------------------------------------------------------------- softmax, loss
 
 
-def naive_softmax(x, mask, scale, rnd):
-    z = rnd(x * scale)
-    if mask is not None:
-        z = cp.where(mask, z, -cp.inf)
-    m = z.max(axis=1, keepdims=True)
-    e = rnd(cp.exp(z - cp.where(cp.isfinite(m), m, 0)))
-    total = rnd(e.sum(axis=1, keepdims=True))
-    return rnd(e / cp.where(total > 0, total, 1))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(N=st.integers(1, 64), V=st.sampled_from([1, 33, 1024, 1025, 5000, 37000]),
@@ -276,23 +176,12 @@ def test_softmax_matches_float64(dtype, N, V, masked, scale):
     naive = [None, None]
     if dtype != "float32":
         rnd, yf, gf = rounder(dtype), to_f32(y), to_f32(g)
-        naive = [naive_softmax(to_f32(x), mask, scale, rnd),
-                 rnd(scale * rnd(yf * rnd(gf - rnd((gf * yf).sum(axis=1, keepdims=True)))))]
+        naive = [formulas.naive_softmax(to_f32(x), mask, scale, rnd),
+                 formulas.naive_softmax_backward(yf, gf, scale, rnd)]
     check("softmax", dtype, y, y_r, naive[0])
     check("softmax", dtype, dx, dx_r, naive[1])
     if masked:
         assert (host64(y)[0] == 0).all()
-
-
-def naive_cross_entropy(z, t, eps, rnd):
-    V = z.shape[1]
-    m = z.max(axis=1, keepdims=True)
-    lse = rnd(m + cp.log(rnd(cp.exp(z - m).sum(axis=1, keepdims=True))))
-    logp = rnd(z - lse)
-    q = cp.full(z.shape, eps / V, dtype=cp.float32)
-    q[cp.arange(z.shape[0]), t] += 1 - eps
-    loss = rnd(-(q * logp).sum(axis=1))
-    return loss, rnd(rnd(cp.exp(logp)) - q)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -311,11 +200,8 @@ def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore):
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
     naive = [None, None]
     if dtype != "float32":
-        naive = list(naive_cross_entropy(to_f32(z), cp.asarray(t), eps, rounder(dtype)))
-        if ignore is not None:
-            dead = cp.asarray(t == ignore)
-            naive = [cp.where(dead, 0, naive[0]), cp.where(dead[:, None], 0, naive[1])]
-    check("cross_entropy", "float32" if dtype == "float32" else dtype, cp.asnumpy(loss).astype(np.float64), loss_r, naive[0])
+        naive = formulas.naive_cross_entropy(to_f32(z), cp.asarray(t), eps, ignore, rounder(dtype))
+    check("cross_entropy", dtype, cp.asnumpy(loss).astype(np.float64), loss_r, naive[0])
     check("cross_entropy", dtype, grad, grad_r, naive[1])
 
 

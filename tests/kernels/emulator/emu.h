@@ -1,0 +1,211 @@
+// Just enough of CUDA to run csrc/'s kernels on the CPU, so that their indexing, masking,
+// synchronisation and arithmetic can be tested on a machine without a GPU.
+//
+// Force-included (g++ -include emu.h) ahead of the kernel sources, which build.py copies after
+// two textual rewrites: `kernel<<<grid, block, smem, stream>>>(args)` becomes
+// `mt_emu::launch(kernel, grid, block, smem, stream)(args)`, and the dynamic shared-memory
+// declaration becomes a pointer to a per-block buffer.
+//
+// Model: blocks run one after another; the threads of a block are real std::threads.
+//   __syncthreads        a std::barrier over the block's threads
+//   __shfl_*_sync        every lane posts its value in the warp's slots, a barrier over the
+//                        warp, read the partner's slot, a second barrier
+//   __shared__ (static)  `static`: one copy, and only one block runs at a time
+//   atomicAdd            under a mutex
+//   WMMA fragments       the whole 16x16 tile, held and computed by lane 0 of the warp (which
+//                        alone stores it), in float32: the tensor cores' products of 16-bit
+//                        inputs are exact and they accumulate in float32 too
+// Functions map to the C library's (more exact than the GPU's approximate exp).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace mt_emu {
+
+struct Warp {
+    explicit Warp(int lanes) : barrier(lanes) {}
+    std::barrier<> barrier;
+    float slot[32];
+};
+
+struct ThreadState {
+    uint3 thread, block;
+    dim3 block_dim, grid_dim;
+    std::barrier<>* block_barrier;
+    Warp* warp;
+    unsigned char* smem;
+};
+inline thread_local ThreadState ts;
+inline std::mutex atomic_mutex;
+
+inline unsigned char* dynamic_smem() { return ts.smem; }
+inline int lane() { return int(ts.thread.x % 32); }
+
+template <typename... KArgs>
+struct Launcher {
+    void (*kernel)(KArgs...);
+    dim3 grid, block;
+    size_t smem;
+
+    template <typename... Args>
+    void operator()(Args&&... args) const {
+        std::tuple<std::decay_t<KArgs>...> packed(std::forward<Args>(args)...);
+        const int threads = int(block.x * block.y * block.z);
+        std::vector<unsigned char> smem_buffer(smem + 128);
+        unsigned char* aligned = smem_buffer.data() + (128 - uintptr_t(smem_buffer.data()) % 128) % 128;
+        for (unsigned bz = 0; bz < grid.z; ++bz)
+            for (unsigned by = 0; by < grid.y; ++by)
+                for (unsigned bx = 0; bx < grid.x; ++bx) {
+                    std::barrier<> block_barrier(threads);
+                    std::vector<std::unique_ptr<Warp>> warps;
+                    for (int w = 0; w < (threads + 31) / 32; ++w)
+                        warps.push_back(std::make_unique<Warp>(std::min(32, threads - 32 * w)));
+                    std::vector<std::thread> pool;
+                    for (int t = 0; t < threads; ++t) {
+                        pool.emplace_back([&, t] {
+                            ts = ThreadState{uint3{unsigned(t), 0, 0}, uint3{bx, by, bz}, block, grid,
+                                             &block_barrier, warps[t / 32].get(), aligned};
+                            std::apply(kernel, packed);
+                            // An exited thread no longer holds up its block's or warp's barriers.
+                            block_barrier.arrive_and_drop();
+                            warps[t / 32]->barrier.arrive_and_drop();
+                        });
+                    }
+                    for (auto& th : pool) th.join();
+                }
+    }
+};
+
+template <typename... KArgs>
+Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+    return {kernel, grid, block, smem};
+}
+
+}  // namespace mt_emu
+
+#define threadIdx (mt_emu::ts.thread)
+#define blockIdx (mt_emu::ts.block)
+#define blockDim (mt_emu::ts.block_dim)
+#define gridDim (mt_emu::ts.grid_dim)
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+#define cudaGetLastError() cudaSuccess
+#define cudaGetErrorName(e) "emulated"
+#define cudaGetErrorString(e) "emulated"
+#define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaMemsetAsync(ptr, value, bytes, stream) (std::memset((ptr), (value), (bytes)), cudaSuccess)
+
+inline void __syncthreads() { mt_emu::ts.block_barrier->arrive_and_wait(); }
+
+inline float __shfl_sync(unsigned, float v, int src) {
+    mt_emu::Warp& w = *mt_emu::ts.warp;
+    w.slot[mt_emu::lane()] = v;
+    w.barrier.arrive_and_wait();
+    float r = w.slot[src];
+    w.barrier.arrive_and_wait();
+    return r;
+}
+
+inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
+    mt_emu::Warp& w = *mt_emu::ts.warp;
+    w.slot[mt_emu::lane()] = v;
+    w.barrier.arrive_and_wait();
+    float r = w.slot[mt_emu::lane() ^ offset];
+    w.barrier.arrive_and_wait();
+    return r;
+}
+
+inline float atomicAdd(float* address, float value) {
+    std::lock_guard<std::mutex> lock(mt_emu::atomic_mutex);
+    float old = *address;
+    *address = old + value;
+    return old;
+}
+
+// CUDA's device-side integer min and max.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+
+namespace nvcuda {
+namespace wmma {
+
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    float v[16][16];
+};
+
+inline float as_float(float x) { return x; }
+inline float as_float(__half x) { return __half2float(x); }
+inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Element (r, c) of a 16x16 tile at p: row-major p[r * ldm + c], column-major p[r + c * ldm].
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+    if (mt_emu::lane() != 0) return;
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c)
+            f.v[r][c] = as_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[r + c * ldm]);
+}
+
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+    if (mt_emu::lane() != 0) return;
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) f.v[r][c] = layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm];
+}
+
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float x) {
+    for (auto& row : f.v)
+        for (float& e : row) e = x;
+}
+
+template <typename FA, typename FB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const FA& a, const FB& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+    if (mt_emu::lane() != 0) return;
+    float out[16][16];
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+            float acc = c.v[i][j];
+            for (int k = 0; k < 16; ++k) acc += a.v[i][k] * b.v[k][j];
+            out[i][j] = acc;
+        }
+    std::memcpy(d.v, out, sizeof(out));
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+    if (mt_emu::lane() != 0) return;
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm]) = f.v[r][c];
+}
+
+}  // namespace wmma
+}  // namespace nvcuda
