@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -66,7 +67,8 @@ def build():
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     module_path = out / f"_C{suffix}"
     if not module_path.exists():
-        out.mkdir(parents=True, exist_ok=True)
+        work = out / f"build-{os.getpid()}"  # concurrent test runs never share object files
+        work.mkdir(parents=True, exist_ok=True)
         flags = ["g++", "-std=c++20", "-O2", "-fPIC", "-pthread", "-w",
                  f"-I{_cuda_include()}", f"-I{CSRC}", f"-I{pybind11.get_include()}",
                  f"-I{sysconfig.get_paths()['include']}"]
@@ -74,7 +76,7 @@ def build():
         for path in sources:
             if path.suffix == ".cuh":
                 continue
-            cpp = out / (path.stem + ("_cu.cpp" if path.suffix == ".cu" else ".cpp"))
+            cpp = work / (path.stem + ("_cu.cpp" if path.suffix == ".cu" else ".cpp"))
             cpp.write_text(translate(path.read_text()) if path.suffix == ".cu" else path.read_text())
             extra = ["-include", str(EMU_H)] if path.suffix == ".cu" else []
             jobs.append([*flags, *extra, "-c", str(cpp), "-o", str(cpp.with_suffix(".o"))])
@@ -84,9 +86,10 @@ def build():
             if result.returncode:
                 raise RuntimeError(f"emulated build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}")
         objects = [str(Path(cmd[-1])) for cmd in jobs]
-        tmp = module_path.with_suffix(".tmp")
+        tmp = work / module_path.name
         subprocess.run(["g++", "-shared", "-pthread", *objects, "-o", str(tmp)], check=True)
         tmp.rename(module_path)  # atomic: a concurrent run never loads half a file
+        shutil.rmtree(work)
     spec = importlib.util.spec_from_file_location("minitransformer_emulated._C", module_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
