@@ -25,6 +25,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -161,6 +162,16 @@ struct fragment {
     float v[16][16];
 };
 
+// What the hardware demands of WMMA memory operands: a 256-bit aligned pointer and a leading
+// dimension that is a multiple of 16 bytes. Checked here, since x86 would not complain.
+template <typename T>
+void check_operand(const T* p, unsigned ldm) {
+    if (uintptr_t(p) % 32 != 0 || (ldm * sizeof(T)) % 16 != 0) {
+        std::fprintf(stderr, "WMMA operand misaligned: pointer %p, ldm %u\n", (const void*)p, ldm);
+        std::abort();
+    }
+}
+
 inline float as_float(float x) { return x; }
 inline float as_float(__half x) { return __half2float(x); }
 inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -168,6 +179,7 @@ inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 // Element (r, c) of a 16x16 tile at p: row-major p[r * ldm + c], column-major p[r + c * ldm].
 template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+    check_operand(p, ldm);
     if (mt_emu::lane() != 0) return;
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c)
@@ -176,6 +188,7 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
                              unsigned ldm, layout_t layout) {
+    check_operand(p, ldm);
     if (mt_emu::lane() != 0) return;
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c) f.v[r][c] = layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm];
@@ -202,6 +215,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const FA& a, const FB
 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t layout) {
+    check_operand(p, ldm);
     if (mt_emu::lane() != 0) return;
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm]) = f.v[r][c];
