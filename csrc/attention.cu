@@ -136,19 +136,38 @@ using wmma_layout = std::conditional_t<std::is_same_v<L, RowMajor>, nvcuda::wmma
 
 // C (M x N, float32, row-major, ldc) = [C +] A (M x K) B (K x N), all in shared memory.
 // float16/bfloat16: each warp computes 16x16 output tiles on tensor cores;
-// float32: each thread computes output elements with float FMAs.
+// float32: each thread computes a small block of outputs with float FMAs.
 // Callers synchronise before (operands written) and after (C read by other threads).
 template <typename T, int M, int N, int K, typename LA, typename LB, bool ACCUMULATE>
 __device__ __forceinline__ void smem_gemm(const T* A, int lda, const T* B, int ldb, float* C,
                                           int ldc) {
     if constexpr (std::is_same_v<T, float>) {
-        for (int i = threadIdx.x; i < M * N; i += kThreads) {
-            int m = i / N, n = i % N;
-            float acc = ACCUMULATE ? C[m * ldc + n] : 0.f;
-            #pragma unroll 8
-            for (int k = 0; k < K; ++k) acc += *at<LA>(A, lda, m, k) * *at<LB>(B, ldb, k, n);
-            C[m * ldc + n] = acc;
+        // 16 x 8 threads, each owning TM consecutive rows and TN columns strided by 8: every
+        // k step loads TM + TN operands for TM * TN FMAs, and a warp's loads of one B row or
+        // column fall in distinct banks.
+        static_assert(kThreads == 128 && M % 16 == 0 && N % 8 == 0, "float tile shape");
+        constexpr int TM = M / 16, TN = N / 8;
+        const int m0 = (threadIdx.x / 8) * TM, n0 = threadIdx.x % 8;
+        float acc[TM][TN];
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = ACCUMULATE ? C[(m0 + i) * ldc + n0 + 8 * j] : 0.f;
+        for (int k = 0; k < K; ++k) {
+            float a[TM], b[TN];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = *at<LA>(A, lda, m0 + i, k);
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = *at<LB>(B, ldb, k, n0 + 8 * j);
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
         }
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) C[(m0 + i) * ldc + n0 + 8 * j] = acc[i][j];
     } else {
         using namespace nvcuda;
         const int warp = threadIdx.x / 32;
