@@ -27,10 +27,10 @@
 // al. 2011), so backward regenerates exactly forward's mask without storing it. Kept weights are
 // scaled by 1/(1-p); l is summed before dropout, so softmax normalisation is unaffected.
 //
-// Matrix products run on tensor cores (WMMA 16x16x16, float32 accumulation) for float16 and
-// bfloat16, and as plain float32 FMAs for float32 inputs. Every operand tile lives in shared
-// memory; accumulators are float32 tiles in shared memory, so that the per-row rescaling of
-// the online softmax is an ordinary shared-memory loop.
+// Matrix products. float16 / bfloat16 run on tensor cores with float32 accumulation: the
+// forward with mma.sync, all per-row state in registers (FlashAttention-2's warp layout), the
+// backward with WMMA tiles staged through shared memory. float32 inputs use plain float32 FMAs
+// on shared-memory tiles in both directions (the reference-precision path).
 #include <mma.h>
 
 #include <type_traits>
@@ -189,6 +189,61 @@ __device__ __forceinline__ void smem_gemm(const T* A, int lda, const T* B, int l
     }
 }
 
+// ---------------------------------------------------------------------------- mma.sync
+
+// One warp: d (16x8, float32) += a (16x16, row-major) * b (16x8, column-major), T = __half or
+// __nv_bfloat16, on tensor cores (PTX mma.sync.aligned.m16n8k16). Unlike WMMA, the PTX ISA
+// specifies which lane holds which element, so results can stay in registers. For lane
+// 4 g + t (g = lane / 4, t = lane % 4), each 32-bit register holding two consecutive elements:
+//     a[0]: A[g][2t, 2t+1]    a[1]: A[g+8][2t, 2t+1]    a[2]: A[g][2t+8, 2t+9]    a[3]: A[g+8][2t+8, 2t+9]
+//     b[0]: B[2t, 2t+1][g]    b[1]: B[2t+8, 2t+9][g]
+//     d[0], d[1]: D[g][2t, 2t+1]                        d[2], d[3]: D[g+8][2t, 2t+1]
+// So the accumulators of two adjacent 16x8 tiles are, element for element, the A operand of
+// a 16x16 tile: the probabilities computed from S feed P V without leaving registers.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef MT_EMULATED_MMA  // the CPU emulation in tests/kernels/emulator supplies the product
+    emulated_mma_16816<T>(d, a, b);
+#else
+    if constexpr (std::is_same_v<T, __half>) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+#endif
+}
+
+// Two floats rounded to T and packed into one register, the first in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    if constexpr (std::is_same_v<T, __half>) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    } else {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+}
+
+// Two consecutive 16-bit elements of shared memory as one register (p is 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ uint32_t load2(const T* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Two 16-bit elements one row apart (a column pair of a row-major tile) as one register.
+template <typename T>
+__device__ __forceinline__ uint32_t load2_column(const T* p, int ld) {
+    uint16_t lo = *reinterpret_cast<const uint16_t*>(p), hi = *reinterpret_cast<const uint16_t*>(p + ld);
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
 // Carves consecutive 128-byte-aligned arrays out of dynamic shared memory (WMMA needs
 // 32-byte-aligned tile pointers).
 struct SmemCarver {
@@ -295,6 +350,156 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnParams 
         T* out = static_cast<T*>(p.out) + (size_t(bh) * p.T + i) * D;
         for (int d = sub; d < D; d += TPR) out[d] = from_float<T>(sO[r * L::LDO + d] * inv);
         if (sub == 0) p.lse[size_t(bh) * p.T + i] = l_row > 0.f ? m_row + logf(l_row) : -INFINITY;
+    }
+}
+
+// Forward for float16 / bfloat16, FlashAttention-2's layout: each of the 4 warps owns 16 query
+// rows and keeps everything about them in registers (Q fragments, the scores of the current
+// key tile, the running max and sum, the output accumulator). Only K and V tiles pass through
+// shared memory, so the block synchronises twice per key tile, around their loads.
+template <typename T, int D>
+struct MmaFwdLayout {
+    static constexpr int BR = 16 * kWarps;  // query rows per block
+    static constexpr int BC = 64;           // keys per tile
+    static constexpr int LDT = D + pad_of<T>();
+    __host__ __device__ static size_t bytes() {
+        SmemCarver c{nullptr};
+        c.take<T>(BR * LDT); c.take<T>(BC * LDT); c.take<T>(BC * LDT);
+        return c.offset;
+    }
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnParams p) {
+    using L = MmaFwdLayout<T, D>;
+    constexpr int BR = L::BR, BC = L::BC, LDT = L::LDT;
+    constexpr int NS = BC / 8;  // 16x8 score tiles per warp and key tile
+    constexpr int NO = D / 8;   // 16x8 output tiles per warp
+    extern __shared__ __align__(128) unsigned char smem[];
+    SmemCarver carve{smem};
+    T* sQ = carve.take<T>(BR * LDT);
+    T* sK = carve.take<T>(BC * LDT);
+    T* sV = carve.take<T>(BC * LDT);
+
+    const int bh = blockIdx.y, b = bh / p.H;
+    const int q0 = blockIdx.x * BR;
+    const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
+    int k_end = kv_len;
+    if (p.causal) k_end = min(k_end, min(q0 + BR, p.T) + (p.S - p.T));
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int r0 = warp * 16;                        // this warp's first row in the tile
+    const int i_lo = q0 + r0 + g, i_hi = i_lo + 8;   // the two query rows this lane holds
+
+    load_tile<T, D, BR>(sQ, LDT, static_cast<const T*>(p.q) + (size_t(bh) * p.T + q0) * D,
+                        min(BR, p.T - q0));
+    __syncthreads();
+    uint32_t qf[D / 16][4];  // this warp's 16 x D slice of Q as A fragments
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const T* row = sQ + (r0 + g) * LDT + kk * 16 + 2 * t;
+        qf[kk][0] = load2(row);
+        qf[kk][1] = load2(row + 8 * LDT);
+        qf[kk][2] = load2(row + 8);
+        qf[kk][3] = load2(row + 8 * LDT + 8);
+    }
+
+    float o[NO][4] = {};
+    float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of rows i_lo, i_hi
+    float l_lo = 0.f, l_hi = 0.f;              // this lane's share of the running sums
+    const T* k = static_cast<const T*>(p.k) + size_t(bh) * p.S * D;
+    const T* v = static_cast<const T*>(p.v) + size_t(bh) * p.S * D;
+
+    for (int k0 = 0; k0 < k_end; k0 += BC) {
+        __syncthreads();  // every warp is done with the previous K and V tiles
+        load_tile<T, D, BC>(sK, LDT, k + size_t(k0) * D, min(BC, kv_len - k0));
+        load_tile<T, D, BC>(sV, LDT, v + size_t(k0) * D, min(BC, kv_len - k0));
+        __syncthreads();
+
+        float s[NS][4] = {};  // S = Q K^T: B(d, key) = K[key][d], a row pair of K
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            #pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                const T* key = sK + (n * 8 + g) * LDT + kk * 16 + 2 * t;
+                uint32_t bf[2] = {load2(key), load2(key + 8)};
+                mma_16816<T>(s[n], qf[kk], bf);
+            }
+        }
+
+        float max_lo = -INFINITY, max_hi = -INFINITY;
+        #pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e < 2 ? i_lo : i_hi, j = k0 + n * 8 + 2 * t + (e & 1);
+                s[n][e] = key_visible(p, kv_len, i, j) ? s[n][e] * p.scale : -INFINITY;
+            }
+            max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
+            max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
+        }
+        #pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {  // the 4 lanes of a row group
+            max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, off));
+            max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, off));
+        }
+        const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+        const float use_lo = new_lo == -INFINITY ? 0.f : new_lo;  // no visible key yet
+        const float use_hi = new_hi == -INFINITY ? 0.f : new_hi;
+        const float alpha_lo = __expf(m_lo - use_lo), alpha_hi = __expf(m_hi - use_hi);
+        m_lo = new_lo;
+        m_hi = new_hi;
+        l_lo *= alpha_lo;
+        l_hi *= alpha_hi;
+        #pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
+            o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
+        }
+        #pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e < 2 ? i_lo : i_hi, j = k0 + n * 8 + 2 * t + (e & 1);
+                const float prob = __expf(s[n][e] - (e < 2 ? use_lo : use_hi));
+                (e < 2 ? l_lo : l_hi) += prob;  // summed before dropout
+                s[n][e] = prob * dropout_factor(p, bh, i, j);
+            }
+        }
+
+        // O += P V, P straight from the score registers; B(key, d) = V[key][d].
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            uint32_t pf[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            #pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const T* val = sV + (kk * 16 + 2 * t) * LDT + n * 8 + g;
+                uint32_t bf[2] = {load2_column(val, LDT), load2_column(val + 8 * LDT, LDT)};
+                mma_16816<T>(o[n], pf, bf);
+            }
+        }
+    }
+
+    #pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+    T* out = static_cast<T*>(p.out) + size_t(bh) * p.T * D;
+    #pragma unroll
+    for (int n = 0; n < NO; ++n) {
+        const int d = n * 8 + 2 * t;
+        if (i_lo < p.T)
+            *reinterpret_cast<uint32_t*>(out + size_t(i_lo) * D + d) = pack2<T>(o[n][0] * inv_lo, o[n][1] * inv_lo);
+        if (i_hi < p.T)
+            *reinterpret_cast<uint32_t*>(out + size_t(i_hi) * D + d) = pack2<T>(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+    if (t == 0) {
+        if (i_lo < p.T) p.lse[size_t(bh) * p.T + i_lo] = l_lo > 0.f ? m_lo + logf(l_lo) : -INFINITY;
+        if (i_hi < p.T) p.lse[size_t(bh) * p.T + i_hi] = l_hi > 0.f ? m_hi + logf(l_hi) : -INFINITY;
     }
 }
 
@@ -428,8 +633,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams
 
 // ---------------------------------------------------------------------------- launchers
 
-// Tile sizes: 64 x 64 where shared memory allows; float32 at D = 128 halves the query tile
-// to stay under the 163 KiB an A100 block may use. Backward holds more tiles at once.
+// float32 forward tiles: 64 x 64 where shared memory allows; at D = 128 the query tile is
+// halved to stay under the 163 KiB an A100 block may use. Backward holds more tiles at once.
 template <typename T, int D> constexpr int fwd_br() { return (sizeof(T) == 4 && D == 128) ? 32 : 64; }
 constexpr int fwd_bc() { return 64; }
 constexpr int bwd_br() { return 32; }
@@ -437,12 +642,20 @@ template <int D> constexpr int bwd_bc() { return D <= 64 ? 64 : 32; }
 
 template <typename T, int D>
 void launch_forward(const AttnParams& p, cudaStream_t stream) {
-    constexpr int BR = fwd_br<T, D>(), BC = fwd_bc();
-    auto kernel = attention_forward_kernel<T, D, BR, BC>;
-    const size_t smem = FwdLayout<T, D, BR, BC>::bytes();
-    allow_shared_memory(kernel, smem, "attention_forward");
-    dim3 grid(ceil_div(p.T, BR), p.B * p.H);
-    kernel<<<grid, kThreads, smem, stream>>>(p);
+    if constexpr (std::is_same_v<T, float>) {
+        constexpr int BR = fwd_br<T, D>(), BC = fwd_bc();
+        auto kernel = attention_forward_kernel<T, D, BR, BC>;
+        const size_t smem = FwdLayout<T, D, BR, BC>::bytes();
+        allow_shared_memory(kernel, smem, "attention_forward");
+        dim3 grid(ceil_div(p.T, BR), p.B * p.H);
+        kernel<<<grid, kThreads, smem, stream>>>(p);
+    } else {
+        using L = MmaFwdLayout<T, D>;
+        auto kernel = attention_forward_mma_kernel<T, D>;
+        allow_shared_memory(kernel, L::bytes(), "attention_forward");
+        dim3 grid(ceil_div(p.T, L::BR), p.B * p.H);
+        kernel<<<grid, kThreads, L::bytes(), stream>>>(p);
+    }
     check_launch("attention_forward");
 }
 

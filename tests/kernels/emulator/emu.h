@@ -15,6 +15,8 @@
 //   WMMA fragments       the whole 16x16 tile, held and computed by lane 0 of the warp (which
 //                        alone stores it), in float32: the tensor cores' products of 16-bit
 //                        inputs are exact and they accumulate in float32 too
+//   mma.sync m16n8k16    every lane posts its registers, each rebuilds A and B from the PTX
+//                        ISA's fragment layout and computes its own four outputs
 // Functions map to the C library's (more exact than the GPU's approximate exp).
 #pragma once
 
@@ -41,6 +43,7 @@ struct Warp {
     explicit Warp(int lanes) : barrier(lanes) {}
     std::barrier<> barrier;
     float slot[32];
+    uint32_t mma_a[32][4], mma_b[32][2];
 };
 
 struct ThreadState {
@@ -223,3 +226,45 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 
 }  // namespace wmma
 }  // namespace nvcuda
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: see mma_16816 in attention.cu for the
+// layout (lane = 4 g + t; a[0] A[g][2t..], a[1] A[g+8][2t..], a[2] A[g][2t+8..],
+// a[3] A[g+8][2t+8..]; b[0] B[2t..][g], b[1] B[2t+8..][g]; d D[g][2t..], D[g+8][2t..]).
+#define MT_EMULATED_MMA 1
+
+template <typename T>
+float unpack_half(uint32_t bits, int which) {
+    uint16_t h = uint16_t(which ? bits >> 16 : bits & 0xffffu);
+    T value;
+    std::memcpy(&value, &h, 2);
+    return nvcuda::wmma::as_float(value);
+}
+
+template <typename T>
+void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mt_emu::Warp& w = *mt_emu::ts.warp;
+    const int me = mt_emu::lane();
+    std::memcpy(w.mma_a[me], a, sizeof(a));
+    std::memcpy(w.mma_b[me], b, sizeof(b));
+    w.barrier.arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 2; ++e) {
+            A[g][2 * t + e] = unpack_half<T>(w.mma_a[l][0], e);
+            A[g + 8][2 * t + e] = unpack_half<T>(w.mma_a[l][1], e);
+            A[g][2 * t + 8 + e] = unpack_half<T>(w.mma_a[l][2], e);
+            A[g + 8][2 * t + 8 + e] = unpack_half<T>(w.mma_a[l][3], e);
+            B[2 * t + e][g] = unpack_half<T>(w.mma_b[l][0], e);
+            B[2 * t + 8 + e][g] = unpack_half<T>(w.mma_b[l][1], e);
+        }
+    }
+    w.barrier.arrive_and_wait();  // the slots are free for the next product
+    const int g = me / 4, t = me % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float acc = d[e];
+        for (int kk = 0; kk < 16; ++kk) acc += A[row][kk] * B[kk][col];
+        d[e] = acc;
+    }
+}
