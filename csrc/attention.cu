@@ -27,12 +27,13 @@
 // al. 2011), so backward regenerates exactly forward's mask without storing it. Kept weights are
 // scaled by 1/(1-p); l is summed before dropout, so softmax normalisation is unaffected.
 //
-// Matrix products. float16 / bfloat16 run on tensor cores with float32 accumulation: the
-// forward with mma.sync, all per-row state in registers (FlashAttention-2's warp layout), the
-// backward with WMMA tiles staged through shared memory. float32 inputs use plain float32 FMAs
-// on shared-memory tiles in both directions (the reference-precision path).
-#include <mma.h>
-
+// Two implementations, chosen by dtype:
+//   float16 / bfloat16   tensor cores (PTX mma.sync, float32 accumulation) with
+//                        FlashAttention-2's warp layout: each warp keeps its rows' scores,
+//                        softmax state and accumulators in registers; only K/V (forward) and
+//                        Q/dO/dS (backward) tiles pass through shared memory.
+//   float32              the reference-precision path: every tile in shared memory, products
+//                        as register-blocked float32 FMAs, the same algorithm step by step.
 #include <type_traits>
 
 #include "common.cuh"
@@ -130,63 +131,36 @@ __device__ __forceinline__ const T* at(const T* base, int ld, int r, int c) {
     else return base + r + c * ld;
 }
 
-template <typename L>
-using wmma_layout = std::conditional_t<std::is_same_v<L, RowMajor>, nvcuda::wmma::row_major,
-                                       nvcuda::wmma::col_major>;
-
-// C (M x N, float32, row-major, ldc) = [C +] A (M x K) B (K x N), all in shared memory.
-// float16/bfloat16: each warp computes 16x16 output tiles on tensor cores;
-// float32: each thread computes a small block of outputs with float FMAs.
-// Callers synchronise before (operands written) and after (C read by other threads).
-template <typename T, int M, int N, int K, typename LA, typename LB, bool ACCUMULATE>
-__device__ __forceinline__ void smem_gemm(const T* A, int lda, const T* B, int ldb, float* C,
+// C (M x N, row-major, ldc) = [C +] A (M x K) B (K x N), float32, all in shared memory.
+// 16 x 8 threads, each owning TM consecutive rows and TN columns strided by 8: every k step
+// loads TM + TN operands for TM * TN FMAs, and a warp's loads of one B row or column fall in
+// distinct banks. Callers synchronise before (operands written) and after (C read by others).
+template <int M, int N, int K, typename LA, typename LB, bool ACCUMULATE>
+__device__ __forceinline__ void smem_gemm(const float* A, int lda, const float* B, int ldb, float* C,
                                           int ldc) {
-    if constexpr (std::is_same_v<T, float>) {
-        // 16 x 8 threads, each owning TM consecutive rows and TN columns strided by 8: every
-        // k step loads TM + TN operands for TM * TN FMAs, and a warp's loads of one B row or
-        // column fall in distinct banks.
-        static_assert(kThreads == 128 && M % 16 == 0 && N % 8 == 0, "float tile shape");
-        constexpr int TM = M / 16, TN = N / 8;
-        const int m0 = (threadIdx.x / 8) * TM, n0 = threadIdx.x % 8;
-        float acc[TM][TN];
+    static_assert(kThreads == 128 && M % 16 == 0 && N % 8 == 0, "tile shape");
+    constexpr int TM = M / 16, TN = N / 8;
+    const int m0 = (threadIdx.x / 8) * TM, n0 = threadIdx.x % 8;
+    float acc[TM][TN];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = ACCUMULATE ? C[(m0 + i) * ldc + n0 + 8 * j] : 0.f;
+    for (int k = 0; k < K; ++k) {
+        float a[TM], b[TN];
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) a[i] = *at<LA>(A, lda, m0 + i, k);
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) b[j] = *at<LB>(B, ldb, k, n0 + 8 * j);
         #pragma unroll
         for (int i = 0; i < TM; ++i)
             #pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] = ACCUMULATE ? C[(m0 + i) * ldc + n0 + 8 * j] : 0.f;
-        for (int k = 0; k < K; ++k) {
-            float a[TM], b[TN];
-            #pragma unroll
-            for (int i = 0; i < TM; ++i) a[i] = *at<LA>(A, lda, m0 + i, k);
-            #pragma unroll
-            for (int j = 0; j < TN; ++j) b[j] = *at<LB>(B, ldb, k, n0 + 8 * j);
-            #pragma unroll
-            for (int i = 0; i < TM; ++i)
-                #pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
-        }
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-            #pragma unroll
-            for (int j = 0; j < TN; ++j) C[(m0 + i) * ldc + n0 + 8 * j] = acc[i][j];
-    } else {
-        using namespace nvcuda;
-        const int warp = threadIdx.x / 32;
-        for (int tile = warp; tile < (M / 16) * (N / 16); tile += kWarps) {
-            const int m0 = (tile / (N / 16)) * 16, n0 = (tile % (N / 16)) * 16;
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-            if (ACCUMULATE) wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
-            else wmma::fill_fragment(c, 0.f);
-            #pragma unroll
-            for (int k0 = 0; k0 < K; k0 += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma_layout<LA>> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma_layout<LB>> b;
-                wmma::load_matrix_sync(a, at<LA>(A, lda, m0, k0), lda);
-                wmma::load_matrix_sync(b, at<LB>(B, ldb, k0, n0), ldb);
-                wmma::mma_sync(c, a, b, c);
-            }
-            wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
-        }
+            for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
     }
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) C[(m0 + i) * ldc + n0 + 8 * j] = acc[i][j];
 }
 
 // ---------------------------------------------------------------------------- mma.sync
@@ -244,8 +218,7 @@ __device__ __forceinline__ uint32_t load2_column(const T* p, int ld) {
     return uint32_t(lo) | (uint32_t(hi) << 16);
 }
 
-// Carves consecutive 128-byte-aligned arrays out of dynamic shared memory (WMMA needs
-// 32-byte-aligned tile pointers).
+// Carves consecutive 128-byte-aligned arrays out of dynamic shared memory.
 struct SmemCarver {
     unsigned char* base;
     size_t offset = 0;
@@ -264,23 +237,27 @@ __device__ __forceinline__ bool key_visible(const AttnParams& p, int kv_len, int
 
 // ---------------------------------------------------------------------------- forward
 
-template <typename T, int D, int BR, int BC>
-struct FwdLayout {
-    static constexpr int LDT = D + pad_of<T>();    // Q, K, V tiles
-    static constexpr int LDS = BC + 4;             // float scores
-    static constexpr int LDP = BC + pad_of<T>();   // probabilities in T
-    static constexpr int LDO = D + 4;              // float output accumulator
+// Forward, float32: one block of 128 threads owns BR query rows; Q, the K and V tiles, the
+// scores, the probabilities and the output accumulator all live in shared memory, and
+// kThreads / BR threads share each row's online-softmax state.
+template <int D, int BR, int BC>
+struct F32FwdLayout {
+    static constexpr int LDT = D + 4;   // Q, K, V tiles (16-byte row padding against bank conflicts)
+    static constexpr int LDS = BC + 4;  // scores
+    static constexpr int LDP = BC + 4;  // probabilities (after dropout)
+    static constexpr int LDO = D + 4;   // output accumulator
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
-        c.take<T>(BR * LDT); c.take<T>(BC * LDT); c.take<T>(BC * LDT);
-        c.take<float>(BR * LDS); c.take<T>(BR * LDP); c.take<float>(BR * LDO);
+        c.take<float>(BR * LDT); c.take<float>(BC * LDT); c.take<float>(BC * LDT);
+        c.take<float>(BR * LDS); c.take<float>(BR * LDP); c.take<float>(BR * LDO);
         return c.offset;
     }
 };
 
-template <typename T, int D, int BR, int BC>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnParams p) {
-    using L = FwdLayout<T, D, BR, BC>;
+template <int D, int BR, int BC>
+__global__ void __launch_bounds__(kThreads) attention_forward_f32_kernel(AttnParams p) {
+    using T = float;
+    using L = F32FwdLayout<D, BR, BC>;
     constexpr int TPR = kThreads / BR;  // threads sharing one query row
     extern __shared__ __align__(128) unsigned char smem[];
     SmemCarver carve{smem};
@@ -312,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnParams 
         load_tile<T, D, BC>(sK, L::LDT, k + size_t(k0) * D, min(BC, kv_len - k0));
         load_tile<T, D, BC>(sV, L::LDT, v + size_t(k0) * D, min(BC, kv_len - k0));
         __syncthreads();
-        smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
+        smem_gemm<BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
         __syncthreads();
 
         float tile_max = -INFINITY;
@@ -340,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnParams 
         m_row = m_new;
         for (int d = sub; d < D; d += TPR) sO[r * L::LDO + d] *= alpha;
         __syncthreads();
-        smem_gemm<T, BR, D, BC, RowMajor, RowMajor, true>(sP, L::LDP, sV, L::LDT, sO, L::LDO);
+        smem_gemm<BR, D, BC, RowMajor, RowMajor, true>(sP, L::LDP, sV, L::LDT, sO, L::LDO);
         __syncthreads();
     }
 
@@ -524,28 +501,30 @@ __global__ void cast_from_float_kernel(const float* src, T* dst, size_t n) {
         dst[idx] = from_float<T>(src[idx]);
 }
 
-template <typename T, int D, int BR, int BC>
-struct BwdLayout {
-    static constexpr int LDT = D + pad_of<T>();
+// Backward, float32: one block owns BC keys, with every tile and accumulator in shared memory.
+template <int D, int BR, int BC>
+struct F32BwdLayout {
+    static constexpr int LDT = D + 4;
     static constexpr int LDS = BC + 4;
-    static constexpr int LDP = BC + pad_of<T>();
+    static constexpr int LDP = BC + 4;
     static constexpr int LDO = D + 4;
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
-        c.take<T>(BC * LDT); c.take<T>(BC * LDT);      // K, V
-        c.take<T>(BR * LDT); c.take<T>(BR * LDT);      // Q, dO
+        c.take<float>(BC * LDT); c.take<float>(BC * LDT);  // K, V
+        c.take<float>(BR * LDT); c.take<float>(BR * LDT);  // Q, dO
         c.take<float>(BR * LDS); c.take<float>(BR * LDS);  // P, dP
-        c.take<T>(BR * LDP); c.take<T>(BR * LDP);      // dropped P, dS
+        c.take<float>(BR * LDP); c.take<float>(BR * LDP);  // dropped P, dS
         c.take<float>(BC * LDO); c.take<float>(BC * LDO);  // dK, dV
-        c.take<float>(BR * LDO);                       // this tile's dQ
-        c.take<float>(BR); c.take<float>(BR);          // lse, delta
+        c.take<float>(BR * LDO);                           // this tile's dQ
+        c.take<float>(BR); c.take<float>(BR);              // lse, delta
         return c.offset;
     }
 };
 
-template <typename T, int D, int BR, int BC>
-__global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams p) {
-    using L = BwdLayout<T, D, BR, BC>;
+template <int D, int BR, int BC>
+__global__ void __launch_bounds__(kThreads) attention_backward_f32_kernel(AttnParams p) {
+    using T = float;
+    using L = F32BwdLayout<D, BR, BC>;
     extern __shared__ __align__(128) unsigned char smem[];
     SmemCarver carve{smem};
     T* sK = carve.take<T>(BC * L::LDT);
@@ -586,7 +565,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams
                 sDelta[r] = ok ? p.delta[size_t(bh) * p.T + q0 + r] : 0.f;
             }
             __syncthreads();
-            smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
+            smem_gemm<BR, BC, D, RowMajor, ColMajor, false>(sQ, L::LDT, sK, L::LDT, sS, L::LDS);
             __syncthreads();
             // P recomputed from the saved log-sum-exp; rows with lse = -inf saw no key.
             for (int idx = threadIdx.x; idx < BR * BC; idx += kThreads) {
@@ -599,8 +578,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams
             }
             __syncthreads();
             // dV += P_dropped^T dO  and  dP = dO V^T  (independent, one phase)
-            smem_gemm<T, BC, D, BR, ColMajor, RowMajor, true>(sP, L::LDP, sdO, L::LDT, sdV, L::LDO);
-            smem_gemm<T, BR, BC, D, RowMajor, ColMajor, false>(sdO, L::LDT, sV, L::LDT, sdP, L::LDS);
+            smem_gemm<BC, D, BR, ColMajor, RowMajor, true>(sP, L::LDP, sdO, L::LDT, sdV, L::LDO);
+            smem_gemm<BR, BC, D, RowMajor, ColMajor, false>(sdO, L::LDT, sV, L::LDT, sdP, L::LDS);
             __syncthreads();
             for (int idx = threadIdx.x; idx < BR * BC; idx += kThreads) {
                 int r = idx / BC, c = idx % BC;
@@ -609,8 +588,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams
             }
             __syncthreads();
             // dK += dS^T Q  and  dQ_tile = dS K
-            smem_gemm<T, BC, D, BR, ColMajor, RowMajor, true>(sdS, L::LDP, sQ, L::LDT, sdK, L::LDO);
-            smem_gemm<T, BR, D, BC, RowMajor, RowMajor, false>(sdS, L::LDP, sK, L::LDT, sdQ, L::LDO);
+            smem_gemm<BC, D, BR, ColMajor, RowMajor, true>(sdS, L::LDP, sQ, L::LDT, sdK, L::LDO);
+            smem_gemm<BR, D, BC, RowMajor, RowMajor, false>(sdS, L::LDP, sK, L::LDT, sdQ, L::LDO);
             __syncthreads();
             for (int idx = threadIdx.x; idx < q_valid * D; idx += kThreads) {
                 int r = idx / D, d = idx % D;
@@ -631,21 +610,197 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(AttnParams
     }
 }
 
+// Backward for float16 / bfloat16, FlashAttention-2's layout: a block owns BC = 64 keys, each
+// warp 16 of them, and streams query tiles of BR rows. A warp computes the transposed scores
+// S^T = K Q^T for its keys, so that P^T, dP^T and dS^T come out of mma.sync as accumulators
+// that feed dV += P^T dO and dK += dS^T Q as A operands without leaving registers; dK and dV
+// stay in registers for the whole loop. dQ = dS K needs all 64 keys of the block: dS^T goes
+// through shared memory once per query tile, and the warps add their dQ tiles into the
+// float32 accumulator with atomics.
+template <typename T, int D>
+struct MmaBwdLayout {
+    static constexpr int BC = 16 * kWarps;        // keys per block
+    static constexpr int BR = D <= 64 ? 64 : 32;  // queries per tile (registers bound it at D = 128)
+    static constexpr int LDT = D + pad_of<T>();
+    static constexpr int LDS = BR + pad_of<T>();  // dS^T, (keys, queries)
+    __host__ __device__ static size_t bytes() {
+        SmemCarver c{nullptr};
+        c.take<T>(BC * LDT); c.take<T>(BC * LDT);  // K, V
+        c.take<T>(BR * LDT); c.take<T>(BR * LDT);  // Q, dO
+        c.take<T>(BC * LDS);                       // dS^T
+        c.take<float>(BR); c.take<float>(BR);      // lse, delta
+        return c.offset;
+    }
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnParams p) {
+    using L = MmaBwdLayout<T, D>;
+    constexpr int BC = L::BC, BR = L::BR, LDT = L::LDT, LDS = L::LDS;
+    constexpr int NQ = BR / 8;  // 16x8 tiles of S^T per warp (queries along n)
+    constexpr int NO = D / 8;   // 16x8 tiles of dK, dV per warp
+    extern __shared__ __align__(128) unsigned char smem[];
+    SmemCarver carve{smem};
+    T* sK = carve.take<T>(BC * LDT);
+    T* sV = carve.take<T>(BC * LDT);
+    T* sQ = carve.take<T>(BR * LDT);
+    T* sdO = carve.take<T>(BR * LDT);
+    T* sdS = carve.take<T>(BC * LDS);
+    float* sLse = carve.take<float>(BR);
+    float* sDelta = carve.take<float>(BR);
+
+    const int bh = blockIdx.y, b = bh / p.H;
+    const int k0 = blockIdx.x * BC;
+    const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
+    const size_t kv_off = (size_t(bh) * p.S + k0) * D;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int kr = warp * 16;                        // this warp's first key in the block
+    const int j_lo = k0 + kr + g, j_hi = j_lo + 8;   // the two keys this lane's rows hold
+
+    float dk[NO][4] = {}, dv[NO][4] = {};
+    if (k0 < kv_len) {
+        load_tile<T, D, BC>(sK, LDT, static_cast<const T*>(p.k) + kv_off, min(BC, kv_len - k0));
+        load_tile<T, D, BC>(sV, LDT, static_cast<const T*>(p.v) + kv_off, min(BC, kv_len - k0));
+        __syncthreads();
+        uint32_t kf[D / 16][4];  // this warp's 16 keys of K as A fragments
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const T* row = sK + (kr + g) * LDT + kk * 16 + 2 * t;
+            kf[kk][0] = load2(row);
+            kf[kk][1] = load2(row + 8 * LDT);
+            kf[kk][2] = load2(row + 8);
+            kf[kk][3] = load2(row + 8 * LDT + 8);
+        }
+        int q_begin = p.causal ? max(0, k0 - (p.S - p.T)) : 0;  // earlier queries see no key here
+        for (int q0 = q_begin / BR * BR; q0 < p.T; q0 += BR) {
+            const size_t q_off = (size_t(bh) * p.T + q0) * D;
+            const int q_valid = min(BR, p.T - q0);
+            __syncthreads();  // the previous tile's Q, dO and dS^T are no longer read
+            load_tile<T, D, BR>(sQ, LDT, static_cast<const T*>(p.q) + q_off, q_valid);
+            load_tile<T, D, BR>(sdO, LDT, static_cast<const T*>(p.dout) + q_off, q_valid);
+            for (int r = threadIdx.x; r < BR; r += kThreads) {
+                bool ok = r < q_valid;
+                sLse[r] = ok ? p.lse[size_t(bh) * p.T + q0 + r] : -INFINITY;
+                sDelta[r] = ok ? p.delta[size_t(bh) * p.T + q0 + r] : 0.f;
+            }
+            __syncthreads();
+
+            // S^T = K Q^T and dP^T = V dO^T: B(d, query) is a row pair of Q or dO.
+            float st[NQ][4] = {}, dpt[NQ][4] = {};
+            #pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const T* vrow = sV + (kr + g) * LDT + kk * 16 + 2 * t;
+                uint32_t vf[4] = {load2(vrow), load2(vrow + 8 * LDT), load2(vrow + 8), load2(vrow + 8 * LDT + 8)};
+                #pragma unroll
+                for (int n = 0; n < NQ; ++n) {
+                    const T* qrow = sQ + (n * 8 + g) * LDT + kk * 16 + 2 * t;
+                    const T* orow = sdO + (n * 8 + g) * LDT + kk * 16 + 2 * t;
+                    uint32_t qb[2] = {load2(qrow), load2(qrow + 8)};
+                    uint32_t ob[2] = {load2(orow), load2(orow + 8)};
+                    mma_16816<T>(st[n], kf[kk], qb);
+                    mma_16816<T>(dpt[n], vf, ob);
+                }
+            }
+            // P^T from the saved log-sum-exp; dS^T = P^T (dP^T - delta) scale. st becomes the
+            // dropped P^T (for dV), dpt becomes dS^T.
+            #pragma unroll
+            for (int n = 0; n < NQ; ++n) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = n * 8 + 2 * t + (e & 1), i = q0 + r, j = e < 2 ? j_lo : j_hi;
+                    const float lse = sLse[r];
+                    const float prob = (lse != -INFINITY && key_visible(p, kv_len, i, j))
+                                           ? __expf(st[n][e] * p.scale - lse) : 0.f;
+                    const float z = dropout_factor(p, bh, i, j);
+                    st[n][e] = prob * z;
+                    dpt[n][e] = prob * (dpt[n][e] * z - sDelta[r]) * p.scale;
+                }
+            }
+            // dV += P^T dO, dK += dS^T Q: A from the registers above, B(query, d) a column
+            // pair of dO or Q.
+            #pragma unroll
+            for (int kk = 0; kk < BR / 16; ++kk) {
+                uint32_t pa[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                                  pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                  pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+                uint32_t sa[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]), pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                  pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                  pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+                #pragma unroll
+                for (int n = 0; n < NO; ++n) {
+                    const T* ocol = sdO + (kk * 16 + 2 * t) * LDT + n * 8 + g;
+                    const T* qcol = sQ + (kk * 16 + 2 * t) * LDT + n * 8 + g;
+                    uint32_t ob[2] = {load2_column(ocol, LDT), load2_column(ocol + 8 * LDT, LDT)};
+                    uint32_t qb[2] = {load2_column(qcol, LDT), load2_column(qcol + 8 * LDT, LDT)};
+                    mma_16816<T>(dv[n], pa, ob);
+                    mma_16816<T>(dk[n], sa, qb);
+                }
+                // dS^T to shared memory, rounded as it enters the dQ product
+                *reinterpret_cast<uint32_t*>(sdS + (kr + g) * LDS + kk * 16 + 2 * t) = sa[0];
+                *reinterpret_cast<uint32_t*>(sdS + (kr + g + 8) * LDS + kk * 16 + 2 * t) = sa[1];
+                *reinterpret_cast<uint32_t*>(sdS + (kr + g) * LDS + kk * 16 + 8 + 2 * t) = sa[2];
+                *reinterpret_cast<uint32_t*>(sdS + (kr + g + 8) * LDS + kk * 16 + 8 + 2 * t) = sa[3];
+            }
+            __syncthreads();
+            // dQ += dS K over the block's keys: A(query, key) = dS^T[key][query], a column pair
+            // of sdS; B(key, d) a column pair of K. The warps share out the 16x8 output tiles.
+            for (int tile = warp; tile < (BR / 16) * NO; tile += kWarps) {
+                const int m0 = (tile / NO) * 16, n = tile % NO;
+                float acc[4] = {};
+                #pragma unroll
+                for (int kk = 0; kk < BC / 16; ++kk) {
+                    const T* dcol = sdS + (kk * 16 + 2 * t) * LDS + m0 + g;
+                    uint32_t a[4] = {load2_column(dcol, LDS), load2_column(dcol + 8, LDS),
+                                     load2_column(dcol + 8 * LDS, LDS), load2_column(dcol + 8 * LDS + 8, LDS)};
+                    const T* kcol = sK + (kk * 16 + 2 * t) * LDT + n * 8 + g;
+                    uint32_t kb[2] = {load2_column(kcol, LDT), load2_column(kcol + 8 * LDT, LDT)};
+                    mma_16816<T>(acc, a, kb);
+                }
+                const int d = n * 8 + 2 * t;
+                float* dq = p.dq_accum + q_off;
+                if (m0 + g < q_valid) {
+                    atomicAdd(dq + size_t(m0 + g) * D + d, acc[0]);
+                    atomicAdd(dq + size_t(m0 + g) * D + d + 1, acc[1]);
+                }
+                if (m0 + g + 8 < q_valid) {
+                    atomicAdd(dq + size_t(m0 + g + 8) * D + d, acc[2]);
+                    atomicAdd(dq + size_t(m0 + g + 8) * D + d + 1, acc[3]);
+                }
+            }
+        }
+    }
+    // Keys beyond kv_len were never seen: their dK and dV rows are the zeros they started as.
+    T* dkp = static_cast<T*>(p.dk) + size_t(bh) * p.S * D;
+    T* dvp = static_cast<T*>(p.dv) + size_t(bh) * p.S * D;
+    #pragma unroll
+    for (int n = 0; n < NO; ++n) {
+        const int d = n * 8 + 2 * t;
+        if (j_lo < p.S) {
+            *reinterpret_cast<uint32_t*>(dkp + size_t(j_lo) * D + d) = pack2<T>(dk[n][0], dk[n][1]);
+            *reinterpret_cast<uint32_t*>(dvp + size_t(j_lo) * D + d) = pack2<T>(dv[n][0], dv[n][1]);
+        }
+        if (j_hi < p.S) {
+            *reinterpret_cast<uint32_t*>(dkp + size_t(j_hi) * D + d) = pack2<T>(dk[n][2], dk[n][3]);
+            *reinterpret_cast<uint32_t*>(dvp + size_t(j_hi) * D + d) = pack2<T>(dv[n][2], dv[n][3]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------- launchers
 
-// float32 forward tiles: 64 x 64 where shared memory allows; at D = 128 the query tile is
+// float32 tiles: 64 x 64 where shared memory allows; at D = 128 the forward's query tile is
 // halved to stay under the 163 KiB an A100 block may use. Backward holds more tiles at once.
-template <typename T, int D> constexpr int fwd_br() { return (sizeof(T) == 4 && D == 128) ? 32 : 64; }
-constexpr int fwd_bc() { return 64; }
-constexpr int bwd_br() { return 32; }
-template <int D> constexpr int bwd_bc() { return D <= 64 ? 64 : 32; }
+template <int D> constexpr int f32_fwd_br() { return D == 128 ? 32 : 64; }
+constexpr int f32_fwd_bc() { return 64; }
+constexpr int f32_bwd_br() { return 32; }
+template <int D> constexpr int f32_bwd_bc() { return D <= 64 ? 64 : 32; }
 
 template <typename T, int D>
 void launch_forward(const AttnParams& p, cudaStream_t stream) {
     if constexpr (std::is_same_v<T, float>) {
-        constexpr int BR = fwd_br<T, D>(), BC = fwd_bc();
-        auto kernel = attention_forward_kernel<T, D, BR, BC>;
-        const size_t smem = FwdLayout<T, D, BR, BC>::bytes();
+        constexpr int BR = f32_fwd_br<D>(), BC = f32_fwd_bc();
+        auto kernel = attention_forward_f32_kernel<D, BR, BC>;
+        const size_t smem = F32FwdLayout<D, BR, BC>::bytes();
         allow_shared_memory(kernel, smem, "attention_forward");
         dim3 grid(ceil_div(p.T, BR), p.B * p.H);
         kernel<<<grid, kThreads, smem, stream>>>(p);
@@ -661,7 +816,6 @@ void launch_forward(const AttnParams& p, cudaStream_t stream) {
 
 template <typename T, int D>
 void launch_backward(const AttnParams& p, cudaStream_t stream) {
-    constexpr int BR = bwd_br(), BC = bwd_bc<D>();
     const int rows = p.B * p.H * p.T;
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, size_t(rows) * D * sizeof(float), stream),
                "attention_backward (zeroing dq)");
@@ -669,11 +823,20 @@ void launch_backward(const AttnParams& p, cudaStream_t stream) {
         static_cast<const T*>(p.o), static_cast<const T*>(p.dout), p.delta, rows);
     check_launch("attention_backward_delta");
 
-    auto kernel = attention_backward_kernel<T, D, BR, BC>;
-    const size_t smem = BwdLayout<T, D, BR, BC>::bytes();
-    allow_shared_memory(kernel, smem, "attention_backward");
-    dim3 grid(ceil_div(p.S, BC), p.B * p.H);
-    kernel<<<grid, kThreads, smem, stream>>>(p);
+    if constexpr (std::is_same_v<T, float>) {
+        constexpr int BR = f32_bwd_br(), BC = f32_bwd_bc<D>();
+        auto kernel = attention_backward_f32_kernel<D, BR, BC>;
+        const size_t smem = F32BwdLayout<D, BR, BC>::bytes();
+        allow_shared_memory(kernel, smem, "attention_backward");
+        dim3 grid(ceil_div(p.S, BC), p.B * p.H);
+        kernel<<<grid, kThreads, smem, stream>>>(p);
+    } else {
+        using L = MmaBwdLayout<T, D>;
+        auto kernel = attention_backward_mma_kernel<T, D>;
+        allow_shared_memory(kernel, L::bytes(), "attention_backward");
+        dim3 grid(ceil_div(p.S, L::BC), p.B * p.H);
+        kernel<<<grid, kThreads, L::bytes(), stream>>>(p);
+    }
     check_launch("attention_backward");
 }
 

@@ -1,7 +1,7 @@
 """The CUDA kernels of csrc/, run on the CPU (tests/kernels/emulator), against the formulas.
 
 The very sources the GPU build compiles (bindings, launchers, kernels) are compiled with g++
-against a small emulation of the CUDA runtime, warps, barriers and WMMA tiles, and driven with
+against a small emulation of the CUDA runtime, warps, barriers and mma.sync, and driven with
 NumPy arrays. That checks, without a GPU, their indexing, masking, tiling, synchronisation,
 Philox bits (bit-exact with the NumPy twin's) and arithmetic. What it cannot check: real
 tensor-core fragment layouts and rounding, races the emulation's scheduling hides, speed.

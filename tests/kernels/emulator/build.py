@@ -50,7 +50,6 @@ def unavailable_reason() -> str | None:
 
 
 def translate(source: str) -> str:
-    source = source.replace("#include <mma.h>", "")  # emu.h provides nvcuda::wmma
     source = _LAUNCH.sub(r"mt_emu::launch(\1, \2)(", source)
     return _DYNAMIC_SMEM.sub(r"\1* \2 = reinterpret_cast<\1*>(mt_emu::dynamic_smem());", source)
 

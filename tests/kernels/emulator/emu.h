@@ -12,11 +12,10 @@
 //                        warp, read the partner's slot, a second barrier
 //   __shared__ (static)  `static`: one copy, and only one block runs at a time
 //   atomicAdd            under a mutex
-//   WMMA fragments       the whole 16x16 tile, held and computed by lane 0 of the warp (which
-//                        alone stores it), in float32: the tensor cores' products of 16-bit
-//                        inputs are exact and they accumulate in float32 too
 //   mma.sync m16n8k16    every lane posts its registers, each rebuilds A and B from the PTX
-//                        ISA's fragment layout and computes its own four outputs
+//                        ISA's fragment layout and computes its own four outputs in float32
+//                        (the tensor cores' products of 16-bit inputs are exact, and they
+//                        accumulate in float32 too)
 // Functions map to the C library's (more exact than the GPU's approximate exp).
 #pragma once
 
@@ -27,7 +26,6 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,94 +148,21 @@ inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) 
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
-namespace nvcuda {
-namespace wmma {
-
-struct row_major {};
-struct col_major {};
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-    float v[16][16];
-};
-
-// What the hardware demands of WMMA memory operands: a 256-bit aligned pointer and a leading
-// dimension that is a multiple of 16 bytes. Checked here, since x86 would not complain.
-template <typename T>
-void check_operand(const T* p, unsigned ldm) {
-    if (uintptr_t(p) % 32 != 0 || (ldm * sizeof(T)) % 16 != 0) {
-        std::fprintf(stderr, "WMMA operand misaligned: pointer %p, ldm %u\n", (const void*)p, ldm);
-        std::abort();
-    }
-}
-
-inline float as_float(float x) { return x; }
-inline float as_float(__half x) { return __half2float(x); }
-inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Element (r, c) of a 16x16 tile at p: row-major p[r * ldm + c], column-major p[r + c * ldm].
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-    check_operand(p, ldm);
-    if (mt_emu::lane() != 0) return;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c)
-            f.v[r][c] = as_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[r + c * ldm]);
-}
-
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
-                             unsigned ldm, layout_t layout) {
-    check_operand(p, ldm);
-    if (mt_emu::lane() != 0) return;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.v[r][c] = layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm];
-}
-
-inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float x) {
-    for (auto& row : f.v)
-        for (float& e : row) e = x;
-}
-
-template <typename FA, typename FB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const FA& a, const FB& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-    if (mt_emu::lane() != 0) return;
-    float out[16][16];
-    for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-            float acc = c.v[i][j];
-            for (int k = 0; k < 16; ++k) acc += a.v[i][k] * b.v[k][j];
-            out[i][j] = acc;
-        }
-    std::memcpy(d.v, out, sizeof(out));
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t layout) {
-    check_operand(p, ldm);
-    if (mt_emu::lane() != 0) return;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[r + c * ldm]) = f.v[r][c];
-}
-
-}  // namespace wmma
-}  // namespace nvcuda
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: see mma_16816 in attention.cu for the
 // layout (lane = 4 g + t; a[0] A[g][2t..], a[1] A[g+8][2t..], a[2] A[g][2t+8..],
 // a[3] A[g+8][2t+8..]; b[0] B[2t..][g], b[1] B[2t+8..][g]; d D[g][2t..], D[g+8][2t..]).
 #define MT_EMULATED_MMA 1
 
+inline float as_float(__half x) { return __half2float(x); }
+inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 template <typename T>
 float unpack_half(uint32_t bits, int which) {
     uint16_t h = uint16_t(which ? bits >> 16 : bits & 0xffffu);
     T value;
     std::memcpy(&value, &h, 2);
-    return nvcuda::wmma::as_float(value);
+    return as_float(value);
 }
 
 template <typename T>
