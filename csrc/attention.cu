@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_f32_kernel(AttnPar
     float* sO = carve.take<float>(BR * L::LDO);
 
     const int bh = blockIdx.y, b = bh / p.H;
-    const int q0 = blockIdx.x * BR;
+    // Causal: the last query tiles see the most keys; launching them first shortens the tail.
+    const int q0 = (p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
     const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
     int k_end = kv_len;  // keys at or beyond k_end are masked for every row of this tile
     if (p.causal) k_end = min(k_end, min(q0 + BR, p.T) + (p.S - p.T));
@@ -359,7 +360,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
     T* sV = carve.take<T>(BC * LDT);
 
     const int bh = blockIdx.y, b = bh / p.H;
-    const int q0 = blockIdx.x * BR;
+    // Causal: the last query tiles see the most keys; launching them first shortens the tail.
+    const int q0 = (p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
     const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
     int k_end = kv_len;
     if (p.causal) k_end = min(k_end, min(q0 + BR, p.T) + (p.S - p.T));
