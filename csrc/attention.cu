@@ -34,6 +34,8 @@
 //                        Q/dO/dS (backward) tiles pass through shared memory.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
+#include <cuda_pipeline.h>
+
 #include <type_traits>
 
 #include "common.cuh"
@@ -113,6 +115,20 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int vali
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
         if (r < valid) val = *reinterpret_cast<const uint4*>(src + size_t(r) * D + c);
         *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
+    }
+}
+
+// The same tile copy issued asynchronously (cp.async, sm_80+), so that the next tile loads
+// while the current one is computed on; rows past `valid` are zero-filled without reading
+// global memory. Complete with __pipeline_commit, __pipeline_wait_prior and a barrier.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_tile_async(T* dst, int ld, const T* src, int valid) {
+    constexpr int kVec = 16 / sizeof(T);
+    constexpr int kChunks = D / kVec;
+    for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+        int r = i / kChunks, c = (i % kChunks) * kVec;
+        const bool ok = r < valid;
+        __pipeline_memcpy_async(dst + r * ld + c, src + (ok ? size_t(r) * D + c : 0), 16, ok ? 0 : 16);
     }
 }
 
@@ -334,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_f32_kernel(AttnPar
 // Forward for float16 / bfloat16, FlashAttention-2's layout: each of the 4 warps owns 16 query
 // rows and keeps everything about them in registers (Q fragments, the scores of the current
 // key tile, the running max and sum, the output accumulator). Only K and V tiles pass through
-// shared memory, so the block synchronises twice per key tile, around their loads.
+// shared memory, double-buffered: tile j + 1 is copied in (cp.async) while tile j is used.
 template <typename T, int D>
 struct MmaFwdLayout {
     static constexpr int BR = 16 * kWarps;  // query rows per block
@@ -342,7 +358,7 @@ struct MmaFwdLayout {
     static constexpr int LDT = D + pad_of<T>();
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
-        c.take<T>(BR * LDT); c.take<T>(BC * LDT); c.take<T>(BC * LDT);
+        c.take<T>(BR * LDT); c.take<T>(2 * BC * LDT); c.take<T>(2 * BC * LDT);
         return c.offset;
     }
 };
@@ -356,8 +372,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
     extern __shared__ __align__(128) unsigned char smem[];
     SmemCarver carve{smem};
     T* sQ = carve.take<T>(BR * LDT);
-    T* sK = carve.take<T>(BC * LDT);
-    T* sV = carve.take<T>(BC * LDT);
+    T* sK = carve.take<T>(2 * BC * LDT);  // two buffers of BC rows
+    T* sV = carve.take<T>(2 * BC * LDT);
 
     const int bh = blockIdx.y, b = bh / p.H;
     // Causal: the last query tiles see the most keys; launching them first shortens the tail.
@@ -365,6 +381,16 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
     const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;
     int k_end = kv_len;
     if (p.causal) k_end = min(k_end, min(q0 + BR, p.T) + (p.S - p.T));
+    const int n_tiles = k_end > 0 ? ceil_div(k_end, BC) : 0;
+    const T* k = static_cast<const T*>(p.k) + size_t(bh) * p.S * D;
+    const T* v = static_cast<const T*>(p.v) + size_t(bh) * p.S * D;
+    auto prefetch = [&](int tile) {  // K and V rows [tile * BC, tile * BC + BC) into buffer tile % 2
+        const int k0 = tile * BC;
+        load_tile_async<T, D, BC>(sK + (tile & 1) * BC * LDT, LDT, k + size_t(k0) * D, min(BC, kv_len - k0));
+        load_tile_async<T, D, BC>(sV + (tile & 1) * BC * LDT, LDT, v + size_t(k0) * D, min(BC, kv_len - k0));
+        __pipeline_commit();
+    };
+    if (n_tiles > 0) prefetch(0);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = warp * 16;                        // this warp's first row in the tile
@@ -386,21 +412,25 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
     float o[NO][4] = {};
     float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of rows i_lo, i_hi
     float l_lo = 0.f, l_hi = 0.f;              // this lane's share of the running sums
-    const T* k = static_cast<const T*>(p.k) + size_t(bh) * p.S * D;
-    const T* v = static_cast<const T*>(p.v) + size_t(bh) * p.S * D;
 
-    for (int k0 = 0; k0 < k_end; k0 += BC) {
-        __syncthreads();  // every warp is done with the previous K and V tiles
-        load_tile<T, D, BC>(sK, LDT, k + size_t(k0) * D, min(BC, kv_len - k0));
-        load_tile<T, D, BC>(sV, LDT, v + size_t(k0) * D, min(BC, kv_len - k0));
-        __syncthreads();
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int k0 = tile * BC;
+        if (tile + 1 < n_tiles) {
+            prefetch(tile + 1);  // into the buffer every warp finished reading last iteration
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();  // this tile's copies, from every thread, are visible
+        const T* sKt = sK + (tile & 1) * BC * LDT;
+        const T* sVt = sV + (tile & 1) * BC * LDT;
 
         float s[NS][4] = {};  // S = Q K^T: B(d, key) = K[key][d], a row pair of K
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             #pragma unroll
             for (int n = 0; n < NS; ++n) {
-                const T* key = sK + (n * 8 + g) * LDT + kk * 16 + 2 * t;
+                const T* key = sKt + (n * 8 + g) * LDT + kk * 16 + 2 * t;
                 uint32_t bf[2] = {load2(key), load2(key + 8)};
                 mma_16816<T>(s[n], qf[kk], bf);
             }
@@ -454,11 +484,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
             #pragma unroll
             for (int n = 0; n < NO; ++n) {
-                const T* val = sV + (kk * 16 + 2 * t) * LDT + n * 8 + g;
+                const T* val = sVt + (kk * 16 + 2 * t) * LDT + n * 8 + g;
                 uint32_t bf[2] = {load2_column(val, LDT), load2_column(val + 8 * LDT, LDT)};
                 mma_16816<T>(o[n], pf, bf);
             }
         }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
     }
 
     #pragma unroll

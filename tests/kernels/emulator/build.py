@@ -50,6 +50,7 @@ def unavailable_reason() -> str | None:
 
 
 def translate(source: str) -> str:
+    source = source.replace("#include <cuda_pipeline.h>", "")  # emu.h provides the primitives
     source = _LAUNCH.sub(r"mt_emu::launch(\1, \2)(", source)
     return _DYNAMIC_SMEM.sub(r"\1* \2 = reinterpret_cast<\1*>(mt_emu::dynamic_smem());", source)
 

@@ -2,9 +2,10 @@
 // synchronisation and arithmetic can be tested on a machine without a GPU.
 //
 // Force-included (g++ -include emu.h) ahead of the kernel sources, which build.py copies after
-// two textual rewrites: `kernel<<<grid, block, smem, stream>>>(args)` becomes
-// `mt_emu::launch(kernel, grid, block, smem, stream)(args)`, and the dynamic shared-memory
-// declaration becomes a pointer to a per-block buffer.
+// textual rewrites: `kernel<<<grid, block, smem, stream>>>(args)` becomes
+// `mt_emu::launch(kernel, grid, block, smem, stream)(args)`, the dynamic shared-memory
+// declaration becomes a pointer to a per-block buffer, and <cuda_pipeline.h> is replaced by
+// the synchronous cp.async below (so the emulation cannot see a missing wait).
 //
 // Model: blocks run one after another; the threads of a block are real std::threads.
 //   __syncthreads        a std::barrier over the block's threads
@@ -133,6 +134,14 @@ inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
     w.barrier.arrive_and_wait();
     return r;
 }
+
+// cp.async, done at once: copy size - zfill bytes, zero the rest. Waits have nothing to wait for.
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
+    std::memcpy(dst, src, size - zfill);
+    std::memset(static_cast<char*>(dst) + size - zfill, 0, zfill);
+}
+inline void __pipeline_commit() {}
+inline void __pipeline_wait_prior(size_t) {}
 
 inline float atomicAdd(float* address, float value) {
     std::lock_guard<std::mutex> lock(mt_emu::atomic_mutex);
