@@ -658,10 +658,10 @@ struct MmaBwdLayout {
     static constexpr int LDS = BR + pad_of<T>();  // dS^T, (keys, queries)
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
-        c.take<T>(BC * LDT); c.take<T>(BC * LDT);  // K, V
-        c.take<T>(BR * LDT); c.take<T>(BR * LDT);  // Q, dO
-        c.take<T>(BC * LDS);                       // dS^T
-        c.take<float>(BR); c.take<float>(BR);      // lse, delta
+        c.take<T>(BC * LDT); c.take<T>(BC * LDT);          // K, V
+        c.take<T>(2 * BR * LDT); c.take<T>(2 * BR * LDT);  // Q, dO: two buffers each
+        c.take<T>(BC * LDS);                               // dS^T
+        c.take<float>(2 * BR); c.take<float>(2 * BR);      // lse, delta: two buffers each
         return c.offset;
     }
 };
@@ -676,11 +676,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
     SmemCarver carve{smem};
     T* sK = carve.take<T>(BC * LDT);
     T* sV = carve.take<T>(BC * LDT);
-    T* sQ = carve.take<T>(BR * LDT);
-    T* sdO = carve.take<T>(BR * LDT);
+    T* sQ2 = carve.take<T>(2 * BR * LDT);
+    T* sdO2 = carve.take<T>(2 * BR * LDT);
     T* sdS = carve.take<T>(BC * LDS);
-    float* sLse = carve.take<float>(BR);
-    float* sDelta = carve.take<float>(BR);
+    float* sLse2 = carve.take<float>(2 * BR);
+    float* sDelta2 = carve.take<float>(2 * BR);
 
     const int bh = blockIdx.y, b = bh / p.H;
     const int k0 = blockIdx.x * BC;
@@ -692,6 +692,23 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
 
     float dk[NO][4] = {}, dv[NO][4] = {};
     if (k0 < kv_len) {
+        // The first query that sees key k0 under the causal mask is k0 - (S - T).
+        const int q_first = (p.causal ? max(0, k0 - (p.S - p.T)) : 0) / BR * BR;
+        const int n_tiles = q_first < p.T ? ceil_div(p.T - q_first, BR) : 0;
+        // Query tile `tile` into buffer tile % 2: Q and dO by cp.async, lse and delta plainly.
+        auto prefetch = [&](int tile) {
+            const int q0 = q_first + tile * BR, valid = min(BR, p.T - q0), buf = tile & 1;
+            const size_t q_off = (size_t(bh) * p.T + q0) * D;
+            load_tile_async<T, D, BR>(sQ2 + buf * BR * LDT, LDT, static_cast<const T*>(p.q) + q_off, valid);
+            load_tile_async<T, D, BR>(sdO2 + buf * BR * LDT, LDT, static_cast<const T*>(p.dout) + q_off, valid);
+            __pipeline_commit();
+            for (int r = threadIdx.x; r < BR; r += kThreads) {
+                const bool ok = r < valid;
+                sLse2[buf * BR + r] = ok ? p.lse[size_t(bh) * p.T + q0 + r] : -INFINITY;
+                sDelta2[buf * BR + r] = ok ? p.delta[size_t(bh) * p.T + q0 + r] : 0.f;
+            }
+        };
+        if (n_tiles > 0) prefetch(0);
         load_tile<T, D, BC>(sK, LDT, static_cast<const T*>(p.k) + kv_off, min(BC, kv_len - k0));
         load_tile<T, D, BC>(sV, LDT, static_cast<const T*>(p.v) + kv_off, min(BC, kv_len - k0));
         __syncthreads();
@@ -704,19 +721,20 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
             kf[kk][2] = load2(row + 8);
             kf[kk][3] = load2(row + 8 * LDT + 8);
         }
-        int q_begin = p.causal ? max(0, k0 - (p.S - p.T)) : 0;  // earlier queries see no key here
-        for (int q0 = q_begin / BR * BR; q0 < p.T; q0 += BR) {
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int q0 = q_first + tile * BR, q_valid = min(BR, p.T - q0);
             const size_t q_off = (size_t(bh) * p.T + q0) * D;
-            const int q_valid = min(BR, p.T - q0);
-            __syncthreads();  // the previous tile's Q, dO and dS^T are no longer read
-            load_tile<T, D, BR>(sQ, LDT, static_cast<const T*>(p.q) + q_off, q_valid);
-            load_tile<T, D, BR>(sdO, LDT, static_cast<const T*>(p.dout) + q_off, q_valid);
-            for (int r = threadIdx.x; r < BR; r += kThreads) {
-                bool ok = r < q_valid;
-                sLse[r] = ok ? p.lse[size_t(bh) * p.T + q0 + r] : -INFINITY;
-                sDelta[r] = ok ? p.delta[size_t(bh) * p.T + q0 + r] : 0.f;
+            if (tile + 1 < n_tiles) {
+                prefetch(tile + 1);  // into the buffers every warp finished with last iteration
+                __pipeline_wait_prior(1);
+            } else {
+                __pipeline_wait_prior(0);
             }
-            __syncthreads();
+            __syncthreads();  // this tile's Q, dO, lse and delta, from every thread, are visible
+            const T* sQ = sQ2 + (tile & 1) * BR * LDT;
+            const T* sdO = sdO2 + (tile & 1) * BR * LDT;
+            const float* sLse = sLse2 + (tile & 1) * BR;
+            const float* sDelta = sDelta2 + (tile & 1) * BR;
 
             // S^T = K Q^T and dP^T = V dO^T: B(d, query) is a row pair of Q or dO.
             float st[NQ][4] = {}, dpt[NQ][4] = {};
@@ -800,6 +818,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
                     atomicAdd(dq + size_t(m0 + g + 8) * D + d + 1, acc[3]);
                 }
             }
+            __syncthreads();  // Q, dO and dS^T of this tile are no longer read
         }
     }
     // Keys beyond kv_len were never seen: their dK and dV rows are the zeros they started as.
