@@ -31,7 +31,8 @@
 //   float16 / bfloat16   tensor cores (PTX mma.sync, float32 accumulation) with
 //                        FlashAttention-2's warp layout: each warp keeps its rows' scores,
 //                        softmax state and accumulators in registers; only K/V (forward) and
-//                        Q/dO/dS (backward) tiles pass through shared memory.
+//                        Q/dO/dS (backward) tiles pass through shared memory, the streamed
+//                        ones double-buffered with cp.async.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
 #include <cuda_pipeline.h>
