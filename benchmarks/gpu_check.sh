@@ -28,13 +28,13 @@ python -c "import minitransformer.kernels as K; assert K.available(), K.unavaila
 python -c "import hypothesis, pytest" 2>/dev/null || echo "WARNING: pytest/hypothesis missing; GPU tests cannot run"
 
 start=$SECONDS
-timeout 240 python -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
+timeout 200 python -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
 tests_rc=$?
 echo "tests: $((SECONDS - start)) s, exit $tests_rc"
 grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20
 
 start=$SECONDS
-timeout 270 python benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
+timeout 220 python benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
 bench_rc=$?
 echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
 [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
