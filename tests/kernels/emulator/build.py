@@ -42,9 +42,7 @@ def unavailable_reason() -> str | None:
         return "g++ is not installed"
     if _cuda_include() is None:
         return "no CUDA toolkit headers (cuda_fp16.h) found"
-    try:
-        import pybind11  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pybind11") is None:
         return "pybind11 is not installed"
     return None
 
