@@ -228,11 +228,36 @@ __device__ __forceinline__ uint32_t load2(const T* p) {
     return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Two 16-bit elements one row apart (a column pair of a row-major tile) as one register.
+// Four 8x8 tiles of 16-bit elements from shared memory, transposed on the way
+// (ldmatrix.x4.trans): lane l passes the address of row l % 8 of tile l / 8 (16-byte
+// aligned) and receives in r[i] the elements at rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4,
+// of tile i: the column pairs that mma_16816's B operand, or an A operand stored transposed,
+// is made of.
 template <typename T>
-__device__ __forceinline__ uint32_t load2_column(const T* p, int ld) {
-    uint16_t lo = *reinterpret_cast<const uint16_t*>(p), hi = *reinterpret_cast<const uint16_t*>(p + ld);
-    return uint32_t(lo) | (uint32_t(hi) << 16);
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const T* row) {
+#ifdef MT_EMULATED_MMA
+    emulated_ldmatrix_x4_trans(r, row);
+#else
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#endif
+}
+
+// B operands for two adjacent 16x8 output tiles, B(k, n) = base[k * ld + n] with k in
+// [k0, k0 + 16) and n in [n0, n0 + 16): {r[0], r[1]} for columns n0.., {r[2], r[3]} for n0 + 8..
+template <typename T>
+__device__ __forceinline__ void load_b_pair(uint32_t (&r)[4], const T* base, int ld, int k0, int n0) {
+    const int lane = threadIdx.x % 32, tile = lane / 8;
+    ldmatrix_x4_trans(r, base + (k0 + (tile & 1) * 8 + lane % 8) * ld + n0 + (tile >> 1) * 8);
+}
+
+// The A operand (16x16 at m0, k0) of a matrix stored transposed: A(m, k) = base[k * ld + m].
+template <typename T>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&r)[4], const T* base, int ld, int m0, int k0) {
+    const int lane = threadIdx.x % 32, tile = lane / 8;
+    ldmatrix_x4_trans(r, base + (k0 + (tile >> 1) * 8 + lane % 8) * ld + m0 + (tile & 1) * 8);
 }
 
 // Carves consecutive 128-byte-aligned arrays out of dynamic shared memory.
@@ -484,10 +509,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_mma_kernel(AttnPar
                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
             #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const T* val = sVt + (kk * 16 + 2 * t) * LDT + n * 8 + g;
-                uint32_t bf[2] = {load2_column(val, LDT), load2_column(val + 8 * LDT, LDT)};
-                mma_16816<T>(o[n], pf, bf);
+            for (int n = 0; n < NO; n += 2) {
+                uint32_t vb[4];
+                load_b_pair(vb, sVt, LDT, kk * 16, n * 8);
+                uint32_t lo[2] = {vb[0], vb[1]}, hi[2] = {vb[2], vb[3]};
+                mma_16816<T>(o[n], pf, lo);
+                mma_16816<T>(o[n + 1], pf, hi);
             }
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
@@ -779,13 +806,16 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
                                   pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
                                   pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
                 #pragma unroll
-                for (int n = 0; n < NO; ++n) {
-                    const T* ocol = sdO + (kk * 16 + 2 * t) * LDT + n * 8 + g;
-                    const T* qcol = sQ + (kk * 16 + 2 * t) * LDT + n * 8 + g;
-                    uint32_t ob[2] = {load2_column(ocol, LDT), load2_column(ocol + 8 * LDT, LDT)};
-                    uint32_t qb[2] = {load2_column(qcol, LDT), load2_column(qcol + 8 * LDT, LDT)};
-                    mma_16816<T>(dv[n], pa, ob);
-                    mma_16816<T>(dk[n], sa, qb);
+                for (int n = 0; n < NO; n += 2) {
+                    uint32_t ob[4], qb[4];
+                    load_b_pair(ob, sdO, LDT, kk * 16, n * 8);
+                    load_b_pair(qb, sQ, LDT, kk * 16, n * 8);
+                    uint32_t o_lo[2] = {ob[0], ob[1]}, o_hi[2] = {ob[2], ob[3]};
+                    uint32_t q_lo[2] = {qb[0], qb[1]}, q_hi[2] = {qb[2], qb[3]};
+                    mma_16816<T>(dv[n], pa, o_lo);
+                    mma_16816<T>(dv[n + 1], pa, o_hi);
+                    mma_16816<T>(dk[n], sa, q_lo);
+                    mma_16816<T>(dk[n + 1], sa, q_hi);
                 }
                 // dS^T to shared memory, rounded as it enters the dQ product
                 *reinterpret_cast<uint32_t*>(sdS + (kr + g) * LDS + kk * 16 + 2 * t) = sa[0];
@@ -794,29 +824,32 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
                 *reinterpret_cast<uint32_t*>(sdS + (kr + g + 8) * LDS + kk * 16 + 8 + 2 * t) = sa[3];
             }
             __syncthreads();
-            // dQ += dS K over the block's keys: A(query, key) = dS^T[key][query], a column pair
-            // of sdS; B(key, d) a column pair of K. The warps share out the 16x8 output tiles.
-            for (int tile = warp; tile < (BR / 16) * NO; tile += kWarps) {
-                const int m0 = (tile / NO) * 16, n = tile % NO;
-                float acc[4] = {};
+            // dQ += dS K over the block's keys: A(query, key) = dS^T[key][query], sdS read
+            // transposed; B(key, d) = K. The warps share out pairs of 16x8 output tiles.
+            for (int tile = warp; tile < (BR / 16) * (NO / 2); tile += kWarps) {
+                const int m0 = (tile / (NO / 2)) * 16, n = (tile % (NO / 2)) * 2;
+                float acc[2][4] = {};
                 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) {
-                    const T* dcol = sdS + (kk * 16 + 2 * t) * LDS + m0 + g;
-                    uint32_t a[4] = {load2_column(dcol, LDS), load2_column(dcol + 8, LDS),
-                                     load2_column(dcol + 8 * LDS, LDS), load2_column(dcol + 8 * LDS + 8, LDS)};
-                    const T* kcol = sK + (kk * 16 + 2 * t) * LDT + n * 8 + g;
-                    uint32_t kb[2] = {load2_column(kcol, LDT), load2_column(kcol + 8 * LDT, LDT)};
-                    mma_16816<T>(acc, a, kb);
+                    uint32_t a[4], kb[4];
+                    load_a_transposed(a, sdS, LDS, m0, kk * 16);
+                    load_b_pair(kb, sK, LDT, kk * 16, n * 8);
+                    uint32_t k_lo[2] = {kb[0], kb[1]}, k_hi[2] = {kb[2], kb[3]};
+                    mma_16816<T>(acc[0], a, k_lo);
+                    mma_16816<T>(acc[1], a, k_hi);
                 }
-                const int d = n * 8 + 2 * t;
                 float* dq = p.dq_accum + q_off;
-                if (m0 + g < q_valid) {
-                    atomicAdd(dq + size_t(m0 + g) * D + d, acc[0]);
-                    atomicAdd(dq + size_t(m0 + g) * D + d + 1, acc[1]);
-                }
-                if (m0 + g + 8 < q_valid) {
-                    atomicAdd(dq + size_t(m0 + g + 8) * D + d, acc[2]);
-                    atomicAdd(dq + size_t(m0 + g + 8) * D + d + 1, acc[3]);
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int d = (n + h) * 8 + 2 * t;
+                    if (m0 + g < q_valid) {
+                        atomicAdd(dq + size_t(m0 + g) * D + d, acc[h][0]);
+                        atomicAdd(dq + size_t(m0 + g) * D + d + 1, acc[h][1]);
+                    }
+                    if (m0 + g + 8 < q_valid) {
+                        atomicAdd(dq + size_t(m0 + g + 8) * D + d, acc[h][2]);
+                        atomicAdd(dq + size_t(m0 + g + 8) * D + d + 1, acc[h][3]);
+                    }
                 }
             }
             __syncthreads();  // Q, dO and dS^T of this tile are no longer read

@@ -13,6 +13,7 @@
 //                        warp, read the partner's slot, a second barrier
 //   __shared__ (static)  `static`: one copy, and only one block runs at a time
 //   atomicAdd            under a mutex
+//   ldmatrix.x4.trans    every lane posts its row address; each reads its column pairs
 //   mma.sync m16n8k16    every lane posts its registers, each rebuilds A and B from the PTX
 //                        ISA's fragment layout and computes its own four outputs in float32
 //                        (the tensor cores' products of 16-bit inputs are exact, and they
@@ -27,6 +28,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -43,6 +45,7 @@ struct Warp {
     std::barrier<> barrier;
     float slot[32];
     uint32_t mma_a[32][4], mma_b[32][2];
+    const void* rows[32];
 };
 
 struct ThreadState {
@@ -201,4 +204,24 @@ void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&
         for (int kk = 0; kk < 16; ++kk) acc += A[row][kk] * B[kk][col];
         d[e] = acc;
     }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l gives row l % 8 of 8x8 tile l / 8;
+// r[i] of lane 4 g + t = (tile i)[2t][g] | (tile i)[2t + 1][g] << 16.
+inline void emulated_ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+    if (uintptr_t(row) % 16 != 0) {
+        std::fprintf(stderr, "ldmatrix row address %p is not 16-byte aligned\n", row);
+        std::abort();
+    }
+    mt_emu::Warp& w = *mt_emu::ts.warp;
+    const int me = mt_emu::lane();
+    w.rows[me] = row;
+    w.barrier.arrive_and_wait();
+    const int g = me / 4, t = me % 4;
+    for (int i = 0; i < 4; ++i) {
+        const uint16_t* r0 = static_cast<const uint16_t*>(w.rows[8 * i + 2 * t]);
+        const uint16_t* r1 = static_cast<const uint16_t*>(w.rows[8 * i + 2 * t + 1]);
+        r[i] = uint32_t(r0[g]) | (uint32_t(r1[g]) << 16);
+    }
+    w.barrier.arrive_and_wait();
 }
