@@ -3,9 +3,10 @@
 The very sources the GPU build compiles (bindings, launchers, kernels) are compiled with g++
 against a small emulation of the CUDA runtime, warps, barriers and mma.sync, and driven with
 NumPy arrays. That checks, without a GPU, their indexing, masking, tiling, synchronisation,
-Philox bits (bit-exact with the NumPy twin's) and arithmetic. What it cannot check: real
-tensor-core fragment layouts and rounding, races the emulation's scheduling hides, speed.
-The GPU tests (test_cuda_kernels.py) remain the authority.
+Philox bits (bit-exact with the NumPy twin's) and arithmetic. What it cannot check: that the
+hardware's mma.sync / ldmatrix fragments are what the emulation reads in the PTX ISA,
+tensor-core rounding, cp.async timing (copies complete at once here), races the emulation's
+scheduling hides, speed. The GPU tests (test_cuda_kernels.py) remain the authority.
 
 Shapes stay small: every emulated CUDA thread is an OS thread.
 """
