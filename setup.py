@@ -7,10 +7,10 @@
                                               machine code, plus compute_90 PTX that newer GPUs
                                               JIT-compile)
 
-The toolkit is found through CUDA_HOME (or CUDA_PATH), else through the nvcc on PATH. That
-nvcc may be a wrapper script (/usr/local/bin/nvcc exec'ing the real one), so the toolkit root
-is asked of nvcc itself (`nvcc --dryrun` prints the directory it runs from) rather than
-guessed from the wrapper's location. When a toolkit is found, a compile error fails the build:
+The toolkit is found through CUDA_HOME (or CUDA_PATH), else through the nvcc on PATH, else at
+/usr/local/cuda. The nvcc on PATH may be a wrapper script (/usr/local/bin/nvcc exec'ing the
+real one), so the toolkit root is asked of nvcc itself (`nvcc --dryrun` prints the directory
+it runs from) rather than guessed from the wrapper's location. When a toolkit is found, a compile error fails the build:
 CI, which has nvcc but no GPU, thereby compiles all of csrc/.
 """
 
@@ -36,8 +36,9 @@ def find_cuda_home() -> Path | None:
         if home and (Path(home) / "bin" / "nvcc").exists():
             return Path(home)
     nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return None
+    if nvcc is None:  # not on PATH: the conventional install location, if any
+        default = Path("/usr/local/cuda")
+        return default if (default / "bin" / "nvcc").exists() else None
     try:
         dry = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
                              capture_output=True, text=True, timeout=60)

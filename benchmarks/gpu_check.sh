@@ -13,6 +13,7 @@ mkdir -p "$LOGS"
 echo "logs: $LOGS"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  date: $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || true
+echo "nvcc: $(command -v nvcc || echo 'not on PATH') CUDA_HOME=${CUDA_HOME:-unset}"
 
 # Build only for this GPU's architecture (CI builds sm_80, sm_90 and PTX): half the compile time.
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
