@@ -176,21 +176,23 @@ def check(name: str, dtype: str, got, ref, naive=None):
 # Inputs are float32 arrays holding 16-bit values; rnd rounds each stored intermediate.
 
 
-def naive_attention(q, k, v, dout, lens, causal, rnd):
-    """(o, dq, dk, dv)."""
+def naive_attention(q, k, v, dout, lens, causal, rnd, z=None):
+    """(o, dq, dk, dv); z the dropout factors (B, H, T, S) or None."""
     xp = backend.array_module_of(q)
     B, H, T, D = q.shape
     S = k.shape[2]
     scale = 1 / math.sqrt(D)
     mask = xp.asarray(attention_mask(B, T, S, lens, causal))
+    z = 1 if z is None else xp.asarray(z, dtype=np.float32)
     s = xp.where(mask, rnd(q @ k.swapaxes(-1, -2) * scale), -xp.inf)
     m = s.max(axis=-1, keepdims=True)
     e = xp.exp(s - xp.where(xp.isfinite(m), m, 0))
     total = e.sum(axis=-1, keepdims=True)
     p = rnd(e / xp.where(total > 0, total, 1))
-    o = rnd(p @ v)
-    dv = rnd(p.swapaxes(-1, -2) @ dout)
-    dp = rnd(dout @ v.swapaxes(-1, -2))
+    p_dropped = rnd(p * z)
+    o = rnd(p_dropped @ v)
+    dv = rnd(p_dropped.swapaxes(-1, -2) @ dout)
+    dp = rnd(rnd(dout @ v.swapaxes(-1, -2)) * z)
     ds = rnd(p * (dp - rnd((dp * p).sum(axis=-1, keepdims=True))))
     return o, rnd(ds @ k * scale), rnd(ds.swapaxes(-1, -2) @ q * scale), dv
 

@@ -85,21 +85,25 @@ def test_attention_long_sequence(dtype, causal):
         check(name, dtype, got, r, nv)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_dropout_is_the_twins_mask_in_forward_and_backward(causal):
+def test_attention_dropout_is_the_twins_mask_in_forward_and_backward(dtype, causal):
     rng = np.random.default_rng()
     B, H, T, S, D = 2, 3, 100, 130, 64
     (q, q64), (k, k64), (v, v64), (do, do64) = (
-        randn(rng, shape, "float32") for shape in ((B, H, T, D), (B, H, S, D), (B, H, S, D), (B, H, T, D)))
+        randn(rng, shape, dtype) for shape in ((B, H, T, D), (B, H, S, D), (B, H, S, D), (B, H, T, D)))
     lens, p, seed = [130, 77], 0.2, int(rng.integers(0, 2**63 - 1))
     o, lse = kernels.attention_forward(q, k, v, lens, causal, dropout_p=p, seed=seed)
     dq, dk, dv = kernels.attention_backward(q, k, v, o, lse, do, lens, causal, dropout_p=p, seed=seed)
     bh = (np.arange(B)[:, None] * H + np.arange(H))[:, :, None, None]
-    z = R.dropout_factor(bh, np.arange(T)[:, None], np.arange(S)[None, :], p, seed, np.float64)
+    z = R.dropout_factor(bh, np.arange(T)[:, None], np.arange(S)[None, :], p, seed)
     o_r, _, dq_r, dk_r, dv_r = formulas.attention(q64, k64, v64, lens, causal, z=z, dout=do64)
-    check("attention", "float32", o, o_r)
-    for got, ref in ((dq, dq_r), (dk, dk_r), (dv, dv_r)):
-        check("attention_grad", "float32", got, ref)
+    naive = [None] * 4
+    if dtype != "float32":
+        naive = naive_attention(*(to_f32(a) for a in (q, k, v, do)), lens, causal, rounder(dtype), cp.asarray(z))
+    for name, got, ref, nv in zip(["attention"] + ["attention_grad"] * 3, (o, dq, dk, dv),
+                                  (o_r, dq_r, dk_r, dv_r), naive):
+        check(name, dtype, got, ref, nv)
 
 
 def test_attention_rejects_bad_arguments_with_python_errors():
