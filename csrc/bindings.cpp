@@ -151,6 +151,9 @@ PYBIND11_MODULE(_C, m) {
               const char* fn = "layernorm_backward";
               check_dtype(dtype, fn);
               check_positive(fn, {{"N", N}, {"D", D}, {"blocks", blocks}});
+              if (D > 4096)  // 4 warps x 2 column sums x D floats of shared memory per block
+                  fail(fn, "D = " + std::to_string(D) + " exceeds 4096, the widest row whose column "
+                           "sums fit in shared memory");
               mt::layernorm_backward(
                   pointer(x, fn, "x", true, 16), pointer(w, fn, "weight", false, 16),
                   pointer<const float>(mean, fn, "mean"), pointer<const float>(rstd, fn, "rstd"),

@@ -13,9 +13,10 @@
 // Backward, with xhat = (x - mean) * rstd and gh = g * w:
 //     dx = rstd * (gh - mean_c(gh) - xhat * mean_c(gh * xhat))
 //     dw = sum_rows g * xhat          db = sum_rows g
-// dx is again one warp per row. The column sums dw, db are accumulated per block in shared
-// memory (shared atomics from its 4 warps), written as one partial row per block, and summed
-// over blocks by a second kernel: no global atomics, a deterministic result.
+// dx is again one warp per row. The column sums dw, db are accumulated in shared memory, one
+// slice per warp, where every column belongs to one lane (no atomics, no bank conflicts);
+// each block sums its warps' slices into one partial row, and a second kernel sums the rows
+// over blocks: no atomics anywhere, a deterministic result.
 #include "common.cuh"
 
 namespace mt {
@@ -97,6 +98,13 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
     }
 }
 
+// Where column c of a warp's slice lives: lane l handles columns l * VEC + e (+ 32 VEC j), so
+// storing element e of every pack contiguously puts a warp's 32 lanes in 32 banks.
+template <int VEC>
+__device__ __forceinline__ int slice_slot(int c, int D) {
+    return (c % VEC) * (D / VEC) + c / VEC;
+}
+
 // dx per row; per-block partial column sums of g * xhat and g into partial[block] (2, D).
 template <typename T, int VEC>
 __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -104,10 +112,11 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __re
                                           const float* __restrict__ rstd,
                                           const T* __restrict__ g, T* __restrict__ dx,
                                           float* __restrict__ partial, int N, int D) {
-    extern __shared__ float col[];  // [0, D): sum g * xhat; [D, 2D): sum g
-    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) col[c] = 0.f;
+    extern __shared__ float slices[];  // per warp: [0, D) sum g * xhat, [D, 2D) sum g
+    for (int c = threadIdx.x; c < 2 * D * kWarpsPerBlock; c += blockDim.x) slices[c] = 0.f;
     __syncthreads();
     const int lane = threadIdx.x % 32;
+    float* mine = slices + (threadIdx.x / 32) * 2 * D;
     for (int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; row < N;
          row += gridDim.x * kWarpsPerBlock) {
         const T* xr = x + size_t(row) * D;
@@ -125,8 +134,9 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __re
                 float gh = gv[e] * (w ? wv[e] : 1.f);
                 sum_gh += gh;
                 sum_gh_xhat += gh * xhat;
-                atomicAdd(&col[c + e], gv[e] * xhat);
-                atomicAdd(&col[D + c + e], gv[e]);
+                const int slot = slice_slot<VEC>(c + e, D);
+                mine[slot] += gv[e] * xhat;
+                mine[D + slot] += gv[e];
             }
         }
         const float mean_gh = warp_sum(sum_gh) / D, mean_gh_xhat = warp_sum(sum_gh_xhat) / D;
@@ -146,8 +156,18 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __re
         }
     }
     __syncthreads();
-    float* mine = partial + size_t(blockIdx.x) * 2 * D;
-    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) mine[c] = col[c];
+    float* out = partial + size_t(blockIdx.x) * 2 * D;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        const int slot = slice_slot<VEC>(c, D);
+        float sw = 0.f, sb = 0.f;
+        #pragma unroll
+        for (int wi = 0; wi < kWarpsPerBlock; ++wi) {
+            sw += slices[wi * 2 * D + slot];
+            sb += slices[wi * 2 * D + D + slot];
+        }
+        out[c] = sw;
+        out[D + c] = sb;
+    }
 }
 
 // dw[c] = sum over blocks of partial[blk][0][c]; db likewise from partial[blk][1][c].
@@ -206,7 +226,7 @@ void layernorm_backward(const void* x, const void* w, const float* mean, const f
         using T = decltype(tag);
         with_vec<T>(D, [&](auto vec) {
             auto kernel = layernorm_backward_kernel<T, decltype(vec)::value>;
-            const size_t smem = 2 * size_t(D) * sizeof(float);
+            const size_t smem = 2 * size_t(D) * kWarpsPerBlock * sizeof(float);
             allow_shared_memory(kernel, smem, "layernorm_backward");
             kernel<<<blocks, 32 * kWarpsPerBlock, smem, stream>>>(
                 static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd,

@@ -64,14 +64,14 @@ def enabled() -> bool:
 
 
 from .launch import (  # noqa: E402 - launch needs _C resolved above
-    attention_forward, attention_backward, cross_entropy_forward, dtype_code, enabled_for,
-    from_bfloat16_bits, key_lengths_from_mask, layernorm_backward, layernorm_forward,
+    LAYERNORM_MAX_D, attention_backward, attention_forward, cross_entropy_forward, dtype_code,
+    enabled_for, from_bfloat16_bits, key_lengths_from_mask, layernorm_backward, layernorm_forward,
     loss_overwrites_logits, new_seed, set_loss_overwrites_logits, softmax_backward,
     softmax_forward, to_bfloat16_bits,
 )
 
 __all__ = [
-    "attention_backward", "attention_forward", "available", "cross_entropy_forward",
+    "LAYERNORM_MAX_D", "attention_backward", "attention_forward", "available", "cross_entropy_forward",
     "dtype_code", "enabled", "enabled_for", "extension_built", "from_bfloat16_bits",
     "key_lengths_from_mask", "layernorm_backward", "layernorm_forward", "loss_overwrites_logits",
     "new_seed", "set_loss_overwrites_logits", "softmax_backward", "softmax_forward",

@@ -18,6 +18,7 @@ from ..tensor import Tensor
 from . import _C, enabled, unavailable_reason
 
 _FLOAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+LAYERNORM_MAX_D = 4096  # layernorm_backward's shared memory: 4 warps x 2 x D floats
 _loss_inplace = False
 
 
@@ -243,6 +244,9 @@ def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bi
     code = _float_code(fn, x=x, grad=grad, weight=weight)
     D = x.shape[-1]
     N = x.size // D
+    if D > LAYERNORM_MAX_D:
+        raise ValueError(f"{fn}: rows of {D} exceed {LAYERNORM_MAX_D}, the widest whose column "
+                         f"sums fit in shared memory")
     if grad.shape != x.shape or mean.shape != (N,) or rstd.shape != (N,):
         raise ValueError(f"{fn}: grad {grad.shape}, mean {mean.shape}, rstd {rstd.shape} do not "
                          f"match x {x.shape} (expected grad {x.shape}, mean and rstd ({N},))")

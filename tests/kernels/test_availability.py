@@ -68,6 +68,9 @@ def test_binding_rejects_bad_arguments_before_touching_the_gpu():
     with pytest.raises(ValueError, match="blocks must be positive"):
         _C.layernorm_backward(x=256, weight=0, mean=256, rstd=256, grad=256, dx=256, dweight=0,
                               dbias=0, partial=256, blocks=0, dtype=0, N=4, D=8, stream=0)
+    with pytest.raises(ValueError, match="exceeds 4096"):
+        _C.layernorm_backward(x=256, weight=0, mean=256, rstd=256, grad=256, dx=256, dweight=0,
+                              dbias=0, partial=256, blocks=1, dtype=0, N=4, D=4097, stream=0)
 
 
 def test_bfloat16_bits_round_to_nearest_even():
