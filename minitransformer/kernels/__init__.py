@@ -17,9 +17,11 @@ ml_dtypes is installed. The launchers take bfloat16 in either form: arrays whose
 dispatch in ``functional`` only sees float32/float16/(ml_dtypes) bfloat16 tensors.
 
 Dispatch from ``functional`` (on "cuda" tensors, when enabled): scaled_dot_product_attention
--> fused attention (attn_mask None or a key-padding mask of shape (B, 1, 1, S) whose True
-entries form a prefix of each row; otherwise the composite op), layer_norm, softmax over the
-last axis, cross_entropy.
+-> fused attention ((B, h, T, d_k) inputs, d_k in {32, 64, 128}, attn_mask None or a boolean
+key-padding mask of shape (B, 1, 1, S) whose True entries form a prefix of each row, combined
+with is_causal as needed; otherwise the composite op), layer_norm (rows up to
+LAYERNORM_MAX_D wide), softmax over the last axis, cross_entropy. Inputs that are not
+contiguous (a transposed q) are copied before the launch.
 """
 
 from __future__ import annotations
