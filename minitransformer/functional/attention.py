@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from .. import backend
+from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 from .softmax import softmax_array
@@ -84,6 +84,44 @@ class ScaledDotProductAttention(Function):
         return gq, gk, gv, None, None, None, None
 
 
+class FusedAttention(Function):
+    """The fused kernel of csrc/attention.cu (see minitransformer.kernels): saves the output and
+    one log-sum-exp per query instead of P, and backward recomputes P tile by tile. Key padding
+    arrives as per-sequence lengths; dropout is drawn in the kernel from ``seed``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kv_lens, is_causal, dropout_p, scale, seed):
+        o, lse = kernels.attention_forward(q, k, v, kv_lens, is_causal, scale, dropout_p, seed)
+        ctx.save_for_backward(q, k, v, o, lse, kv_lens)
+        ctx.options = (is_causal, scale, dropout_p, seed)
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, o, lse, kv_lens = ctx.saved
+        is_causal, scale, dropout_p, seed = ctx.options
+        dq, dk, dv = kernels.attention_backward(q, k, v, o, lse, g, kv_lens, is_causal, scale,
+                                                dropout_p, seed)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _fused_attention(q, k, v, mask, is_causal, dropout_p, scale):
+    """FusedAttention on CUDA tensors when the kernel can express the call, else None:
+    (B, h, T, d_k) inputs with d_v = d_k in {32, 64, 128}, B * h <= 65535 (one grid axis), and
+    no mask or a boolean key-padding mask (B, 1, 1, S) that keeps a prefix of each row."""
+    if (not kernels.enabled_for(q, k, v) or len(q.shape) != 4 or q.shape[:2] != k.shape[:2]
+            or k.shape != v.shape or q.shape[-1] not in (32, 64, 128)
+            or q.shape[0] * q.shape[1] > 65535 or 0 in q.shape or 0 in k.shape):
+        return None
+    kv_lens = None
+    if mask is not None:
+        kv_lens = kernels.key_lengths_from_mask(mask, q.shape[0], k.shape[-2])
+        if kv_lens is None:
+            return None
+    seed = kernels.new_seed() if dropout_p > 0.0 else 0
+    return FusedAttention.apply(q, k, v, kv_lens, is_causal, dropout_p, scale, seed)
+
+
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
                                  is_causal: bool = False, dropout_p: float = 0.0,
                                  scale: float | None = None) -> Tensor:
@@ -106,6 +144,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
                 f"for q {q.shape} and k {k.shape}"
             )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    fused = _fused_attention(q, k, v, mask, is_causal, dropout_p, scale)
+    if fused is not None:
+        return fused
     return ScaledDotProductAttention.apply(q, k, v, mask, is_causal, dropout_p, scale)
 
 

@@ -15,6 +15,7 @@ rebuilds xhat from them:
 
 from __future__ import annotations
 
+from .. import kernels
 from ..autograd import Function
 from ..tensor import Tensor
 
@@ -56,6 +57,22 @@ class LayerNorm(Function):
         return gx, gw, gb, None
 
 
+class FusedLayerNorm(Function):
+    """csrc/layernorm.cu (see minitransformer.kernels): the same statistics, one warp per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = kernels.layernorm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, mean, rstd = ctx.saved
+        _, need_w, need_b, _ = ctx.needs_input_grad
+        return (*kernels.layernorm_backward(x, weight, mean, rstd, g, need_w, need_b), None)
+
+
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise over the last axis of ``x``, then scale by ``weight`` and shift by ``bias``."""
@@ -63,4 +80,6 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and p.shape != (d,):
             raise ValueError(f"layer_norm: {name} of shape {p.shape} does not match the last axis of {x.shape}")
+    if d <= kernels.LAYERNORM_MAX_D and kernels.enabled_for(x, weight, bias):
+        return FusedLayerNorm.apply(x, weight, bias, eps)
     return LayerNorm.apply(x, weight, bias, eps)

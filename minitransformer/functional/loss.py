@@ -19,7 +19,7 @@ The log-probabilities are computed once and turned into probabilities in place, 
 
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 from .softmax import log_softmax_array
@@ -72,6 +72,44 @@ class CrossEntropy(Function):
         return grad.reshape(ctx.shape), None, None, None, None, None
 
 
+class FusedCrossEntropy(Function):
+    """csrc/softmax.cu (see minitransformer.kernels): one kernel reads the logits once for the
+    loss and writes each position's gradient softmax - q, into a new array or, with
+    ``kernels.set_loss_overwrites_logits(True)``, over the logits themselves. Backward only
+    scales it, in place, by the reduction's weights."""
+
+    @staticmethod
+    def forward(ctx, logits, target, label_smoothing, ignore_index, reduction, stats):
+        xp = backend.array_module_of(logits)
+        if stats is not None:  # the unsmoothed NLL: one more read of the logits, before any overwrite
+            nll, _ = kernels.cross_entropy_forward(logits, target, 0.0, ignore_index, "none")
+            stats["nll_sum"] = float(nll.sum())  # ignored positions hold 0
+            stats["n_tokens"] = int((target != ignore_index).sum()) if ignore_index is not None else target.size
+        mode = "none"
+        if ctx.needs_input_grad[0]:
+            aligned = logits.flags.c_contiguous and logits.data.ptr % 16 == 0
+            mode = "inplace" if kernels.loss_overwrites_logits() and aligned else "new"
+        loss, grad = kernels.cross_entropy_forward(logits, target, label_smoothing, ignore_index, mode)
+        valid = target != ignore_index if ignore_index is not None else xp.ones(target.shape, dtype=bool)
+        weight = valid.astype(xp.float32)
+        if reduction == "mean":
+            weight /= xp.maximum(valid.sum(), 1)  # an all-padding batch gives 0, not 0/0
+        out = loss if reduction == "none" else (loss * weight).sum()
+        ctx.save_for_backward(grad, weight)
+        ctx.reduction, ctx.used = reduction, False
+        return xp.asarray(out, dtype=logits.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        grad, weight = ctx.saved
+        if ctx.used:
+            raise RuntimeError("the fused cross-entropy scales its saved gradient in place, so its "
+                               "backward runs once; use MINITRANSFORMER_KERNELS=0 to backward twice")
+        ctx.used = True
+        grad *= (weight * g).astype(grad.dtype)[..., None]
+        return grad, None, None, None, None, None
+
+
 def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
                   ignore_index: int | None = None, reduction: str = "mean",
                   stats: dict | None = None) -> Tensor:
@@ -89,4 +127,5 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return CrossEntropy.apply(logits, t, label_smoothing, ignore_index, reduction, stats)
+    fn = FusedCrossEntropy if kernels.enabled_for(logits) else CrossEntropy
+    return fn.apply(logits, t, label_smoothing, ignore_index, reduction, stats)

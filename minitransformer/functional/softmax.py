@@ -15,7 +15,7 @@ Backward, with y = softmax(x) and upstream gradient g:
 
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 
@@ -75,7 +75,24 @@ class LogSoftmax(Function):
         return g - xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True), None
 
 
+class FusedSoftmax(Function):
+    """csrc/softmax.cu over the last axis (see minitransformer.kernels)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = kernels.softmax_forward(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        return kernels.softmax_backward(y, g)
+
+
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    if axis in (-1, len(x.shape) - 1) and kernels.enabled_for(x):
+        return FusedSoftmax.apply(x)
     return Softmax.apply(x, axis)
 
 

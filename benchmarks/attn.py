@@ -1,0 +1,314 @@
+"""Benchmark the hand-written kernels against the composite ops and PyTorch.
+
+    python benchmarks/attn.py                       all sizes (GPU), or the NumPy paths (no GPU)
+    python benchmarks/attn.py --quick --json out.json
+
+On a GPU, for every sequence length (512 ... 8192), head dim (64, 128), causal or not, and
+dtype (bf16, fp32):
+    fused   minitransformer.kernels.attention_forward/backward (csrc/attention.cu)
+    naive   F.scaled_dot_product_attention with MINITRANSFORMER_KERNELS=0: the CuPy composite
+            that materialises the T x T probabilities (bf16 runs it in fp16: CuPy lacks bf16
+            arithmetic)
+    torch   torch.nn.functional.scaled_dot_product_attention, when torch with CUDA is installed
+with the median time of forward and of forward+backward, TFLOP/s (forward 4 B H T S D, halved
+when causal; backward 2.5 x forward, FlashAttention's convention), the ratio fused/torch in
+throughput, and peak memory (torch's allocator peak; for CuPy the memory pool's high-water
+mark after freeing its cache). Then layernorm, softmax and the fused cross-entropy in GB/s of
+their minimal traffic (each input read once, each output written once) against the measured
+device-to-device copy bandwidth.
+
+Without a GPU it times the NumPy twins (minitransformer.kernels.reference) and the NumPy
+composite at small sizes, so the command always runs; those numbers say nothing about GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import minitransformer as mt
+import minitransformer.functional as F
+from minitransformer import kernels
+from minitransformer.kernels import reference
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--causal", nargs="+", default=["no", "yes"], choices=["no", "yes"])
+    p.add_argument("--tokens", type=int, default=16384, help="batch * seq, kept constant")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--naive-max-seq", type=int, default=8192,
+                   help="skip the naive composite above this length (it stores B h T^2 floats)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (for gpu_check.sh)")
+    p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.warmup = 5, 1
+    return args
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def median_ms(fn, repeats: int, warmup: int, sync=lambda: None) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def attention_flops(B, H, T, S, D, causal, backward):
+    fwd = 4.0 * B * H * T * S * D * (0.5 if causal else 1.0)
+    return fwd * 3.5 if backward else fwd
+
+
+class Table:
+    def __init__(self, columns):
+        self.columns, self.rows = columns, []
+
+    def add(self, **row):
+        self.rows.append(row)
+        print("  ".join(self._fmt(row.get(c)).rjust(max(len(c), 9)) for c in self.columns), flush=True)
+
+    def header(self):
+        print("  ".join(c.rjust(max(len(c), 9)) for c in self.columns), flush=True)
+
+    @staticmethod
+    def _fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def gpu_attention(args, results):
+    import cupy as cp
+
+    try:
+        import torch
+        has_torch = torch.cuda.is_available()
+    except Exception:  # not installed, or a CPU-only build
+        torch, has_torch = None, False
+    sync = cp.cuda.Device().synchronize
+    pool = cp.get_default_memory_pool()
+    table = Table(["dtype", "causal", "d", "seq", "batch", "pass", "fused_ms", "fused_TF",
+                   "naive_ms", "naive_TF", "torch_ms", "torch_TF", "vs_torch", "fused_MB",
+                   "naive_MB", "torch_MB"])
+    print("\n== attention (B * T = %d tokens, %d heads) ==" % (args.tokens, args.heads))
+    table.header()
+    for dtype in args.dtypes:
+        for causal in (c == "yes" for c in args.causal):
+            for D in args.head_dims:
+                for T in args.seqs:
+                    B, H = max(1, args.tokens // T), args.heads
+                    rng = np.random.default_rng(0)
+                    host = [rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(4)]
+                    dev32 = [cp.asarray(a) for a in host]
+                    kdt = {"bf16": kernels.to_bfloat16_bits, "fp16": lambda a: a.astype(cp.float16),
+                           "fp32": lambda a: a}[dtype]
+                    q, k, v, do = (kdt(a) for a in dev32)
+                    naive_inputs = [a.astype(cp.float32 if dtype == "fp32" else cp.float16) for a in dev32]
+                    for backward in (False, True):
+                        flops = attention_flops(B, H, T, T, D, causal, backward)
+                        row = dict(dtype=dtype, causal="yes" if causal else "no", d=D, seq=T,
+                                   batch=B, **{"pass": "fwd+bwd" if backward else "fwd"})
+
+                        def fused():
+                            o, lse = kernels.attention_forward(q, k, v, causal=causal)
+                            if backward:
+                                kernels.attention_backward(q, k, v, o, lse, do, causal=causal)
+
+                        row["fused_ms"], row["fused_MB"] = _run_cupy(fused, args, sync, pool)
+                        if T <= args.naive_max_seq:
+                            row["naive_ms"], row["naive_MB"] = _run_cupy(
+                                _naive_attention(naive_inputs, causal, backward), args, sync, pool)
+                        if has_torch:
+                            row["torch_ms"], row["torch_MB"] = _run_torch(
+                                torch, host, dtype, causal, backward, args)
+                        for name in ("fused", "naive", "torch"):
+                            ms = row.get(f"{name}_ms")
+                            row[f"{name}_TF"] = flops / ms / 1e9 if isinstance(ms, float) else None
+                        if isinstance(row.get("torch_ms"), float) and isinstance(row.get("fused_ms"), float):
+                            row["vs_torch"] = row["torch_ms"] / row["fused_ms"]
+                        table.add(**row)
+                        results["attention"].append(row)
+                    pool.free_all_blocks()
+
+
+def _run_cupy(fn, args, sync, pool):
+    import cupy as cp
+
+    try:
+        sync()
+        pool.free_all_blocks()
+        base = pool.used_bytes()  # the inputs
+        fn()
+        sync()
+        # The pool now caches every block the run allocated: what it needed at most at once.
+        peak = (pool.total_bytes() - base) / 2**20
+        return median_ms(fn, args.repeats, args.warmup, sync), peak
+    except cp.cuda.memory.OutOfMemoryError:
+        pool.free_all_blocks()
+        return "oom", None
+
+
+def _naive_attention(arrays, causal, backward):
+    def run():
+        os.environ["MINITRANSFORMER_KERNELS"] = "0"
+        try:
+            q, k, v = (mt.Tensor(a, requires_grad=backward) for a in arrays[:3])
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if backward:
+                out.backward(arrays[3])
+        finally:
+            del os.environ["MINITRANSFORMER_KERNELS"]
+    return run
+
+
+def _run_torch(torch, host, dtype, causal, backward, args):
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    q, k, v, do = (torch.tensor(a, device="cuda", dtype=tdt, requires_grad=i < 3)
+                   for i, a in enumerate(host))
+
+    def run():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if backward:
+            out.backward(do)
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        return median_ms(run, args.repeats, args.warmup, torch.cuda.synchronize), peak
+    except torch.cuda.OutOfMemoryError:
+        return "oom", None
+    finally:
+        torch.cuda.empty_cache()
+
+
+def gpu_bandwidth(args, results):
+    import cupy as cp
+
+    sync = cp.cuda.Device().synchronize
+    n = 256 * 2**20  # 1 GiB of float32
+    src, dst = cp.ones(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
+    ms = median_ms(lambda: cp.copyto(dst, src), args.repeats, args.warmup, sync)
+    copy = 2 * n * 4 / ms / 1e6  # GB/s: read + write
+    print(f"\n== bandwidth (device-to-device copy: {copy:.0f} GB/s) ==")
+    results["copy_GBps"] = copy
+    table = Table(["kernel", "dtype", "rows", "cols", "ms", "GBps", "of_copy"])
+    table.header()
+    for dtype in args.dtypes:
+        conv = {"bf16": kernels.to_bfloat16_bits, "fp16": lambda a: a.astype(cp.float16),
+                "fp32": lambda a: a}[dtype]
+        size = 2 if dtype != "fp32" else 4
+        cases = []
+        N, D = 65536, 1024  # layernorm: tokens x d_model
+        x, g = conv(cp.random.standard_normal((N, D), dtype=cp.float32)), conv(cp.random.standard_normal((N, D), dtype=cp.float32))
+        w, b = conv(cp.ones(D, dtype=cp.float32)), conv(cp.zeros(D, dtype=cp.float32))
+        _, mean, rstd = kernels.layernorm_forward(x, w, b)
+        cases.append(("layernorm_fwd", N, D, lambda: kernels.layernorm_forward(x, w, b), 2 * N * D * size))
+        cases.append(("layernorm_bwd", N, D, lambda: kernels.layernorm_backward(x, w, mean, rstd, g),
+                      3 * N * D * size))
+        Ns, V = 8192, 37000  # softmax and loss: positions x vocabulary
+        z = conv(cp.random.standard_normal((Ns, V), dtype=cp.float32))
+        t = cp.random.randint(0, V, Ns)
+        y = kernels.softmax_forward(z)
+        cases.append(("softmax_fwd", Ns, V, lambda: kernels.softmax_forward(z), 2 * Ns * V * size))
+        cases.append(("softmax_bwd", Ns, V, lambda: kernels.softmax_backward(y, z), 3 * Ns * V * size))
+        cases.append(("xent_fwd+grad", Ns, V, lambda: kernels.cross_entropy_forward(z, t, 0.1),
+                      2 * Ns * V * size))
+        for name, rows, cols, fn, nbytes in cases:
+            ms = median_ms(fn, args.repeats, args.warmup, sync)
+            row = dict(kernel=name, dtype=dtype, rows=rows, cols=cols, ms=ms,
+                       GBps=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy)
+            table.add(**row)
+            results["bandwidth"].append(row)
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_paths(args, results):
+    print("No GPU (or --cpu): timing the NumPy twins and the NumPy composite at small sizes.\n"
+          "These figures describe this CPU, not the kernels.")
+    table = Table(["path", "causal", "d", "seq", "batch", "pass", "ms"])
+    table.header()
+    for causal in (c == "yes" for c in args.causal):
+        for D in args.head_dims:
+            for T in (128, 256):
+                B, H = 1, 4
+                rng = np.random.default_rng(0)
+                q, k, v, do = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(4))
+
+                def twin():
+                    o, lse = reference.attention_forward(q, k, v, causal=causal)
+                    reference.attention_backward(q, k, v, o, lse, do, causal=causal)
+
+                def composite():
+                    tq, tk, tv = (mt.tensor(a, requires_grad=True) for a in (q, k, v))
+                    F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(do)
+
+                for name, fn in (("twin", twin), ("composite", composite)):
+                    row = dict(path=name, causal="yes" if causal else "no", d=D, seq=T, batch=B,
+                               ms=median_ms(fn, 3, 1), **{"pass": "fwd+bwd"})
+                    table.add(**row)
+                    results["attention"].append(row)
+    x = np.random.default_rng(1).standard_normal((4096, 512)).astype(np.float32)
+    for name, fn in (("layernorm twin", lambda: reference.layernorm_forward(x)),
+                     ("softmax twin", lambda: reference.softmax_forward(x))):
+        row = dict(path=name, seq=4096, d=512, ms=median_ms(fn, 3, 1), **{"pass": "fwd"})
+        table.add(**row)
+        results["bandwidth"].append(row)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    on_gpu = kernels.available() and not args.cpu
+    results = {"device": "gpu" if on_gpu else "cpu", "attention": [], "bandwidth": []}
+    if on_gpu:
+        import cupy as cp
+
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        results["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        print(f"GPU: {results['gpu']}")
+        gpu_attention(args, results)
+        gpu_bandwidth(args, results)
+    else:
+        if not args.cpu:
+            print(f"CUDA kernels unavailable: {kernels.unavailable_reason()}")
+        cpu_paths(args, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+// Row softmax (with scale and mask), its backward, and the vocabulary softmax fused with
+// label-smoothed cross-entropy (paper section 5.4) and its gradient.
+//
+// Softmax of row x (length V), with optional scale a and mask (0 = masked):
+//     y_k = exp(a x_k - m) / sum_j exp(a x_j - m)     over unmasked k, m = max_j a x_j
+// One read pass computes m and the sum together (online softmax: the running sum is rescaled
+// whenever the running maximum grows), a second pass writes y. A fully masked row gives y = 0.
+// Exponentials are taken in base 2 on values pre-scaled by log2(e) (see MaxSum in common.cuh).
+// Backward: dx = a * y * (g - sum_k g_k y_k).
+//
+// Cross-entropy of logits z (N, V) against targets t, smoothing eps, per row:
+//     lse  = log sum_k exp z_k
+//     loss = (1 - eps) (lse - z_t) + eps (lse - mean_k z_k)
+//     dloss/dz_k = softmax(z)_k - eps / V - (1 - eps) [k == t]
+// The first pass gathers max, sum of exponentials and sum of logits in one read; the second
+// writes the gradient, optionally over the logits themselves (at a 37k vocabulary the logits
+// are the largest tensor of a step, so the gradient takes no new memory). Rows whose target is
+// ignore_index get loss 0 and gradient 0. The gradient is that of each row's own loss; the
+// caller scales it by the reduction's weights in backward.
+//
+// Rows of up to 1024 elements take one warp each (4 rows per block); longer rows a whole
+// 256-thread block, which reduces through shared memory.
+#include "common.cuh"
+
+namespace mt {
+namespace {
+
+template <int THREADS> __host__ __device__ constexpr int rows_per_block() { return THREADS == 32 ? 4 : 1; }
+
+template <int THREADS>
+__device__ __forceinline__ int row_index() {
+    return blockIdx.x * rows_per_block<THREADS>() + threadIdx.x / THREADS;
+}
+
+template <typename T, int THREADS>
+__global__ void softmax_forward_kernel(const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                                       T* __restrict__ y, int N, int V, float scale) {
+    const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
+    // Block-wide rows never exit early: every thread must reach the reductions' barriers.
+    const bool active = row < N;
+    const float scale2 = scale * kLog2e;
+    const size_t base = size_t(active ? row : 0) * V;
+    MaxSum acc{-INFINITY, 0.f};
+    if (active) {
+        for (int k = tid; k < V; k += THREADS) {
+            if (mask && !mask[base + k]) continue;
+            acc = maxsum_add(acc, scale2 * to_float(x[base + k]));
+        }
+    }
+    acc = row_maxsum<THREADS>(acc);
+    if (!active) return;
+    const float inv = acc.s > 0.f ? 1.f / acc.s : 0.f;
+    for (int k = tid; k < V; k += THREADS) {
+        bool masked = mask && !mask[base + k];
+        y[base + k] = from_float<T>(masked ? 0.f : exp2f(scale2 * to_float(x[base + k]) - acc.m) * inv);
+    }
+}
+
+template <typename T, int THREADS>
+__global__ void softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ g,
+                                        T* __restrict__ dx, int N, int V, float scale) {
+    const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
+    const bool active = row < N;
+    const size_t base = size_t(active ? row : 0) * V;
+    float dot = 0.f;
+    if (active)
+        for (int k = tid; k < V; k += THREADS) dot += to_float(g[base + k]) * to_float(y[base + k]);
+    dot = row_sum<THREADS>(dot);
+    if (!active) return;
+    for (int k = tid; k < V; k += THREADS) {
+        float yk = to_float(y[base + k]);
+        dx[base + k] = from_float<T>(scale * yk * (to_float(g[base + k]) - dot));
+    }
+}
+
+template <typename T, int THREADS>
+__global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict__ target,
+                                     float* __restrict__ loss, T* grad, int N, int V,
+                                     float smoothing, bool has_ignore, int64_t ignore_index) {
+    // `logits` and `grad` may be the same array, hence no __restrict__ on them.
+    const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
+    const bool active = row < N;
+    const size_t base = size_t(active ? row : 0) * V;
+    const int64_t t = active ? target[row] : 0;
+    const bool ignored = !active || (has_ignore && t == ignore_index);
+    // Read everything this row needs before any thread overwrites it with the gradient.
+    const float z_t = ignored ? 0.f : to_float(logits[base + t]);
+    MaxSum acc{-INFINITY, 0.f};
+    float sum_z = 0.f;
+    if (!ignored) {
+        for (int k = tid; k < V; k += THREADS) {
+            float z = to_float(logits[base + k]);
+            acc = maxsum_add(acc, z * kLog2e);
+            sum_z += z;
+        }
+    }
+    acc = row_maxsum<THREADS>(acc);
+    sum_z = row_sum<THREADS>(sum_z);
+    if (!active) return;
+    const float lse2 = acc.m + log2f(acc.s);  // log2 sum 2^(z log2 e) = lse / ln 2
+    const float lse = lse2 * kLn2;
+    if (tid == 0)
+        loss[row] = ignored ? 0.f
+                            : (1.f - smoothing) * (lse - z_t) + smoothing * (lse - sum_z / V);
+    if (!grad) return;
+    const float off = smoothing / V;
+    for (int k = tid; k < V; k += THREADS) {
+        float gk = 0.f;
+        if (!ignored) {
+            gk = exp2f(to_float(logits[base + k]) * kLog2e - lse2) - off;
+            if (k == t) gk -= 1.f - smoothing;
+        }
+        grad[base + k] = from_float<T>(gk);
+    }
+}
+
+template <typename F>
+void with_type(int dtype, const char* name, F&& f) {
+    switch (dtype) {
+        case kFloat32: f(float{}); return;
+        case kFloat16: f(__half{}); return;
+        case kBFloat16: f(__nv_bfloat16{}); return;
+    }
+    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " + std::to_string(dtype));
+}
+
+// Calls f(integral_constant<THREADS>) with the row width for V, and gives the grid size.
+template <typename F>
+void with_row_threads(int N, int V, cudaStream_t stream, F&& f) {
+    if (V <= 1024) f(std::integral_constant<int, 32>{}, ceil_div(N, rows_per_block<32>()));
+    else f(std::integral_constant<int, 256>{}, N);
+}
+
+}  // namespace
+
+void softmax_forward(const void* x, const uint8_t* mask, void* y, int dtype, int N, int V,
+                     float scale, cudaStream_t stream) {
+    with_type(dtype, "softmax_forward", [&](auto tag) {
+        using T = decltype(tag);
+        with_row_threads(N, V, stream, [&](auto threads, int grid) {
+            constexpr int R = decltype(threads)::value;
+            softmax_forward_kernel<T, R><<<grid, R * rows_per_block<R>(), 0, stream>>>(
+                static_cast<const T*>(x), mask, static_cast<T*>(y), N, V, scale);
+        });
+    });
+    check_launch("softmax_forward");
+}
+
+void softmax_backward(const void* y, const void* g, void* dx, int dtype, int N, int V,
+                      float scale, cudaStream_t stream) {
+    with_type(dtype, "softmax_backward", [&](auto tag) {
+        using T = decltype(tag);
+        with_row_threads(N, V, stream, [&](auto threads, int grid) {
+            constexpr int R = decltype(threads)::value;
+            softmax_backward_kernel<T, R><<<grid, R * rows_per_block<R>(), 0, stream>>>(
+                static_cast<const T*>(y), static_cast<const T*>(g), static_cast<T*>(dx), N, V, scale);
+        });
+    });
+    check_launch("softmax_backward");
+}
+
+void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, void* grad,
+                           int dtype, int N, int V, float smoothing, bool has_ignore,
+                           int64_t ignore_index, cudaStream_t stream) {
+    with_type(dtype, "cross_entropy_forward", [&](auto tag) {
+        using T = decltype(tag);
+        with_row_threads(N, V, stream, [&](auto threads, int grid) {
+            constexpr int R = decltype(threads)::value;
+            cross_entropy_kernel<T, R><<<grid, R * rows_per_block<R>(), 0, stream>>>(
+                static_cast<const T*>(logits), target, loss, static_cast<T*>(grad), N, V,
+                smoothing, has_ignore, ignore_index);
+        });
+    });
+    check_launch("cross_entropy_forward");
+}
+
+}  // namespace mt

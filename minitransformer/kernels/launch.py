@@ -1,0 +1,341 @@
+"""Launch wrappers: CuPy arrays in, CuPy arrays out, one call into ``minitransformer._C`` each.
+
+Each wrapper checks its arrays (CuPy, on the current device, dtypes, shapes), makes them
+contiguous and 16-byte aligned (copying a strided view, e.g. a transposed q, when it has to),
+allocates the outputs, and passes raw device pointers (``a.data.ptr``) and CuPy's current stream
+(``cupy.cuda.get_current_stream().ptr``) to the binding, which checks sizes again and turns CUDA
+errors into RuntimeErrors. All launches are asynchronous on that stream, like CuPy's own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend
+from ..tensor import Tensor
+from . import _C, enabled, unavailable_reason
+
+_FLOAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+LAYERNORM_MAX_D = 4096  # layernorm_backward's shared memory: 4 warps x 2 x D floats
+_loss_inplace = False
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def dtype_code(dtype) -> int | None:
+    """The kernels' dtype code (0 float32, 1 float16, 2 bfloat16) or None if unsupported.
+    uint16 means raw bfloat16 bits (see the package docstring)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.uint16:
+        return 2
+    return _FLOAT_CODES.get(dtype.name)
+
+
+def to_bfloat16_bits(x):
+    """float32 array (NumPy or CuPy) -> uint16 array of bfloat16 bits, rounded to nearest even."""
+    xp = backend.array_module_of(x)
+    u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    rounded = (u + ((u >> 16) & 1) + 0x7FFF) >> 16
+    return xp.where(xp.isnan(x), 0x7FC0, rounded).astype(xp.uint16)
+
+
+def from_bfloat16_bits(bits):
+    """uint16 array of bfloat16 bits -> float32 array (exact)."""
+    xp = backend.array_module_of(bits)
+    return (xp.ascontiguousarray(bits).astype(xp.uint32) << 16).view(xp.float32)
+
+
+def enabled_for(*arrays) -> bool:
+    """True when the kernels are enabled and every given array (or Tensor; None is skipped)
+    is a CuPy array, all of one dtype among float32, float16 and bfloat16."""
+    if not enabled():
+        return False
+    cupy = backend._cupy
+    dtype = None
+    for a in arrays:
+        if a is None:
+            continue
+        a = a.data if isinstance(a, Tensor) else a
+        if not isinstance(a, cupy.ndarray) or _FLOAT_CODES.get(a.dtype.name) is None:
+            return False
+        if dtype is not None and a.dtype != dtype:
+            return False
+        dtype = a.dtype
+    return True
+
+
+def set_loss_overwrites_logits(flag: bool) -> None:
+    """Let the fused cross-entropy write its gradient over the logits array (saving one
+    logits-sized buffer, the largest of a step at a 37k vocabulary). Only safe when nothing
+    reads the logits after the loss (e.g. no accuracy computed from them); off by default."""
+    global _loss_inplace
+    _loss_inplace = bool(flag)
+
+
+def loss_overwrites_logits() -> bool:
+    return _loss_inplace
+
+
+def new_seed() -> int:
+    """A 63-bit seed for in-kernel dropout, drawn from the "cuda" generator (manual_seed
+    makes it reproducible)."""
+    # Generator.random is what CuPy's and NumPy's generators share; two draws give 63 bits.
+    lo, hi = (float(u) for u in backend.generator("cuda").random(2))
+    return int(lo * 2**32) | (int(hi * 2**31) << 32)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _ready(fn: str):
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"{fn}: the CUDA kernels are unavailable: {reason}")
+    return backend._cupy
+
+
+def _device_array(cupy, a, fn: str, name: str):
+    """``a`` as a C-contiguous, 16-byte aligned CuPy array on the current device."""
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError(f"{fn}: {name} must be a CuPy array, got {type(a).__name__}")
+    if a.device.id != cupy.cuda.Device().id:
+        raise ValueError(f"{fn}: {name} is on GPU {a.device.id}, the current device is "
+                         f"{cupy.cuda.Device().id}")
+    if not a.flags.c_contiguous or a.data.ptr % 16:
+        a = a.copy()  # a fresh C-contiguous allocation, 256-byte aligned
+    return a
+
+
+def _float_code(fn: str, **arrays) -> int:
+    codes = {name: dtype_code(a.dtype) for name, a in arrays.items() if a is not None}
+    for name, code in codes.items():
+        if code is None:
+            raise TypeError(f"{fn}: {name} has dtype {arrays[name].dtype}; the kernels take "
+                            f"float32, float16 or bfloat16 (as bfloat16 or uint16 bits)")
+    dtypes = {name: str(a.dtype) for name, a in arrays.items() if a is not None}
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"{fn}: arrays must share one dtype, got {dtypes}")
+    return next(iter(codes.values()))
+
+
+def _stream(cupy) -> int:
+    return cupy.cuda.get_current_stream().ptr
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _attention_inputs(cupy, fn, q, k, v, kv_lens):
+    q, k, v = (_device_array(cupy, a, fn, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
+    code = _float_code(fn, q=q, k=k, v=v)
+    if q.ndim != 4:
+        raise ValueError(f"{fn}: q must have shape (B, H, T, D), got {q.shape}")
+    B, H, T, D = q.shape
+    S = k.shape[2] if k.ndim == 4 else -1
+    if k.shape != (B, H, S, D) or v.shape != k.shape:
+        raise ValueError(f"{fn}: k {k.shape} and v {v.shape} must both be (B, H, S, D) = "
+                         f"({B}, {H}, S, {D}) for q {q.shape}")
+    if D not in (32, 64, 128):
+        raise ValueError(f"{fn}: head dim {D} is not supported (32, 64 or 128)")
+    lens = None
+    if kv_lens is not None:
+        lens = cupy.ascontiguousarray(cupy.asarray(kv_lens), dtype=cupy.int32)
+        if lens.shape != (B,):
+            raise ValueError(f"{fn}: kv_lens must have shape ({B},), got {lens.shape}")
+    return q, k, v, lens, code, (B, H, T, S, D)
+
+
+def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
+                      dropout_p: float = 0.0, seed: int = 0):
+    """Fused attention. q (B, H, T, D), k and v (B, H, S, D), kv_lens (B,) ints or None.
+
+    Returns ``(o, lse)``: o like q, lse (B, H, T) float32 (-inf for a query that sees no key).
+    See csrc/attention.cu and reference.attention_forward for the algorithm.
+    """
+    fn = "attention_forward"
+    cupy = _ready(fn)
+    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o = cupy.empty_like(q)
+    lse = cupy.empty((B, H, T), dtype=cupy.float32)
+    _C.attention_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, lse.data.ptr, _ptr(lens),
+                         code, B, H, T, S, D, scale, bool(causal), float(dropout_p),
+                         int(seed) % 2**64, _stream(cupy))
+    return o, lse
+
+
+def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False,
+                       scale: float | None = None, dropout_p: float = 0.0, seed: int = 0):
+    """Gradients (dq, dk, dv) of the fused attention, recomputing P from lse; the same
+    kv_lens, causal, scale, dropout_p and seed as the forward call."""
+    fn = "attention_backward"
+    cupy = _ready(fn)
+    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens)
+    o, dout = _device_array(cupy, o, fn, "o"), _device_array(cupy, dout, fn, "dout")
+    lse = _device_array(cupy, lse, fn, "lse")
+    _float_code(fn, q=q, o=o, dout=dout)
+    if o.shape != q.shape or dout.shape != q.shape:
+        raise ValueError(f"{fn}: o {o.shape} and dout {dout.shape} must match q {q.shape}")
+    if lse.shape != (B, H, T) or lse.dtype != cupy.float32:
+        raise ValueError(f"{fn}: lse must be float32 of shape {(B, H, T)}, got {lse.dtype} {lse.shape}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dq, dk, dv = cupy.empty_like(q), cupy.empty_like(k), cupy.empty_like(v)
+    dq_accum = cupy.empty((B, H, T, D), dtype=cupy.float32)
+    delta = cupy.empty((B, H, T), dtype=cupy.float32)
+    _C.attention_backward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, dout.data.ptr,
+                          lse.data.ptr, _ptr(lens), dq.data.ptr, dk.data.ptr, dv.data.ptr,
+                          dq_accum.data.ptr, delta.data.ptr, code, B, H, T, S, D, scale,
+                          bool(causal), float(dropout_p), int(seed) % 2**64, _stream(cupy))
+    return dq, dk, dv
+
+
+def key_lengths_from_mask(mask, batch: int, keys: int):
+    """Per-sequence key lengths (B,) int32 if ``mask`` is a boolean key-padding mask of shape
+    (B or 1, 1, 1, S) whose True entries are a prefix of every row; None otherwise (then the
+    fused kernel cannot express it). Costs one device-to-host sync for the prefix check."""
+    cupy = backend._cupy
+    if not isinstance(mask, cupy.ndarray) or (mask.dtype != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
+            or mask.shape[0] not in (1, batch) or mask.shape[3] != keys):
+        return None
+    rows = mask.reshape(mask.shape[0], keys)
+    lens = rows.sum(axis=1, dtype=cupy.int32)
+    if not bool((rows == (cupy.arange(keys)[None, :] < lens[:, None])).all()):
+        return None
+    return cupy.ascontiguousarray(cupy.broadcast_to(lens, (batch,)))
+
+
+# --------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(x, weight=None, bias=None, eps: float = 1e-5):
+    """LayerNorm over the last axis. Returns (y like x, mean (N,), rstd (N,)), N = x.size / D."""
+    fn = "layernorm_forward"
+    cupy = _ready(fn)
+    x = _device_array(cupy, x, fn, "x")
+    weight = None if weight is None else _device_array(cupy, weight, fn, "weight")
+    bias = None if bias is None else _device_array(cupy, bias, fn, "bias")
+    code = _float_code(fn, x=x, weight=weight, bias=bias)
+    D = x.shape[-1]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != (D,):
+            raise ValueError(f"{fn}: {name} of shape {p.shape} does not match the last axis of x {x.shape}")
+    N = x.size // D
+    y = cupy.empty_like(x)
+    mean = cupy.empty(N, dtype=cupy.float32)
+    rstd = cupy.empty(N, dtype=cupy.float32)
+    _C.layernorm_forward(x.data.ptr, _ptr(weight), _ptr(bias), y.data.ptr, mean.data.ptr,
+                         rstd.data.ptr, code, N, D, float(eps), _stream(cupy))
+    return y, mean, rstd
+
+
+def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bias_grad: bool = True):
+    """Returns (dx, dweight or None, dbias or None) from the saved mean and rstd."""
+    fn = "layernorm_backward"
+    cupy = _ready(fn)
+    x, grad = _device_array(cupy, x, fn, "x"), _device_array(cupy, grad, fn, "grad")
+    weight = None if weight is None else _device_array(cupy, weight, fn, "weight")
+    code = _float_code(fn, x=x, grad=grad, weight=weight)
+    D = x.shape[-1]
+    N = x.size // D
+    if D > LAYERNORM_MAX_D:
+        raise ValueError(f"{fn}: rows of {D} exceed {LAYERNORM_MAX_D}, the widest whose column "
+                         f"sums fit in shared memory")
+    if grad.shape != x.shape or mean.shape != (N,) or rstd.shape != (N,):
+        raise ValueError(f"{fn}: grad {grad.shape}, mean {mean.shape}, rstd {rstd.shape} do not "
+                         f"match x {x.shape} (expected grad {x.shape}, mean and rstd ({N},))")
+    mean = _device_array(cupy, mean, fn, "mean")
+    rstd = _device_array(cupy, rstd, fn, "rstd")
+    # Enough blocks to fill the GPU a few times over; each writes one partial row of dw, db.
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    blocks = max(1, min(-(-N // 4), 4 * sms))
+    partial = cupy.empty((blocks, 2, D), dtype=cupy.float32)
+    dx = cupy.empty_like(x)
+    dw = cupy.empty(D, dtype=x.dtype) if weight_grad else None
+    db = cupy.empty(D, dtype=x.dtype) if bias_grad else None
+    _C.layernorm_backward(x.data.ptr, _ptr(weight), mean.data.ptr, rstd.data.ptr, grad.data.ptr,
+                          dx.data.ptr, _ptr(dw), _ptr(db), partial.data.ptr, blocks, code, N, D,
+                          _stream(cupy))
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- softmax, loss
+
+
+def softmax_forward(x, mask=None, scale: float = 1.0):
+    """softmax(scale * x) over the last axis, only over entries where ``mask`` (bool, shape
+    broadcastable to x) is True; a fully masked row gives zeros."""
+    fn = "softmax_forward"
+    cupy = _ready(fn)
+    x = _device_array(cupy, x, fn, "x")
+    code = _float_code(fn, x=x)
+    if mask is not None:
+        if mask.dtype != bool:
+            raise TypeError(f"{fn}: mask must be boolean, got {mask.dtype}")
+        try:
+            mask = cupy.ascontiguousarray(cupy.broadcast_to(mask, x.shape)).view(cupy.uint8)
+        except ValueError:
+            raise ValueError(f"{fn}: mask of shape {mask.shape} does not broadcast to x {x.shape}") from None
+    V = x.shape[-1]
+    y = cupy.empty_like(x)
+    _C.softmax_forward(x.data.ptr, _ptr(mask), y.data.ptr, code, x.size // V, V, float(scale),
+                       _stream(cupy))
+    return y
+
+
+def softmax_backward(y, grad, scale: float = 1.0):
+    """dx = scale * y * (grad - sum(grad * y)) over the last axis."""
+    fn = "softmax_backward"
+    cupy = _ready(fn)
+    y, grad = _device_array(cupy, y, fn, "y"), _device_array(cupy, grad, fn, "grad")
+    code = _float_code(fn, y=y, grad=grad)
+    if grad.shape != y.shape:
+        raise ValueError(f"{fn}: grad {grad.shape} does not match y {y.shape}")
+    V = y.shape[-1]
+    dx = cupy.empty_like(y)
+    _C.softmax_backward(y.data.ptr, grad.data.ptr, dx.data.ptr, code, y.size // V, V,
+                        float(scale), _stream(cupy))
+    return dx
+
+
+def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_index=None,
+                          grad: str = "new"):
+    """Per-position label-smoothed cross-entropy of (..., V) logits, fused with its gradient.
+
+    ``grad``: "new" writes d loss_row / d logits into a new array, "inplace" over ``logits``
+    itself (then ``logits`` is destroyed), "none" computes only the loss.
+    Returns (loss float32 of shape logits.shape[:-1], gradient like logits or None).
+    """
+    fn = "cross_entropy_forward"
+    cupy = _ready(fn)
+    if grad not in ("new", "inplace", "none"):
+        raise ValueError(f"{fn}: grad must be 'new', 'inplace' or 'none', got {grad!r}")
+    if grad == "inplace" and not (isinstance(logits, cupy.ndarray) and logits.flags.c_contiguous
+                                  and logits.data.ptr % 16 == 0):
+        raise ValueError(f"{fn}: grad='inplace' needs C-contiguous, aligned logits")
+    logits = _device_array(cupy, logits, fn, "logits")
+    code = _float_code(fn, logits=logits)
+    target = _device_array(cupy, target, fn, "target")
+    if target.shape != logits.shape[:-1]:
+        raise ValueError(f"{fn}: target of shape {target.shape} does not match logits {logits.shape}")
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: target must hold integer class ids, got {target.dtype}")
+    V = logits.shape[-1]
+    N = logits.size // V
+    t = cupy.ascontiguousarray(target.reshape(N), dtype=cupy.int64)
+    live = t != ignore_index if ignore_index is not None else cupy.ones(N, dtype=bool)
+    bad = live & ((t < 0) | (t >= V))
+    if bool(bad.any()):  # the kernel would read out of bounds
+        raise IndexError(f"{fn}: target ids must be in [0, {V}), got {int(t[int(bad.argmax())])}")
+    loss = cupy.empty(N, dtype=cupy.float32)
+    out = {"new": lambda: cupy.empty_like(logits), "inplace": lambda: logits, "none": lambda: None}[grad]()
+    _C.cross_entropy_forward(logits.data.ptr, t.data.ptr, loss.data.ptr, _ptr(out), code, N, V,
+                             float(label_smoothing), ignore_index is not None,
+                             int(ignore_index) if ignore_index is not None else 0, _stream(cupy))
+    return loss.reshape(logits.shape[:-1]), out

@@ -1,0 +1,242 @@
+"""The plain formulas, in float64 NumPy: full matrices, no tiling, no online anything;
+naive same-precision implementations (NumPy or CuPy); and the comparison rule.
+
+The NumPy twins (CPU), the emulated kernels (CPU) and the CUDA kernels (GPU) are all checked
+against these.
+
+Tolerances. float32: the table FP32_TOL, atol + rtol * |ref|; the kernels accumulate in
+float32 with hardware exp, so their error is a few float32 ulps times the reduction length.
+float16 / bfloat16: the rule of flash-attention's tests: the kernel's largest error against
+float64 is at most twice that of a naive implementation in the same precision (every stored
+intermediate rounded to the 16-bit type, products accumulated in float32 as cuBLAS does), plus
+one unit in the last place of the largest reference value or of 0.01, whichever is larger (so
+that a lucky exact naive result does not demand an exact fused one: with a single key, dq is 0
+exactly, the naive dS = P (dP - sum dP P) gives exactly 0, while the fused kernel's
+delta = rowsum(dO O) with O rounded to 16 bits leaves ~1e-7).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minitransformer import backend, kernels
+
+FP32_TOL = {  # (rtol, atol)
+    "attention": (2e-4, 2e-4),
+    "attention_grad": (1e-3, 1e-3),
+    "layernorm": (1e-4, 1e-4),
+    "softmax": (1e-5, 1e-6),
+    "cross_entropy": (1e-5, 1e-5),
+}
+ULP = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def attention_mask(B, T, S, lens, causal):
+    """(B, 1, T, S) bool: key j exists (j < lens[b]) and, if causal, j <= i + (S - T)."""
+    lens = np.full(B, S) if lens is None else np.asarray(lens)
+    i, j = np.arange(T)[:, None], np.arange(S)[None, :]
+    mask = (j[None] < lens[:, None, None])[:, None]
+    if causal:
+        mask = mask & (j <= i + (S - T))[None, None]
+    return mask
+
+
+def attention(q, k, v, lens=None, causal=False, scale=None, z=None, dout=None):
+    """O = (softmax(Q K^T scale, masked) * Z) V and lse; with dout also (dq, dk, dv).
+
+    Z is the dropout factor array (B, H, T, S) or None. Fully masked rows: O = 0, lse = -inf.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    mask = attention_mask(B, T, S, lens, causal)
+    s = np.where(mask, q @ k.swapaxes(-1, -2) * scale, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - m)
+    total = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(total > 0, total, 1)
+    lse = np.where(total[..., 0] > 0, m[..., 0] + np.log(np.where(total > 0, total, 1))[..., 0], -np.inf)
+    z = np.ones_like(p) if z is None else np.asarray(z, dtype=np.float64)
+    o = (p * z) @ v
+    if dout is None:
+        return o, lse
+    dout = np.asarray(dout, dtype=np.float64)
+    dv = (p * z).swapaxes(-1, -2) @ dout
+    dp = (dout @ v.swapaxes(-1, -2)) * z
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale
+    return o, lse, ds @ k, ds.swapaxes(-1, -2) @ q, dv
+
+
+def layer_norm(x, w=None, b=None, eps=1e-5, g=None):
+    """y; with g also (dx, dw, db)."""
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    xhat = (x - mean) / np.sqrt(var + eps)
+    w = np.ones(x.shape[-1]) if w is None else np.asarray(w, dtype=np.float64)
+    b = np.zeros(x.shape[-1]) if b is None else np.asarray(b, dtype=np.float64)
+    y = xhat * w + b
+    if g is None:
+        return y
+    g = np.asarray(g, dtype=np.float64).reshape(-1, x.shape[-1])
+    xh = xhat.reshape(-1, x.shape[-1])
+    gh = g * w
+    dx = (gh - gh.mean(-1, keepdims=True) - xh * (gh * xh).mean(-1, keepdims=True)) \
+        / np.sqrt(var.reshape(-1, 1) + eps)
+    return y, dx.reshape(x.shape), (g * xh).sum(0), g.sum(0)
+
+
+def softmax(x, mask=None, scale=1.0, g=None):
+    """softmax(scale x) over unmasked entries of the last axis (fully masked rows: 0);
+    with g also dx."""
+    z = np.asarray(x, dtype=np.float64) * scale
+    if mask is not None:
+        z = np.where(mask, z, -np.inf)
+    m = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - np.where(np.isfinite(m), m, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    y = e / np.where(total > 0, total, 1)
+    if g is None:
+        return y
+    g = np.asarray(g, dtype=np.float64)
+    return y, scale * y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def cross_entropy(logits, target, eps=0.0, ignore_index=None):
+    """Per-row loss -sum_k q_k log softmax(z)_k, q = (1-eps) onehot + eps/V, and its gradient
+    softmax - q; rows with target == ignore_index: 0 and 0."""
+    z = np.asarray(logits, dtype=np.float64)
+    N, V = z.shape
+    t = np.asarray(target)
+    ignored = t == ignore_index if ignore_index is not None else np.zeros(N, dtype=bool)
+    t = np.where(ignored, 0, t)
+    logp = z - z.max(1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(1, keepdims=True))
+    q = np.full((N, V), eps / V)
+    q[np.arange(N), t] += 1 - eps
+    loss = -(q * logp).sum(1)
+    grad = np.exp(logp) - q
+    return np.where(ignored, 0, loss), np.where(ignored[:, None], 0, grad)
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def to_kernel(x32, dtype: str):
+    """float32 array -> the kernels' representation of dtype (bfloat16: uint16 bits)."""
+    if dtype == "bfloat16":
+        return kernels.to_bfloat16_bits(x32)
+    return x32.astype(dtype)
+
+
+def to_f32(a):
+    """Kernel-dtype array -> float32 array (exact)."""
+    return kernels.from_bfloat16_bits(a) if a.dtype == np.uint16 else a.astype(np.float32)
+
+
+def host64(a):
+    """Kernel-dtype array (NumPy or CuPy) -> float64 NumPy array (exact)."""
+    return backend.to_device(to_f32(a), "cpu").astype(np.float64)
+
+
+def rounder(dtype: str):
+    """Rounds a float32 array to dtype's precision (returns float32)."""
+    if dtype == "float16":
+        return lambda a: a.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        return lambda a: kernels.from_bfloat16_bits(kernels.to_bfloat16_bits(a))
+    return lambda a: a
+
+
+def randn(rng, shape, dtype: str, xp=np, scale: float = 1.0):
+    """Fresh random input in dtype on xp; returns (kernel array, its exact float64 host copy)."""
+    a = to_kernel(xp.asarray(rng.standard_normal(shape).astype(np.float32) * scale), dtype)
+    return a, host64(a)
+
+
+def check(name: str, dtype: str, got, ref, naive=None):
+    """float32: the tolerance table; 16-bit: at most 2x the naive error plus one ulp."""
+    got = got if isinstance(got, np.ndarray) and got.dtype == np.float64 else host64(got)
+    if dtype == "float32":
+        rtol, atol = FP32_TOL[name]
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol, err_msg=name)
+        return
+    naive = backend.to_device(naive, "cpu").astype(np.float64)
+    err = np.abs(got - ref).max(initial=0.0)
+    naive_err = np.abs(naive - ref).max(initial=0.0)
+    bound = 2 * naive_err + ULP[dtype] * max(np.abs(ref).max(initial=0.0), 0.01)
+    assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 1 ulp"
+
+
+# --------------------------------------------------------------------------- naive, same precision
+# Inputs are float32 arrays holding 16-bit values; rnd rounds each stored intermediate.
+
+
+def naive_attention(q, k, v, dout, lens, causal, rnd, z=None):
+    """(o, dq, dk, dv); z the dropout factors (B, H, T, S) or None."""
+    xp = backend.array_module_of(q)
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    scale = 1 / math.sqrt(D)
+    mask = xp.asarray(attention_mask(B, T, S, lens, causal))
+    z = 1 if z is None else xp.asarray(z, dtype=np.float32)
+    s = xp.where(mask, rnd(q @ k.swapaxes(-1, -2) * scale), -xp.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = xp.exp(s - xp.where(xp.isfinite(m), m, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    p = rnd(e / xp.where(total > 0, total, 1))
+    p_dropped = rnd(p * z)
+    o = rnd(p_dropped @ v)
+    dv = rnd(p_dropped.swapaxes(-1, -2) @ dout)
+    dp = rnd(rnd(dout @ v.swapaxes(-1, -2)) * z)
+    ds = rnd(p * (dp - rnd((dp * p).sum(axis=-1, keepdims=True))))
+    return o, rnd(ds @ k * scale), rnd(ds.swapaxes(-1, -2) @ q * scale), dv
+
+
+def naive_layernorm(x, w, b, g, eps, rnd):
+    """(y, dx, dw, db)."""
+    xp = backend.array_module_of(x)
+    mean = rnd(x.mean(axis=1, keepdims=True))
+    xc = rnd(x - mean)
+    rstd = rnd(1 / xp.sqrt(rnd((xc * xc).mean(axis=1, keepdims=True)) + eps))
+    xhat = rnd(xc * rstd)
+    y = rnd(rnd(xhat * w) + b)
+    gh = rnd(g * w)
+    dx = rnd(rstd * rnd(gh - rnd(gh.mean(axis=1, keepdims=True))
+                        - rnd(xhat * rnd((gh * xhat).mean(axis=1, keepdims=True)))))
+    return y, dx, rnd((g * xhat).sum(axis=0)), rnd(g.sum(axis=0))
+
+
+def naive_softmax(x, mask, scale, rnd):
+    xp = backend.array_module_of(x)
+    z = rnd(x * scale)
+    if mask is not None:
+        z = xp.where(mask, z, -xp.inf)
+    m = z.max(axis=1, keepdims=True)
+    e = rnd(xp.exp(z - xp.where(xp.isfinite(m), m, 0)))
+    total = rnd(e.sum(axis=1, keepdims=True))
+    return rnd(e / xp.where(total > 0, total, 1))
+
+
+def naive_softmax_backward(y, g, scale, rnd):
+    return rnd(scale * rnd(y * rnd(g - rnd((g * y).sum(axis=1, keepdims=True)))))
+
+
+def naive_cross_entropy(z, t, eps, ignore_index, rnd):
+    """(loss, grad); t an integer array on z's device."""
+    xp = backend.array_module_of(z)
+    N, V = z.shape
+    ignored = t == ignore_index if ignore_index is not None else xp.zeros(N, dtype=bool)
+    t = xp.where(ignored, 0, t)
+    m = z.max(axis=1, keepdims=True)
+    lse = rnd(m + xp.log(rnd(xp.exp(z - m).sum(axis=1, keepdims=True))))
+    logp = rnd(z - lse)
+    q = xp.full(z.shape, eps / V, dtype=np.float32)
+    q[xp.arange(N), t] += 1 - eps
+    loss = rnd(-(q * logp).sum(axis=1))
+    grad = rnd(rnd(xp.exp(logp)) - q)
+    return xp.where(ignored, 0, loss), xp.where(ignored[:, None], 0, grad)
