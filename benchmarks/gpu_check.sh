@@ -40,6 +40,16 @@ bench_rc=$?
 echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
 [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
 
+# The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU), its bus bandwidth,
+# and a whole training step of the model on the GPU next to torch.nn.Transformer.
+start=$SECONDS
+timeout 60 python -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
+echo "nccl tests: $((SECONDS - start)) s, exit $? ($(tail -n 1 "$LOGS/nccl.log"))"
+timeout 60 python benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
+    || tail -n 20 "$LOGS/allreduce.log"
+timeout 120 python benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 >"$LOGS/train_step.log" 2>&1 \
+    || tail -n 20 "$LOGS/train_step.log"
+
 python - "$LOGS" "$tests_rc" <<'PY'
 import json, os, re, sys
 logs, tests_rc = sys.argv[1], int(sys.argv[2])
@@ -63,4 +73,9 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
+for name in ("allreduce.log", "train_step.log"):
+    path = os.path.join(logs, name)
+    if os.path.exists(path):
+        print(f"--- {name} (last lines)")
+        print("\n".join(open(path).read().strip().splitlines()[-6:]))
 PY
