@@ -59,7 +59,8 @@ def get_array_module(device: str):
     """The array module for a device: numpy for "cpu", cupy for "cuda"."""
     if device == "cpu":
         return np
-    return _cupy if check_device(device) == "cuda" else np
+    check_device(device)
+    return _cupy
 
 
 def device_of(array) -> str:

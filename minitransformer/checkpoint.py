@@ -70,6 +70,9 @@ def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
             f.flush()

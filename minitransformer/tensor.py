@@ -222,13 +222,13 @@ class Tensor:
         return F.relu(self)
 
     def reshape(self, *shape):
-        return F.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+        return F.reshape(self, _shape(shape))
 
     def transpose(self, axis0: int, axis1: int):
         return F.transpose(self, axis0, axis1)
 
     def permute(self, *axes):
-        return F.permute(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
+        return F.permute(self, _shape(axes))
 
     def softmax(self, axis: int = -1):
         return F.softmax(self, axis)
@@ -245,6 +245,13 @@ class Tensor:
 
 def _resolve_dtype(dtype):
     return None if dtype is None else np.dtype(dtype)
+
+
+def _shape(shape: tuple) -> tuple:
+    """``zeros(2, 3)`` and ``zeros((2, 3))`` both mean shape (2, 3)."""
+    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        return tuple(shape[0])
+    return tuple(int(n) for n in shape)
 
 
 def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
@@ -266,8 +273,7 @@ def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -
 
 
 def _filled(fill, shape, dtype, device, requires_grad) -> Tensor:
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        shape = tuple(shape[0])
+    shape = _shape(shape)
     xp = backend.get_array_module(device)
     data = xp.full(shape, fill, dtype=_resolve_dtype(dtype) or DEFAULT_DTYPE)
     return Tensor(data, requires_grad=requires_grad)
@@ -282,24 +288,21 @@ def ones(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -
 
 
 def full(shape, fill_value, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
-    return _filled(fill_value, (tuple(shape),), dtype, device, requires_grad)
+    return _filled(fill_value, (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape),
+                   dtype, device, requires_grad)
 
 
 def randn(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples from the device's seeded generator (see ``manual_seed``)."""
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        shape = tuple(shape[0])
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).standard_normal(shape, dtype=dtype)
+    data = backend.generator(device).standard_normal(_shape(shape), dtype=dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) from the device's seeded generator."""
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        shape = tuple(shape[0])
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).random(shape, dtype=dtype)
+    data = backend.generator(device).random(_shape(shape), dtype=dtype)
     return Tensor(data, requires_grad=requires_grad)
 
 

@@ -28,7 +28,7 @@ class MultiHeadAttention(Module):
         if d_model % h:
             raise ValueError(f"d_model={d_model} is not divisible by h={h}")
         self.d_model, self.h, self.d_k = d_model, h, d_model // h
-        self.dropout = dropout  # on the attention weights: a named deviation, 0 in the paper
+        self.attn_dropout = dropout  # on the attention weights: a named deviation, 0 in the paper
         self.keep_weights = False  # True: each forward stores its probabilities in last_weights
         self.last_weights = None
         self.q_proj = Linear(d_model, d_model)
@@ -67,7 +67,7 @@ class MultiHeadAttention(Module):
         if key_padding_mask is not None:
             pad = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else key_padding_mask
             mask = ~pad[:, None, None, :]  # (B, 1, 1, S): True = may attend
-        p = self.dropout if self.training else 0.0
+        p = self.attn_dropout if self.training else 0.0
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=p)
         b, _, t, _ = heads.shape
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.d_model))  # Concat(heads) W^O

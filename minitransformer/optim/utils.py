@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .. import backend
+
 
 def grad_norm(params) -> float:
-    """sqrt(sum of squared gradient entries) over all parameters (inf or nan if any is)."""
-    total = 0.0
-    for p in params:
-        if p.grad is not None:
-            g = p.grad.data
-            total += float((g * g).sum())
-    return math.sqrt(total)
+    """sqrt(sum of squared gradient entries) over all parameters (inf or nan if any is).
+
+    The per-parameter sums stay on the device and are added there: one host sync, not one
+    per parameter."""
+    parts = [(p.grad.data * p.grad.data).sum(dtype=np.float64) for p in params if p.grad is not None]
+    if not parts:
+        return 0.0
+    return math.sqrt(float(backend.array_module_of(parts[0]).stack(parts).sum()))
 
 
 def clip_grad_norm_(params, max_norm: float) -> float:
