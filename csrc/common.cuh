@@ -29,6 +29,17 @@ inline const char* dtype_name(int code) {
     }
 }
 
+// Call f with a value of the element type that a dtype code names (the launchers' dispatch).
+template <typename F>
+void with_type(int dtype, const char* name, F&& f) {
+    switch (dtype) {
+        case kFloat32: f(float{}); return;
+        case kFloat16: f(__half{}); return;
+        case kBFloat16: f(__nv_bfloat16{}); return;
+    }
+    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " + std::to_string(dtype));
+}
+
 // Raise (as std::runtime_error -> Python RuntimeError) if the last launch failed.
 // Launch errors (bad configuration, too much shared memory) surface here at once;
 // faults inside a running kernel surface at the next synchronising call.

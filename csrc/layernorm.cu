@@ -193,16 +193,6 @@ void with_vec(int D, F&& f) {
     else f(std::integral_constant<int, 1>{});
 }
 
-template <typename F>
-void with_type(int dtype, const char* name, F&& f) {
-    switch (dtype) {
-        case kFloat32: f(float{}); return;
-        case kFloat16: f(__half{}); return;
-        case kBFloat16: f(__nv_bfloat16{}); return;
-    }
-    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " + std::to_string(dtype));
-}
-
 }  // namespace
 
 void layernorm_forward(const void* x, const void* w, const void* b, void* y, float* mean,

@@ -114,16 +114,6 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict_
     }
 }
 
-template <typename F>
-void with_type(int dtype, const char* name, F&& f) {
-    switch (dtype) {
-        case kFloat32: f(float{}); return;
-        case kFloat16: f(__half{}); return;
-        case kBFloat16: f(__nv_bfloat16{}); return;
-    }
-    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " + std::to_string(dtype));
-}
-
 // Calls f(integral_constant<THREADS>) with the row width for V, and gives the grid size.
 template <typename F>
 void with_row_threads(int N, int V, cudaStream_t stream, F&& f) {
