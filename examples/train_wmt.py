@@ -175,7 +175,7 @@ def plot_curves(log_path: str, png_path: str) -> None:
     train = [r for r in rows if r["kind"] == "train"]
     val = [r for r in rows if r["kind"] == "val"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (smoothed)", lw=0.8)
+    ax1.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (label-smoothed)", lw=0.8)
     ax1.plot([r["step"] for r in train], [math.log(r["ppl"]) for r in train], label="train NLL", lw=0.8)
     ax1.plot([r["step"] for r in val], [math.log(r["ppl"]) for r in val], "o-", label="validation NLL")
     ax1.set_xlabel("step")

@@ -38,13 +38,19 @@ def worker():
 
 
 @pytest.fixture(scope="session")
-def mpirun():
-    """``mpirun(scenario, out_dir, seed, *options, n=2, timeout=60)`` -> CompletedProcess."""
+def mpiexec():
+    """The mpiexec to launch ranks with; skips the test when MPI is not installed."""
     if importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpi4py is not installed (pip install -e '.[dev]' or '.[mpi]')")
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
+    path = find_mpiexec()
+    if path is None:
         pytest.skip("no mpiexec next to this Python or on PATH (pip install mpich)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mpirun(mpiexec):
+    """``mpirun(scenario, out_dir, seed, *options, n=2, timeout=60)`` -> CompletedProcess."""
 
     def run(scenario, out_dir, seed, *options, n=2, timeout=60):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
