@@ -32,7 +32,7 @@ VERSION = 1
 
 
 class CheckpointError(RuntimeError):
-    pass
+    """A file that is not a readable checkpoint of this format (truncated, corrupt, foreign)."""
 
 
 @dataclass

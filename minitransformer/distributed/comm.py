@@ -93,7 +93,7 @@ class _Done:
     """The handle of a collective that had already finished when it was returned."""
 
     def wait(self) -> None:
-        pass
+        """Nothing to wait for."""
 
 
 # --------------------------------------------------------------------------- one process
@@ -118,7 +118,7 @@ class LocalCommunicator(Communicator):
         self._check_root(root)
 
     def barrier(self) -> None:
-        pass
+        """A lone process has nobody to wait for."""
 
 
 # --------------------------------------------------------------------------- MPI
