@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -190,10 +191,13 @@ def _abort_all_ranks_on_uncaught_exception(rank: int, world_size: int) -> None:
     MPI = _mpi()
 
     def hook(exc_type, exc, tb):
-        sys.stderr.write(f"[rank {rank}/{world_size}] uncaught exception, aborting all ranks:\n")
-        traceback.print_exception(exc_type, exc, tb)
+        # One write, then a moment for mpiexec to forward it: Abort tears down the launcher's
+        # output forwarding too, and a traceback written piecemeal was seen cut off.
+        sys.stderr.write(f"[rank {rank}/{world_size}] uncaught exception, aborting all ranks:\n"
+                         + "".join(traceback.format_exception(exc_type, exc, tb)))
         sys.stderr.flush()
         sys.stdout.flush()
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook
