@@ -21,6 +21,8 @@ greedy decoding.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import backend
@@ -29,19 +31,15 @@ from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
 
-class _eval_mode:
+@contextlib.contextmanager
+def _eval_mode(model):
     """Put a model in eval mode for a block and restore its mode afterwards, even on error."""
-
-    def __init__(self, model) -> None:
-        self.model = model
-
-    def __enter__(self):
-        self.was_training = self.model.training
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was_training)
-        return False
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def length_penalty(length: int, alpha: float) -> float:
