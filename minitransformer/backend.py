@@ -10,6 +10,12 @@ both devices, the way chainer's functions do. A device is named by a string:
 CuPy is optional. Importing this module never fails for lack of CuPy, a driver or a GPU;
 asking for "cuda" without them raises a ``RuntimeError`` that says what is missing.
 
+Floating-point dtypes: float32 (the default), float64 (gradient checks), and the two 16-bit
+formats of mixed-precision training, float16 and bfloat16. NumPy has no bfloat16 of its own;
+``ml_dtypes.bfloat16`` supplies it (to NumPy, and to CuPy 14), so ``bfloat16`` here is None when
+ml_dtypes is not installed. ``is_floating`` is the test to use: NumPy files bfloat16 under
+kind 'V', not 'f'.
+
 The module also owns the random number generators (one per device), so that
 ``manual_seed`` makes weight init and dropout reproducible on both backends.
 """
@@ -22,6 +28,13 @@ try:  # CuPy is an optional extra: pip install minitransformer[cuda]
     import cupy as _cupy
 except Exception:  # ImportError, or a broken CUDA install raising at import
     _cupy = None
+
+try:  # bfloat16 for NumPy and CuPy (installed with JAX, and by the [dev] and [cuda] extras)
+    import ml_dtypes as _ml_dtypes
+
+    bfloat16 = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:
+    bfloat16 = None
 
 DEVICES = ("cpu", "cuda")
 
@@ -61,6 +74,36 @@ def get_array_module(device: str):
         return np
     check_device(device)
     return _cupy
+
+
+def resolve_dtype(dtype) -> np.dtype:
+    """``np.dtype(dtype)``, also for the name "bfloat16", which needs ml_dtypes."""
+    if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+        if bfloat16 is None:
+            raise TypeError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
+        return bfloat16
+    return np.dtype(dtype)
+
+
+def is_floating(dtype) -> bool:
+    """True for float16/32/64 and bfloat16."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or (bfloat16 is not None and dtype == bfloat16)
+
+
+def is_low_precision(dtype) -> bool:
+    """True for the 16-bit floating formats, which composite ops compute in float32."""
+    return is_floating(dtype) and np.dtype(dtype).itemsize == 2
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype to accumulate sums of ``dtype`` in: float32 for 16-bit formats, else itself."""
+    return np.dtype(np.float32) if is_low_precision(dtype) else np.dtype(dtype)
+
+
+def upcast(*arrays) -> tuple:
+    """The arrays in their ``compute_dtype`` (float32 copies of 16-bit ones; None passes)."""
+    return tuple(None if a is None else a.astype(compute_dtype(a.dtype), copy=False) for a in arrays)
 
 
 def device_of(array) -> str:

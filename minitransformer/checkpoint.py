@@ -5,7 +5,11 @@ A checkpoint is a NumPy ``.npz`` archive (no pickle: loading one never runs code
     model/<name>         every parameter and buffer (``Module.state_dict``)
     optim/m/<i>, v/<i>   Adam's moments
     __meta__             JSON: format tag, model config, optimiser scalars, schedule state,
-                         the random generators' state and any caller data (epoch, data position)
+                         the loss scaler's state (float16 training), the random generators'
+                         state and any caller data (epoch, data position)
+
+In mixed-precision training the parameters saved are the float32 master weights (see ``amp``),
+so one checkpoint serves resuming in any precision, decoding and averaging.
 
 ``save_checkpoint`` writes to a temporary file in the same directory, fsyncs it, and renames it
 over the target: a crash mid-write leaves the previous checkpoint intact. ``load_checkpoint``
@@ -43,15 +47,19 @@ class Checkpoint:
     schedule: dict | None = None
     rng: dict | None = None
     extra: dict = field(default_factory=dict)
+    scaler: dict | None = None
 
 
-def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict | None = None) -> None:
-    """Write model, optimiser, schedule, RNG state, config and ``extra`` to ``path`` atomically."""
+def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict | None = None,
+                    scaler=None) -> None:
+    """Write model, optimiser, schedule, loss scaler, RNG state, config and ``extra`` to
+    ``path`` atomically."""
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     meta = {
         "format": FORMAT, "version": VERSION,
         "config": model.config.to_dict() if hasattr(model, "config") else None,
         "schedule": schedule.state_dict() if schedule is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": backend.get_rng_state(),
         "extra": extra or {},
         "optimizer": None,
@@ -120,16 +128,20 @@ def load_checkpoint(path: str) -> Checkpoint:
         for name in ("m", "v"):
             optimizer[name] = [arrays.get(f"optim/{name}/{i}") for i in range(n)]
     return Checkpoint(model=model, config=meta["config"], optimizer=optimizer,
-                      schedule=meta["schedule"], rng=meta["rng"], extra=meta["extra"])
+                      schedule=meta["schedule"], rng=meta["rng"], extra=meta["extra"],
+                      scaler=meta.get("scaler"))
 
 
-def restore(ckpt: Checkpoint, model, optimizer=None, schedule=None, rng: bool = True) -> None:
+def restore(ckpt: Checkpoint, model, optimizer=None, schedule=None, rng: bool = True,
+            scaler=None) -> None:
     """Load a checkpoint's state into live objects, so training continues where it stopped."""
     model.load_state_dict(ckpt.model)
     if optimizer is not None and ckpt.optimizer is not None:
         optimizer.load_state_dict(ckpt.optimizer)
     if schedule is not None and ckpt.schedule is not None:
         schedule.load_state_dict(ckpt.schedule)
+    if scaler is not None and ckpt.scaler is not None:
+        scaler.load_state_dict(ckpt.scaler)
     if rng and ckpt.rng is not None:
         backend.set_rng_state(ckpt.rng)
 

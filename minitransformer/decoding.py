@@ -59,8 +59,6 @@ def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: 
     PAD and BOS are never valid outputs, so they get probability 0."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, pad_mask, cache, offset=t)
     logits = model.project(states).data[:, -1]
-    if logits.dtype == np.float16:
-        logits = logits.astype(np.float32)
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
     return log_softmax_array(logits)
 

@@ -33,7 +33,7 @@ class Tensor:
         self.grad = None
         self._ctx = _ctx
         self._hooks = None
-        if requires_grad and data.dtype.kind != "f":
+        if requires_grad and not backend.is_floating(data.dtype):
             raise TypeError(f"only floating-point tensors can require grad, not {data.dtype}")
         self.requires_grad = requires_grad
 
@@ -89,7 +89,7 @@ class Tensor:
         return Tensor(self.data)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        if requires_grad and self.dtype.kind != "f":
+        if requires_grad and not backend.is_floating(self.dtype):
             raise TypeError(f"only floating-point tensors can require grad, not {self.dtype}")
         self.requires_grad = requires_grad
         return self
@@ -244,7 +244,12 @@ class Tensor:
 
 
 def _resolve_dtype(dtype):
-    return None if dtype is None else np.dtype(dtype)
+    return None if dtype is None else backend.resolve_dtype(dtype)
+
+
+def _draw_dtype(dtype: np.dtype) -> np.dtype:
+    """Generators draw float32 or float64 only: 16-bit samples are drawn in float32."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
 def _shape(shape: tuple) -> tuple:
@@ -267,9 +272,10 @@ def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -
     if dtype is None and not hasattr(data, "dtype"):
         inferred = np.asarray(data).dtype
         dtype = np.dtype(DEFAULT_DTYPE) if inferred.kind == "f" else inferred
-    if hasattr(data, "dtype"):  # an array, possibly on the other device
-        data = backend.to_device(data, device)
-    return Tensor(xp.array(data, dtype=dtype), requires_grad=requires_grad)
+    if hasattr(data, "dtype") and backend.device_of(data) != device:
+        # The move already made a new array: cast it without a second copy.
+        return Tensor(xp.asarray(backend.to_device(data, device), dtype=dtype), requires_grad=requires_grad)
+    return Tensor(xp.array(data, dtype=dtype), requires_grad=requires_grad)  # a copy: the caller keeps its array
 
 
 def _filled(fill, shape, dtype, device, requires_grad) -> Tensor:
@@ -295,15 +301,15 @@ def full(shape, fill_value, dtype=None, device: str = "cpu", requires_grad: bool
 def randn(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples from the device's seeded generator (see ``manual_seed``)."""
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).standard_normal(_shape(shape), dtype=dtype)
-    return Tensor(data, requires_grad=requires_grad)
+    data = backend.generator(device).standard_normal(_shape(shape), dtype=_draw_dtype(dtype))
+    return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) from the device's seeded generator."""
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).random(_shape(shape), dtype=dtype)
-    return Tensor(data, requires_grad=requires_grad)
+    data = backend.generator(device).random(_shape(shape), dtype=_draw_dtype(dtype))
+    return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
 
 def arange(start, stop=None, step=1, dtype=None, device: str = "cpu") -> Tensor:

@@ -10,14 +10,23 @@ summed loss divided by its token count. With data parallelism (``ddp``, a
 ``distributed.DistributedDataParallel``) each rank backpropagates its summed loss and the
 all-reduce divides by the token count of all ranks together, so batches with different
 numbers of tokens are weighted correctly (see ``distributed.ddp``).
+
+Mixed precision (``amp_dtype`` float16 or bfloat16, see ``amp``): the forward pass runs on
+16-bit copies of the float32 weights, the gradients arrive in float32, and with a ``scaler``
+(float16) the loss is scaled before backward and the gradients unscaled after the all-reduce;
+an overflow is a "non-finite gradient" step, skipped, and lowers the scale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import functional as F
+from .amp import autocast
 from .autograd import no_grad
 from .optim import clip_grad_norm_, grad_norm
 
@@ -36,16 +45,18 @@ class StepResult:
         return math.exp(min(self.nll, 700.0))
 
 
-def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float):
-    """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens)."""
-    logits = model(src, tgt_in)  # (B, T, V)
-    stats: dict = {}
-    loss_sum = F.cross_entropy(logits, tgt_out, label_smoothing, model.config.pad_id, "sum", stats)
+def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=None):
+    """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens); with
+    ``amp_dtype`` the forward pass runs in that 16-bit dtype."""
+    with autocast(model, amp_dtype) if amp_dtype is not None else contextlib.nullcontext():
+        logits = model(src, tgt_in)  # (B, T, V)
+        stats: dict = {}
+        loss_sum = F.cross_entropy(logits, tgt_out, label_smoothing, model.config.pad_id, "sum", stats)
     return loss_sum, stats["nll_sum"], stats["n_tokens"]
 
 
 def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing: float = 0.1,
-               clip_norm: float | None = None, ddp=None) -> StepResult:
+               clip_norm: float | None = None, ddp=None, amp_dtype=None, scaler=None) -> StepResult:
     """Forward, backward and (unless a guard trips) one optimiser step.
 
     With ``ddp`` every rank calls ``ddp.reduce_gradients`` even when its own loss was not
@@ -54,11 +65,16 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
     """
     model.train()
     optimizer.zero_grad()
-    loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
+    loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
     value = loss_sum.item()
     local_ok = math.isfinite(value)
     if local_ok:
-        (loss_sum if ddp is not None else loss_sum / max(n, 1)).backward()
+        objective = loss_sum if ddp is not None else loss_sum / max(n, 1)
+        if scaler is None:
+            objective.backward()
+        else:  # overflow is expected now and then: the scaler handles it, NumPy need not warn
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaler.scale(objective).backward()
     nll = nll_sum / max(n, 1)
     if ddp is not None:
         stats = ddp.reduce_gradients(n, loss_sum=value if local_ok else math.nan)
@@ -69,8 +85,13 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
         optimizer.zero_grad()
         why = "non-finite loss" if not local_ok else "non-finite loss on another rank"
         return StepResult(loss, nll, tokens, math.nan, optimizer.lr, skipped=why)
+    if scaler is not None:
+        scaler.unscale_(optimizer.params)
     norm = clip_grad_norm_(optimizer.params, clip_norm) if clip_norm else grad_norm(optimizer.params)
-    if not (grads_ok and math.isfinite(norm)):
+    found_inf = not (grads_ok and math.isfinite(norm))
+    if scaler is not None:
+        scaler.update(found_inf)
+    if found_inf:
         optimizer.zero_grad()
         return StepResult(loss, nll, tokens, norm, optimizer.lr, skipped="non-finite gradient")
     lr = schedule.step() if schedule is not None else optimizer.lr
@@ -79,13 +100,13 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
 
 
 @no_grad()
-def evaluate_loss(model, batches, label_smoothing: float = 0.0) -> tuple[float, float]:
+def evaluate_loss(model, batches, label_smoothing: float = 0.0, amp_dtype=None) -> tuple[float, float]:
     """(loss per token, perplexity) over ``batches`` of (src, tgt_in, tgt_out), in eval mode."""
     was_training = model.training
     model.eval()
     loss_total, nll_total, tokens = 0.0, 0.0, 0
     for src, tgt_in, tgt_out in batches:
-        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
+        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
         loss_total += loss_sum.item()
         nll_total += nll_sum
         tokens += n

@@ -17,7 +17,8 @@ Forward saves the probabilities P (T x S per head); backward is
     dV = P^T dO        dP = dO V^T        dS = P * (dP - rowsum(dP * P))
     dQ = dS K / sqrt(d_k)                 dK = dS^T Q / sqrt(d_k)
 
-with the dropout mask applied to P exactly as in forward. (The fused CUDA kernel saves only
+with the dropout mask applied to P exactly as in forward. For 16-bit inputs the scores, the
+softmax and dS are computed in float32; P is saved, and multiplied, in the inputs' dtype. (The fused CUDA kernel saves only
 the log-sum-exp per row and recomputes P tile by tile instead.)
 """
 
@@ -41,7 +42,7 @@ def causal_mask(xp, t: int, s: int):
 def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
     """Masked, scaled scores Q K^T * scale, -inf where masked: (..., T, S)."""
     xp = backend.array_module_of(q)
-    scores = q @ k.swapaxes(-1, -2)
+    scores = (q @ k.swapaxes(-1, -2)).astype(backend.compute_dtype(q.dtype), copy=False)
     scores *= scale
     if attn_mask is not None:
         if attn_mask.dtype == bool:
@@ -57,6 +58,7 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, is_causal, dropout_p, scale):
         p = softmax_array(attention_scores(q, k, attn_mask, is_causal, scale))  # (..., T, S)
+        p = p.astype(v.dtype, copy=False)
         keep = None
         if dropout_p > 0.0:
             gen = backend.generator(backend.device_of(q))
@@ -66,7 +68,7 @@ class ScaledDotProductAttention(Function):
             p_used = p
         ctx.save_for_backward(q, k, v, p, keep)
         ctx.scale = scale
-        return p_used @ v  # (..., T, d_v)
+        return (p_used @ v).astype(v.dtype, copy=False)  # (..., T, d_v)
 
     @staticmethod
     def backward(ctx, g):
@@ -74,11 +76,12 @@ class ScaledDotProductAttention(Function):
         p_used = p if keep is None else p * keep
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         gv = p_used.swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
-        gp = g @ v.swapaxes(-1, -2)  # (..., T, S)
+        gp, p = backend.upcast(g @ v.swapaxes(-1, -2), p)  # (..., T, S)
         if keep is not None:
             gp *= keep
         gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
         gs *= ctx.scale
+        gs = gs.astype(q.dtype, copy=False)
         gq = gs @ k if need_q else None  # (..., T, d_k)
         gk = gs.swapaxes(-1, -2) @ q if need_k else None  # (..., S, d_k)
         return gq, gk, gv, None, None, None, None

@@ -204,20 +204,31 @@ class ToDevice(Function):
 # --------------------------------------------------------------------------- public API
 
 
+def _weak(a, b):
+    """Python numbers are "weak", as in PyTorch: ``x * 0.5`` keeps x's dtype. NumPy 2 (NEP 50)
+    and CuPy already treat them so for their own dtypes, but ml_dtypes' bfloat16 would be
+    promoted to float32; there the number is first made a bfloat16 scalar."""
+    if isinstance(a, Tensor) and isinstance(b, (int, float)) and a.dtype == backend.bfloat16:
+        return a, a.dtype.type(b)
+    if isinstance(b, Tensor) and isinstance(a, (int, float)) and b.dtype == backend.bfloat16:
+        return b.dtype.type(a), b
+    return a, b
+
+
 def add(a, b) -> Tensor:
-    return Add.apply(a, b)
+    return Add.apply(*_weak(a, b))
 
 
 def sub(a, b) -> Tensor:
-    return Sub.apply(a, b)
+    return Sub.apply(*_weak(a, b))
 
 
 def mul(a, b) -> Tensor:
-    return Mul.apply(a, b)
+    return Mul.apply(*_weak(a, b))
 
 
 def div(a, b) -> Tensor:
-    return Div.apply(a, b)
+    return Div.apply(*_weak(a, b))
 
 
 def neg(a) -> Tensor:
@@ -225,7 +236,7 @@ def neg(a) -> Tensor:
 
 
 def pow(a, b) -> Tensor:  # noqa: A001 - mirrors torch.pow
-    return Pow.apply(a, b)
+    return Pow.apply(*_weak(a, b))
 
 
 def exp(a) -> Tensor:

@@ -11,17 +11,20 @@ rebuilds xhat from them:
     dweight = sum_rows g * xhat        dbias = sum_rows g
     dxhat   = g * weight
     dx      = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+
+16-bit inputs are normalised in float32 (the statistics are saved in float32) and the output
+is rounded back to their dtype, as the fused kernel does.
 """
 
 from __future__ import annotations
 
-from .. import kernels
+from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 
 
 def layer_norm_stats(x, eps: float):
-    """Per-row ``(mean, rstd)`` with keepdims, in x's dtype."""
+    """Per-row ``(mean, rstd)`` with keepdims, in x's dtype (use float32 x for 16-bit data)."""
     mean = x.mean(axis=-1, keepdims=True)
     centered = x - mean
     var = (centered * centered).mean(axis=-1, keepdims=True)
@@ -31,18 +34,20 @@ def layer_norm_stats(x, eps: float):
 class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        mean, rstd = layer_norm_stats(x, eps)
-        y = (x - mean) * rstd  # (..., D)
+        x32, w32, b32 = backend.upcast(x, weight, bias)
+        mean, rstd = layer_norm_stats(x32, eps)
+        y = (x32 - mean) * rstd  # (..., D)
         ctx.save_for_backward(x, weight, mean, rstd)
         if weight is not None:
-            y *= weight
+            y *= w32
         if bias is not None:
-            y += bias
-        return y
+            y += b32
+        return y.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved
+        x, weight, g = backend.upcast(x, weight, g)
         _, need_w, need_b, _ = ctx.needs_input_grad
         xhat = (x - mean) * rstd
         rows = tuple(range(g.ndim - 1))

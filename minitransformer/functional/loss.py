@@ -13,6 +13,9 @@ Positions whose target equals ``ignore_index`` (padding) contribute neither loss
 position (0 where ignored). The gradient with respect to the logits is  softmax(z) - q  per
 position, times that position's weight.
 
+16-bit logits are handled in float32 (the log-softmax, and the loss, which is returned in
+float32); the gradient comes back in the logits' dtype.
+
 The log-probabilities are computed once and turned into probabilities in place, so the
 (N, V) logits cost one extra array of their size, not three.
 """
@@ -43,7 +46,7 @@ class CrossEntropy(Function):
         loss = nll if label_smoothing == 0.0 else (
             (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
         )
-        weight = valid.astype(logits.dtype)
+        weight = valid.astype(logp.dtype)  # float32 for 16-bit logits, like logp
         n_valid = int(valid.sum())
         if stats is not None:  # the unsmoothed NLL, for perplexity, from the same log-softmax
             stats["nll_sum"] = float((nll * weight).sum())
@@ -97,7 +100,7 @@ class FusedCrossEntropy(Function):
         out = loss if reduction == "none" else (loss * weight).sum()
         ctx.save_for_backward(grad, weight)
         ctx.reduction, ctx.used = reduction, False
-        return xp.asarray(out, dtype=logits.dtype)
+        return xp.asarray(out, dtype=backend.compute_dtype(logits.dtype))  # a float16 sum could overflow
 
     @staticmethod
     def backward(ctx, g):
@@ -106,7 +109,7 @@ class FusedCrossEntropy(Function):
             raise RuntimeError("the fused cross-entropy scales its saved gradient in place, so its "
                                "backward runs once; use MINITRANSFORMER_KERNELS=0 to backward twice")
         ctx.used = True
-        grad *= (weight * g).astype(grad.dtype)[..., None]
+        grad *= (weight * g)[..., None]  # in float32: with loss scaling, weight * g may exceed float16
         return grad, None, None, None, None, None
 
 

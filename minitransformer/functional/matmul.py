@@ -10,11 +10,17 @@ from ..autograd import Function
 from ..tensor import Tensor
 
 
+def _same_dtype(out, a):
+    """NumPy multiplies bfloat16 matrices in float32 and returns float32 (as tensor cores
+    accumulate in float32); round the result back so a bfloat16 model stays bfloat16."""
+    return out if out.dtype == a.dtype else out.astype(a.dtype)
+
+
 class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return a @ b
+        return _same_dtype(a @ b, a)
 
     @staticmethod
     def backward(ctx, g):
@@ -38,7 +44,7 @@ class Linear(Function):
         out = x.reshape(-1, x.shape[-1]) @ weight  # (rows, out_features)
         if bias is not None:
             out += bias
-        return out.reshape(x.shape[:-1] + (weight.shape[1],))
+        return _same_dtype(out, x).reshape(x.shape[:-1] + (weight.shape[1],))
 
     @staticmethod
     def backward(ctx, g):

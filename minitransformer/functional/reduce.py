@@ -1,6 +1,8 @@
 """Reductions: sum, mean, max over an axis, a tuple of axes, or everything (axis=None).
 
-Backward broadcasts the output gradient back over the reduced axes.
+Backward broadcasts the output gradient back over the reduced axes. Sums of 16-bit tensors
+accumulate in float32 and round once at the end (as PyTorch does): adding thousands of
+float16 terms one by one in float16 would lose most of their digits.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Sum(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdims):
         ctx.shape, ctx.axes, ctx.keepdims = x.shape, axes, keepdims
-        return x.sum(axis=axes, keepdims=keepdims)
+        return x.sum(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype)).astype(x.dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -42,7 +44,7 @@ class Mean(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdims):
         ctx.shape, ctx.axes, ctx.keepdims = x.shape, axes, keepdims
-        return x.mean(axis=axes, keepdims=keepdims)
+        return x.mean(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype)).astype(x.dtype)
 
     @staticmethod
     def backward(ctx, g):

@@ -113,6 +113,8 @@ class Embedding(Function):
     def backward(ctx, g):
         (ids,) = ctx.saved
         xp = backend.array_module_of(g)
+        # A frequent token's row sums thousands of terms: accumulate 16-bit gradients in float32.
+        (g,) = backend.upcast(g)
         grad = xp.zeros(ctx.weight_shape, dtype=g.dtype)
         backend.index_add(grad, ids.reshape(-1), g.reshape(-1, ctx.weight_shape[-1]))
         return None, grad

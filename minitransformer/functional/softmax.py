@@ -8,6 +8,9 @@ whose entries are all -inf (every key masked out) has no maximum to subtract; th
 taken as 0, the row's exponentials are all 0, and the row's softmax is defined as all zeros
 (its log-softmax all -inf) instead of the 0/0 = NaN that the formula would give.
 
+16-bit inputs are computed in float32 (the sums over a row would lose digits in float16) and
+the result is rounded back to the input's dtype.
+
 Backward, with y = softmax(x) and upstream gradient g:
     dx = y * (g - sum(g * y))              for softmax
     dx = g - exp(out) * sum(g)             for log-softmax
@@ -21,8 +24,10 @@ from ..tensor import Tensor
 
 
 def stable_softmax_parts(x, axis: int):
-    """``(x - m, exp(x - m), sum exp(x - m))`` per row, with the fully-masked-row guard."""
+    """``(x - m, exp(x - m), sum exp(x - m))`` per row, with the fully-masked-row guard; in
+    float32 for 16-bit ``x``."""
     xp = backend.array_module_of(x)
+    x = x.astype(backend.compute_dtype(x.dtype), copy=False)
     m = x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)
     shifted = x - m
@@ -32,7 +37,8 @@ def stable_softmax_parts(x, axis: int):
 
 
 def softmax_array(x, axis: int = -1):
-    """The softmax of an array (no autograd): also used by attention and the loss."""
+    """The softmax of an array (no autograd), in float32 for 16-bit ``x``: also used by
+    attention and the loss."""
     xp = backend.array_module_of(x)
     _, e, s = stable_softmax_parts(x, axis)
     e /= xp.where(s == 0, 1, s)  # an all -inf row: 0 / 1 = zeros
@@ -49,7 +55,7 @@ def log_softmax_array(x, axis: int = -1):
 class Softmax(Function):
     @staticmethod
     def forward(ctx, x, axis):
-        y = softmax_array(x, axis)
+        y = softmax_array(x, axis).astype(x.dtype, copy=False)
         ctx.save_for_backward(y)
         ctx.axis = axis
         return y
@@ -57,13 +63,14 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved
+        y, g = backend.upcast(y, g)  # backward sums over rows too
         return y * (g - (g * y).sum(axis=ctx.axis, keepdims=True)), None
 
 
 class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, axis):
-        out = log_softmax_array(x, axis)
+        out = log_softmax_array(x, axis).astype(x.dtype, copy=False)
         ctx.save_for_backward(out)
         ctx.axis = axis
         return out
@@ -71,6 +78,7 @@ class LogSoftmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved
+        out, g = backend.upcast(out, g)
         xp = backend.array_module_of(g)
         return g - xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True), None
 

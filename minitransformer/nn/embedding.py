@@ -58,7 +58,9 @@ class PositionalEncoding(Module):
         else:
             self._table = Tensor(sinusoid_table(max_len, d_model).astype(np.float32))
 
-    def table(self, length: int, device: str) -> Tensor:
+    def table(self, length: int, device: str, dtype=np.float32) -> Tensor:
+        """Rows [0, length) on ``device``; the sinusoids are kept in ``dtype`` (the
+        activations', so that a 16-bit model stays 16-bit)."""
         if self.learned:
             if length > self.weight.shape[0]:
                 raise ValueError(
@@ -66,16 +68,18 @@ class PositionalEncoding(Module):
                     f"input needs {length}"
                 )
             return self.weight
-        if length > self._table.shape[0]:  # grow by doubling: amortised O(1)
-            self._table = Tensor(sinusoid_table(max(length, 2 * self._table.shape[0]),
-                                                self.d_model).astype(np.float32))
-        if self._table.device != device:
-            self._table = Tensor(backend.to_device(self._table.data, device))
+        rows = self._table.shape[0]
+        if length > rows:  # grow by doubling: amortised O(1)
+            rows = max(length, 2 * rows)
+        if rows != self._table.shape[0] or self._table.device != device or self._table.dtype != dtype:
+            # Rebuilt from the float64 formula, never cast from a cached 16-bit copy.
+            table = sinusoid_table(rows, self.d_model).astype(dtype)
+            self._table = Tensor(backend.to_device(table, device))
         return self._table
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         t = x.shape[-2]
-        return x + self.table(offset + t, x.device)[offset: offset + t]
+        return x + self.table(offset + t, x.device, x.dtype)[offset: offset + t]
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, learned={self.learned}"

@@ -118,16 +118,32 @@ class Module:
         for p in self.parameters():
             p.grad = None
 
-    def to(self, device: str) -> Module:
-        """Move parameters and buffers to ``device`` in place (the same Parameter objects, so
-        an optimiser built before the move still holds them)."""
-        backend.check_device(device)
+    def to(self, device=None, dtype=None) -> Module:
+        """Move parameters and buffers to ``device`` and/or cast their floating-point data to
+        ``dtype``, in place: ``model.to("cuda")``, ``model.to(mt.bfloat16)``,
+        ``model.to("cuda", dtype=mt.float16)``. The Parameter objects stay the same, so an
+        optimiser built before the call still holds them."""
+        if device is not None and not (isinstance(device, str) and device in backend.DEVICES):
+            device, dtype = None, device  # to(dtype)
+        if device is not None:
+            backend.check_device(device)
+        if dtype is not None:
+            dtype = backend.resolve_dtype(dtype)
+            if not backend.is_floating(dtype):
+                raise TypeError(f"Module.to: parameters must stay floating-point, not {dtype}")
+
+        def convert(a):
+            a = backend.to_device(a, device) if device is not None else a
+            if dtype is not None and backend.is_floating(a.dtype):
+                a = a.astype(dtype, copy=False)
+            return a
+
         for p in self.parameters():
-            p.data = backend.to_device(p.data, device)
+            p.data = convert(p.data)
             if p.grad is not None:
-                p.grad = Tensor(backend.to_device(p.grad.data, device))
+                p.grad = Tensor(convert(p.grad.data))
         for _, b in self._named_buffers():
-            b.data = backend.to_device(b.data, device)
+            b.data = convert(b.data)
         return self
 
     # ----------------------------------------------------------------- state

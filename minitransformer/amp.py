@@ -1,0 +1,140 @@
+"""Mixed-precision training: 16-bit arithmetic, float32 master weights, dynamic loss scaling.
+
+Micikevicius et al. (2018), "Mixed Precision Training", keep three things apart:
+
+1. **Master weights in float32.** Adam's update lr * m / sqrt(v) is often below half a unit in
+   the last place of a 16-bit weight (float16 has 11 significant bits, bfloat16 8), so applied
+   to 16-bit weights it would round away. The model's Parameters therefore stay float32, and
+   the optimiser, the checkpoints and checkpoint averaging see only them.
+2. **Arithmetic in 16 bits.** Inside ``autocast(model, dtype)`` every Parameter's ``.data`` is a
+   16-bit copy of its master, so the forward pass (matrix products, the fused kernels) runs in
+   float16 or bfloat16. Ops that sum many terms (softmax, layer norm, the loss, reductions)
+   accumulate in float32 and round once; see ``backend.compute_dtype``. On leaving the block
+   the masters are back, and ``backward()`` later casts each parameter's gradient to float32 as
+   it reaches the leaf: the 16-bit gradients only ever exist inside the graph.
+3. **Loss scaling** (float16 only). float16's smallest normal number is 6e-5, and many
+   activation gradients are smaller: they would flush to zero. ``GradScaler`` multiplies the
+   loss by S (2^16 to start) so the gradients backpropagate S times larger, and divides the
+   float32 gradients by S before the optimiser step. If a gradient overflowed (inf or NaN), the
+   step is skipped and S is halved; after ``growth_interval`` good steps in a row S doubles.
+   bfloat16 has float32's exponent range and needs no scaling.
+
+    scaler = GradScaler()                              # enabled=False for bfloat16
+    with autocast(model, mt.float16):
+        loss = F.cross_entropy(model(src, tgt_in), tgt_out, ...)
+    scaler.scale(loss).backward()                      # float32 .grad, scaled by S
+    scaler.unscale_(model.parameters())
+    found_inf = not math.isfinite(grad_norm(model.parameters()))
+    if not found_inf:
+        optimizer.step()
+    scaler.update(found_inf)
+
+``train.train_step`` does exactly this when given ``amp_dtype`` and ``scaler``.
+
+Unlike PyTorch's op-by-op autocast, this one casts the parameters, once per forward: with the
+inputs being integer token ids, every op downstream then computes in 16 bits. That is the
+"O2" recipe of NVIDIA's Apex, which is how Transformers were trained in mixed precision.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import backend
+from .tensor import Tensor
+
+
+class autocast:  # noqa: N801 - a context manager named like PyTorch's
+    """Within the block, ``model``'s floating-point parameters hold ``dtype`` copies of their
+    float32 masters; on exit (also by exception) the masters are restored.
+
+    The copies are made on every entry, so they always reflect the latest optimiser step
+    (cheap: one cast of every parameter, next to a forward pass). A nested ``autocast`` of the
+    same model is a no-op. Don't step the optimiser or save a checkpoint inside the block.
+    """
+
+    def __init__(self, model, dtype) -> None:
+        self.model = model
+        self.dtype = backend.resolve_dtype(dtype)
+        if not backend.is_low_precision(self.dtype):
+            raise TypeError(f"autocast: dtype must be float16 or bfloat16, not {self.dtype}")
+        self._masters = None
+
+    def __enter__(self):
+        if getattr(self.model, "_autocast_active", False):
+            return self
+        self._masters = []
+        for p in self.model.parameters():
+            if backend.is_floating(p.dtype):
+                self._masters.append((p, p.data))
+                p.data = p.data.astype(self.dtype)
+        object.__setattr__(self.model, "_autocast_active", True)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._masters is not None:
+            for p, master in self._masters:
+                p.data = master
+            self._masters = None
+            object.__setattr__(self.model, "_autocast_active", False)
+        return False
+
+
+class GradScaler:
+    """Dynamic loss scaling for float16 training (see the module docstring).
+
+    ``scale`` (S) starts at ``init_scale``; an overflow multiplies it by ``backoff_factor``, and
+    ``growth_interval`` overflow-free steps in a row multiply it by ``growth_factor``. With
+    ``enabled=False`` every method is the identity and S stays 1.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 enabled: bool = True) -> None:
+        if not (growth_factor > 1.0 and 0.0 < backoff_factor < 1.0 and growth_interval >= 1):
+            raise ValueError("GradScaler needs growth_factor > 1, 0 < backoff_factor < 1 and "
+                             "growth_interval >= 1")
+        self.enabled = enabled
+        self.scale_value = float(init_scale) if enabled else 1.0
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self.good_steps = 0  # overflow-free steps since the scale last changed
+
+    def scale(self, loss: Tensor) -> Tensor:
+        """``loss * S``: backpropagate this instead of the loss."""
+        return loss * self.scale_value if self.enabled else loss
+
+    def unscale_(self, params) -> None:
+        """Divide every ``.grad`` by S, in place (float32 gradients, as ``autocast`` leaves them)."""
+        if not self.enabled:
+            return
+        inv = 1.0 / self.scale_value
+        for p in params:
+            if p.grad is not None:
+                p.grad.data *= inv
+
+    def update(self, found_inf: bool) -> None:
+        """After each step: back off on an overflow, grow after a run of good steps."""
+        if not self.enabled:
+            return
+        if found_inf:
+            self.scale_value *= self.backoff_factor
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            grown = self.scale_value * self.growth_factor
+            if math.isfinite(grown):
+                self.scale_value = grown
+            self.good_steps = 0
+
+    def state_dict(self) -> dict:
+        return {"enabled": self.enabled, "scale": self.scale_value, "good_steps": self.good_steps,
+                "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.enabled = bool(state["enabled"])
+        self.scale_value, self.good_steps = float(state["scale"]), int(state["good_steps"])
+        self.growth_factor, self.backoff_factor = state["growth_factor"], state["backoff_factor"]
+        self.growth_interval = int(state["growth_interval"])
