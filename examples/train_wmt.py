@@ -2,13 +2,16 @@
 
     python examples/train_wmt.py --data-dir ../shared/data/multi30k      # Multi30k, CPU, < 1 h
     python examples/train_wmt.py                                        # downloads Multi30k first
-    mpiexec -n 8 python examples/train_wmt.py --preset wmt14-base --device cuda --data-dir data/wmt14
+    mpiexec -n 8 python examples/train_wmt.py --preset wmt14-base --device cuda --precision bf16 \
+        --data-dir data/wmt14
 
 Steps: read the corpus (or download it), train one sentencepiece BPE vocabulary for both
 languages, batch by token count, train with label smoothing, Adam and the warmup schedule
 (section 5), validate and checkpoint as it goes, then average the last checkpoints, translate
 the test set with beam search (beam 4, alpha 0.6) and score it with sacreBLEU against the raw
 references. ``--resume`` continues a stopped run exactly where its last checkpoint left it.
+``--precision bf16`` (or fp16, with dynamic loss scaling) trains in mixed precision on float32
+master weights (minitransformer.amp); it is meant for GPUs, as NumPy has no fast 16-bit GEMM.
 
 Everything lands in --out-dir: train.jsonl (one line per logged step and per validation),
 checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
@@ -24,12 +27,12 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
-
-import numpy as np
 
 import minitransformer as mt
 from minitransformer import data, distributed, nn
+from minitransformer.amp import GradScaler, autocast
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, restore, save_checkpoint
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
@@ -66,6 +69,27 @@ PRESETS = {
                         max_tokens=3125, warmup=4000, lr_factor=1.0, epochs=100, max_len=256, average_last=20),
 }
 PAPER_STEPS = {"wmt14-base": 100_000, "wmt14-big": 300_000}
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # --precision -> amp dtype
+
+
+@dataclass
+class Run:
+    """What validation and checkpointing need of a training run, in one place."""
+    args: argparse.Namespace
+    model: nn.Transformer
+    optimizer: Adam
+    schedule: WarmupInverseSqrtSchedule
+    scaler: GradScaler | None  # fp16 only
+    amp_dtype: str | None  # None: float32 throughout
+    batcher: data.TokenBatcher
+    tok: data.Tokenizer
+    val: data.ParallelCorpus
+    val_batches: list
+    log_path: str
+
+    def autocast(self):
+        """The block in which the model computes in ``amp_dtype`` (nothing for fp32)."""
+        return autocast(self.model, self.amp_dtype) if self.amp_dtype else nullcontext()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,6 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: data/<corpus>)")
     p.add_argument("--out-dir", default="runs/multi30k", help="checkpoints, logs, hypotheses, plots")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
+                   help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
+                        "dynamic loss scaling (meant for GPUs)")
     p.add_argument("--max-tokens", type=int, help="tokens per batch and side, per rank (preset)")
     p.add_argument("--epochs", type=int, help="epochs to train (preset)")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
@@ -92,6 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="warmup steps of the schedule (preset)")
     p.add_argument("--lr-factor", type=float, help="scale of the schedule of section 5.3 (preset)")
     p.add_argument("--limit-train", type=int, help="use only the first N training pairs (smoke tests)")
+    p.add_argument("--limit-val", type=int, help="validate on only the first N validation pairs")
     p.add_argument("--limit-test", type=int, help="translate only the first N test sentences")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
     p.add_argument("--d-model", type=int)
@@ -114,6 +142,8 @@ def load_data(args, preset: Preset, world):
     if args.limit_train:
         train = train.subset(range(min(args.limit_train, len(train))))
     val = data.load_corpus(preset.corpus, data_dir, "val")
+    if args.limit_val:
+        val = val.subset(range(min(args.limit_val, len(val))))
     test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
     if args.limit_test:
         test = test.subset(range(min(args.limit_test, len(test))))
@@ -204,23 +234,29 @@ def main(argv=None) -> dict:
     schedule = WarmupInverseSqrtSchedule(optimizer, cfg.d_model, args.warmup or preset.warmup,
                                          args.lr_factor or preset.lr_factor)
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
+    amp_dtype = PRECISIONS[args.precision]
+    scaler = GradScaler() if args.precision == "fp16" else None
     batcher = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt),
                                 max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
                                               shuffle=False).iter_epoch(0)]
+    log_path = os.path.join(args.out_dir, "train.jsonl")
+    run = Run(args, model, optimizer, schedule, scaler, amp_dtype, batcher, tok, val, val_batches, log_path)
     if world.is_main:
         log.info("%s: %d training pairs (%d dropped as too long), vocabulary %d, %d steps per epoch",
                  args.preset, len(train), batcher.num_dropped, tok.vocab_size, batcher.steps_per_epoch(0))
-        log.info("model: %s", model.extra_repr())
+        log.info("model: %s, precision %s", model.extra_repr(), args.precision)
+        if amp_dtype and args.device == "cpu":
+            log.warning("--precision %s on the CPU is slow (NumPy has no 16-bit GEMM); it is meant "
+                        "for GPUs", args.precision)
 
     step, history_s = 0, 0.0
     last_path = os.path.join(args.out_dir, "last.npz")
-    log_path = os.path.join(args.out_dir, "train.jsonl")
     if args.resume:
         ckpt = load_checkpoint(last_path)
-        restore(ckpt, model, optimizer, schedule)
+        restore(ckpt, model, optimizer, schedule, scaler=scaler)
         batcher.load_state_dict(ckpt.extra["batcher"])
         step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
         if world.world_size > 1:  # the checkpoint holds rank 0's generator: give each rank its own
@@ -258,7 +294,7 @@ def main(argv=None) -> dict:
             break
         result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
                             mt.tensor(batch.tgt_in, device=args.device), mt.tensor(batch.tgt_out, device=args.device),
-                            label_smoothing=cfg.label_smoothing, ddp=ddp)
+                            label_smoothing=cfg.label_smoothing, ddp=ddp, amp_dtype=amp_dtype, scaler=scaler)
         step += 1
         tokens_since += result.num_tokens
         if result.skipped and world.is_main:
@@ -268,6 +304,8 @@ def main(argv=None) -> dict:
             record = dict(kind="train", step=step, epoch=batch.epoch, loss=result.loss, ppl=result.ppl,
                           lr=result.lr, grad_norm=result.grad_norm, tokens_per_s=tokens_since / max(elapsed, 1e-9),
                           seconds=time.perf_counter() - start)
+            if scaler is not None:
+                record["loss_scale"] = scaler.scale_value
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             tokens_since, window_start = 0, time.perf_counter()
@@ -283,8 +321,7 @@ def main(argv=None) -> dict:
         done = step >= max_steps or out_of_time
         if step % eval_every == 0 or done:
             if world.is_main:
-                validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches,
-                                  step, time.perf_counter() - start, log_path)
+                validate_and_save(run, step, time.perf_counter() - start)
             world.comm.barrier()
         if done:
             stop_reason = "time budget" if out_of_time else "max steps"
@@ -296,45 +333,52 @@ def main(argv=None) -> dict:
         return {}
     saved = checkpoints(args.out_dir)
     if not saved or checkpoint_step(saved[-1]) != step:
-        validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches, step, train_seconds, log_path)
+        validate_and_save(run, step, train_seconds)
     log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, train_seconds / 60)
-    return finish(args, preset, model, tok, test, step, train_seconds, log_path)
+    return finish(run, test, step, train_seconds)
 
 
-def validate_and_save(args, model, optimizer, schedule, batcher, tok, val, val_batches, step, seconds, log_path):
-    loss, ppl = evaluate_loss(model, val_batches)
-    n = min(args.bleu_sample, len(val))
-    score, _ = bleu(translate(model, tok, val.src[:n], args.device, args.beam, args.alpha), val.tgt[:n])
+def validate_and_save(run: Run, step: int, seconds: float) -> None:
+    args = run.args
+    loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
+    n = min(args.bleu_sample, len(run.val))
+    with run.autocast():
+        hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
+    score, _ = bleu(hyps, run.val.tgt[:n])
     record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, seconds=seconds)
-    with open(log_path, "a") as f:
+    with open(run.log_path, "a") as f:
         f.write(json.dumps(record) + "\n")
     log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences", step, math.log(ppl), ppl, score, n)
-    extra = {"step": step, "train_seconds": seconds, "batcher": batcher.state_dict(), "args": vars(args)}
+    extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
-    save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), model, extra=extra)
-    save_checkpoint(os.path.join(args.out_dir, "last.npz"), model, optimizer, schedule, extra=extra)
+    save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
+    save_checkpoint(os.path.join(args.out_dir, "last.npz"), run.model, run.optimizer, run.schedule,
+                    extra=extra, scaler=run.scaler)
     for old in checkpoints(args.out_dir)[:-average_last(args)]:
         os.remove(old)
 
 
-def finish(args, preset, model, tok, test, step, train_seconds, log_path) -> dict:
+def finish(run: Run, test, step: int, train_seconds: float) -> dict:
+    args, model = run.args, run.model
     paths = checkpoints(args.out_dir)[-average_last(args):]
     averaged = average_checkpoints(paths)
     model.load_state_dict(averaged.model)
     save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step})
     start = time.perf_counter()
-    hyps = translate(model, tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)
+    with run.autocast():
+        hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)
     decode_seconds = time.perf_counter() - start
     with open(os.path.join(args.out_dir, "test.hyp.de"), "w") as f:
         f.write("\n".join(hyps) + "\n")
     score, signature = bleu(hyps, test.tgt)
     result = dict(bleu=score, signature=signature, steps=step, train_minutes=train_seconds / 60,
                   decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
-                  test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset)
+                  test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
+                  precision=args.precision)
     with open(os.path.join(args.out_dir, "bleu.json"), "w") as f:
         json.dump(result, f, indent=2)
-    plot_curves(log_path, os.path.join(args.out_dir, "curves.png"))
+    plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))
     print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "
           f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged)")
     print(f"sacreBLEU signature: {signature}")

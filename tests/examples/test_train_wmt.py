@@ -56,3 +56,17 @@ def test_train_resume_average_translate(tmp_path):
                     "A dog runs."], capture_output=True, text=True, timeout=120, check=True)
     for name in ("encoder_self.png", "decoder_self.png", "cross.png"):
         assert (straight / "attention" / name).stat().st_size > 5_000
+
+
+def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
+    fp16 = SMALL + ["--precision", "fp16", "--eval-every", "2", "--limit-test", "2", "--bleu-sample", "2",
+                   "--limit-val", "20"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    result = train_wmt.main(fp16 + ["--out-dir", str(straight), "--max-steps", "4"])
+    assert result["precision"] == "fp16" and result["steps"] == 4
+    rows = [json.loads(line) for line in open(straight / "train.jsonl") if '"train"' in line]
+    assert all(r["loss_scale"] > 1.0 for r in rows)
+    train_wmt.main(fp16 + ["--out-dir", str(split), "--max-steps", "2"])
+    train_wmt.main(fp16 + ["--out-dir", str(split), "--max-steps", "4", "--resume"])
+    expected, resumed = losses(straight), losses(split)
+    assert [resumed[s] for s in (3, 4)] == [expected[s] for s in (3, 4)]
