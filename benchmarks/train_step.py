@@ -3,11 +3,14 @@ step of PyTorch's ``torch.nn.Transformer`` with a matching configuration, in the
 
     python benchmarks/train_step.py                  # d_model 256, 3+3 layers, batch 64 x 20
     python benchmarks/train_step.py --device cuda --batch 128 --len 64
+    python benchmarks/train_step.py --device cuda --precision bf16     # mixed precision, both sides
 
 Both models: post-norm layers, ReLU feed-forward, dropout 0.1, sinusoidal positions, one
 embedding matrix shared with the output projection, label-smoothed cross-entropy, Adam.
 (``torch.nn.Transformer`` also puts a final LayerNorm after each stack: 2 x d_model x 2 extra
-parameters, a negligible cost.) Prints the median step time of each and the ratio; medians,
+parameters, a negligible cost.) With ``--precision bf16`` or ``fp16`` ours runs under
+``minitransformer.amp`` (float32 master weights, loss scaling for fp16) and torch under
+``torch.autocast`` (with its GradScaler for fp16). Prints the median step time of each and the ratio; medians,
 because the first steps and a busy machine give outliers.
 """
 
@@ -22,6 +25,7 @@ import numpy as np
 
 import minitransformer as mt
 from minitransformer import nn
+from minitransformer.amp import GradScaler
 from minitransformer.optim import Adam
 from minitransformer.train import train_step
 
@@ -46,12 +50,15 @@ def time_ours(args, data) -> list[float]:
                                num_encoder_layers=args.layers, num_decoder_layers=args.layers, dropout=0.1)
     model = nn.Transformer(cfg).to(args.device)
     opt = Adam(model.parameters(), lr=1e-4)
+    amp_dtype = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}[args.precision]
+    scaler = GradScaler() if args.precision == "fp16" else None
     times = []
     for src, tgt_in, tgt_out in data:
         src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
         sync(args.device)
         start = time.perf_counter()
-        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1)
+        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, amp_dtype=amp_dtype,
+                   scaler=scaler)
         sync(args.device)
         times.append(time.perf_counter() - start)
     print(f"minitransformer: {model.num_parameters():,} parameters")
@@ -91,6 +98,8 @@ def time_torch(args, data) -> list[float] | None:
     model = Peer().to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(dev, enabled=args.precision == "fp16")
     times = []
     for src, tgt_in, tgt_out in data:
         src, tgt_in, tgt_out = (torch.as_tensor(a, device=dev) for a in (src, tgt_in, tgt_out))
@@ -98,10 +107,12 @@ def time_torch(args, data) -> list[float] | None:
             torch.cuda.synchronize()
         start = time.perf_counter()
         opt.zero_grad()
-        logits = model(src, tgt_in)
-        loss = loss_fn(logits.reshape(-1, args.vocab), tgt_out.reshape(-1))
-        loss.backward()
-        opt.step()
+        with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
+            logits = model(src, tgt_in)
+            loss = loss_fn(logits.reshape(-1, args.vocab).float(), tgt_out.reshape(-1))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         if dev == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -123,6 +134,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps, after --warmup untimed ones")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="mixed precision for both models (bf16/fp16 are meant for GPUs)")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(0)
@@ -131,7 +144,8 @@ def main(argv=None) -> None:
     peer = time_torch(args, data)
     ms = statistics.median(ours) * 1e3
     print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "
-          f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, median of {args.steps}")
+          f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, {args.precision}, "
+          f"median of {args.steps}")
     print(f"  minitransformer  {ms:8.1f} ms")
     if peer is not None:
         peer_ms = statistics.median(peer[args.warmup:]) * 1e3
