@@ -14,7 +14,9 @@ numbers of tokens are weighted correctly (see ``distributed.ddp``).
 Mixed precision (``amp_dtype`` float16 or bfloat16, see ``amp``): the forward pass runs on
 16-bit copies of the float32 weights, the gradients arrive in float32, and with a ``scaler``
 (float16) the loss is scaled before backward and the gradients unscaled after the all-reduce;
-an overflow is a "non-finite gradient" step, skipped, and lowers the scale.
+an overflow is a "non-finite gradient" step, skipped, and lowers the scale. (With ``ddp`` the
+scaled objective is the summed loss, whose weight gradients are as many times larger as there
+are tokens: the scaler's first steps back off correspondingly further, then it settles.)
 """
 
 from __future__ import annotations

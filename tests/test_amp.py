@@ -243,3 +243,30 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     restore(load_checkpoint(path), model2, opt2, sched2, scaler=scaler2)
     assert scaler2.good_steps == 4 % 3 and scaler2.scale_value == 2.0**17
     assert run(model2, opt2, sched2, scaler2, data[4:]) == uninterrupted
+
+
+def test_data_parallel_float16_steps_reduce_float32_gradients(device):
+    """Under DDP (world size 1 here) the gradients that reach the buckets are the float32 ones,
+    scaled, and after the reduction they equal the plain step's. (DDP backpropagates the summed
+    loss, whose gradients are n_tokens times the mean's: a small scale keeps both free of
+    overflow, so neither step is skipped.)"""
+    from minitransformer import distributed as dist
+
+    batch = batches(1, device)[0]
+    grads = {}
+    for mode in ("plain", "ddp"):
+        model, opt, sched = setup_training(device)
+        ddp = None
+        if mode == "ddp":
+            world = dist.World(rank=0, world_size=1, local_rank=0, device=device,
+                               comm=dist.LocalCommunicator(device))
+            ddp = dist.DistributedDataParallel(model, world)
+            assert [f.dtype for f in ddp.flats] == [np.float32]
+        r = train_step(model, opt, sched, *batch, ddp=ddp, amp_dtype=mt.float16,
+                       scaler=GradScaler(init_scale=16.0))
+        assert r.skipped is None
+        grads[mode] = {n: f64(p.grad) for n, p in model.named_parameters()}  # unscaled, reduced
+    total = np.sqrt(sum(np.sum(g**2) for g in grads["plain"].values()))
+    for name, g in grads["plain"].items():
+        # float16 rounds the summed and the mean loss's gradients differently: a few units.
+        assert np.linalg.norm(grads["ddp"][name] - g) < 25 * UNIT["float16"] * max(np.linalg.norm(g), 1e-2 * total)
