@@ -30,6 +30,8 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
+
 import minitransformer as mt
 from minitransformer import data, distributed, nn
 from minitransformer.amp import GradScaler, autocast
@@ -181,6 +183,13 @@ def build(args, preset: Preset, tok) -> nn.Transformer:
     return nn.Transformer(cfg)
 
 
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of a step's dropout masks, a function of (run seed, step, rank) as in fairseq:
+    a resumed run draws the same masks as an uninterrupted one on any device, with no
+    generator state to save (CuPy's cannot be), and every rank draws its own."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
 def average_last(args) -> int:
     """How many of the last checkpoints are kept and averaged (section 6.1: 5 base, 20 big)."""
     return max(args.average_last or PRESETS[args.preset].average_last, 1)
@@ -259,8 +268,6 @@ def main(argv=None) -> dict:
         restore(ckpt, model, optimizer, schedule, scaler=scaler)
         batcher.load_state_dict(ckpt.extra["batcher"])
         step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
-        if world.world_size > 1:  # the checkpoint holds rank 0's generator: give each rank its own
-            mt.manual_seed(args.seed + world.world_size * step + world.rank)
         if world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, batcher.position[0])
             # Lines logged after that checkpoint describe steps that will now be run again.
@@ -292,6 +299,7 @@ def main(argv=None) -> dict:
     for batch in batcher:
         if batch.epoch >= epochs or step >= max_steps:  # also a resumed run that had finished
             break
+        mt.manual_seed(step_seed(args.seed, step, world.rank))
         result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
                             mt.tensor(batch.tgt_in, device=args.device), mt.tensor(batch.tgt_out, device=args.device),
                             label_smoothing=cfg.label_smoothing, ddp=ddp, amp_dtype=amp_dtype, scaler=scaler)
