@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -292,21 +293,26 @@ def main(argv=None):
     args = parse_args(argv)
     on_gpu = kernels.available() and not args.cpu
     results = {"device": "gpu" if on_gpu else "cpu", "attention": [], "bandwidth": []}
-    if on_gpu:
-        import cupy as cp
+    # gpu_check.sh stops a slow run with `timeout` (SIGTERM): exit through the finally below, so
+    # that the rows measured so far still reach the JSON file (also when a later case raises).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        if on_gpu:
+            import cupy as cp
 
-        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-        results["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        print(f"GPU: {results['gpu']}")
-        gpu_attention(args, results)
-        gpu_bandwidth(args, results)
-    else:
-        if not args.cpu:
-            print(f"CUDA kernels unavailable: {kernels.unavailable_reason()}")
-        cpu_paths(args, results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+            props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+            results["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            print(f"GPU: {results['gpu']}")
+            gpu_attention(args, results)
+            gpu_bandwidth(args, results)
+        else:
+            if not args.cpu:
+                print(f"CUDA kernels unavailable: {kernels.unavailable_reason()}")
+            cpu_paths(args, results)
+    finally:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1, default=str)
     return 0
 
 

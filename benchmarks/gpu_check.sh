@@ -4,38 +4,46 @@
 #
 #     bash benchmarks/gpu_check.sh            logs and bench.json go to $OUT (or a temp dir)
 #
-# The machine is assumed to have Python with CuPy, pybind11, numpy, pytest and hypothesis
-# installed and no package registry: the build uses them as they are.
+# The machine is assumed to have Python with CuPy, pybind11, setuptools, numpy, pytest and
+# hypothesis installed and no package registry: the build uses them as they are.
+# GPU_CHECK_SECONDS (default 480) bounds the whole script: every step's timeout is cut to what
+# is left, and the last step (the "cuda" cases of the rest of the suite) runs only if time is left.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-$(command -v python || command -v python3)}
+DEADLINE=${GPU_CHECK_SECONDS:-480}
+# The timeout for the next step: its own limit, or what is left before DEADLINE (20 s kept
+# for the summary), at least 10 s.
+limit() { local left=$((DEADLINE - SECONDS - 20)); ((left < 10)) && left=10; echo $(($1 < left ? $1 : left)); }
 LOGS=${OUT:-$(mktemp -d)}
 mkdir -p "$LOGS"
 echo "logs: $LOGS"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  date: $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || true
-echo "nvcc: $(command -v nvcc || echo 'not on PATH') CUDA_HOME=${CUDA_HOME:-unset}"
+echo "python: $PY  nvcc: $(command -v nvcc || echo 'not on PATH') CUDA_HOME=${CUDA_HOME:-unset}"
+"$PY" -c "import setuptools, pybind11" || echo "WARNING: setuptools or pybind11 missing: the build will fail"
 
 # Build only for this GPU's architecture (CI builds sm_80, sm_90 and PTX): half the compile time.
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
 export MINITRANSFORMER_CUDA_ARCHS=${MINITRANSFORMER_CUDA_ARCHS:-${cap:-90}}
 start=$SECONDS
-if ! python -m pip install --no-build-isolation --no-deps -e . >"$LOGS/build.log" 2>&1; then
+if ! "$PY" -m pip install --no-build-isolation --no-deps -e . >"$LOGS/build.log" 2>&1; then
     tail -n 60 "$LOGS/build.log"
     echo "BUILD FAILED"
     exit 1
 fi
 echo "build: $((SECONDS - start)) s (sm_$MINITRANSFORMER_CUDA_ARCHS)"
-python -c "import minitransformer.kernels as K; assert K.available(), K.unavailable_reason(); print('kernels available')" || exit 1
-python -c "import hypothesis, pytest" 2>/dev/null || echo "WARNING: pytest/hypothesis missing; GPU tests cannot run"
+"$PY" -c "import minitransformer.kernels as K; assert K.available(), K.unavailable_reason(); print('kernels available')" || exit 1
+"$PY" -c "import hypothesis, pytest" 2>/dev/null || echo "WARNING: pytest/hypothesis missing; GPU tests cannot run"
 
 start=$SECONDS
-timeout 200 python -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
+timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
 tests_rc=$?
 echo "tests: $((SECONDS - start)) s, exit $tests_rc"
 grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20
 
 start=$SECONDS
-timeout 220 python benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
+timeout "$(limit 200)" "$PY" benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
 bench_rc=$?
 echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
 [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
@@ -43,24 +51,60 @@ echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
 # The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU), its bus bandwidth,
 # and a whole training step of the model on the GPU next to torch.nn.Transformer.
 start=$SECONDS
-timeout 60 python -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
+timeout "$(limit 60)" "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
 echo "nccl tests: $((SECONDS - start)) s, exit $? ($(tail -n 1 "$LOGS/nccl.log"))"
-timeout 60 python benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
+timeout "$(limit 45)" "$PY" benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
     || tail -n 20 "$LOGS/allreduce.log"
-timeout 120 python benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 >"$LOGS/train_step.log" 2>&1 \
-    || tail -n 20 "$LOGS/train_step.log"
+# The step in float32 and in bf16 mixed precision (amp vs torch.autocast), and what a per-step
+# reseed costs on the GPU (train_wmt reseeds every step so that resume is exact).
+for prec in fp32 bf16; do
+    timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 \
+        --precision $prec >"$LOGS/train_step_$prec.log" 2>&1 || tail -n 20 "$LOGS/train_step_$prec.log"
+done
+timeout "$(limit 30)" "$PY" -c "
+import time, statistics, minitransformer as mt
+from minitransformer import backend
+ms = []
+for s in range(12):
+    mt.manual_seed(s); backend.generator('cuda').random(1); t = time.perf_counter()
+    mt.manual_seed(s + 100); backend.generator('cuda').random(1)
+    ms.append((time.perf_counter() - t) * 1e3)
+print(f'reseed + first cuda draw: median {statistics.median(ms[2:]):.2f} ms')" >"$LOGS/reseed.log" 2>&1
 
-python - "$LOGS" "$tests_rc" <<'PY'
+# Last, if time is left: the "cuda" cases of the rest of the suite (autograd, every functional
+# op's CuPy composite, modules, Adam, decoding, mixed precision), 10 examples per property. -k "devices" adds the
+# cross-device tests, whose names do not say cuda.
+suite_rc=skipped
+if ((DEADLINE - SECONDS - 20 >= 60)); then
+    start=$SECONDS
+    timeout "$(limit 180)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_suite \
+        tests/functional tests/nn tests/optim tests/test_autograd.py tests/test_tensor.py \
+        tests/test_decoding.py tests/test_amp.py -k "cuda or devices" >"$LOGS/suite.log" 2>&1
+    suite_rc=$?
+    echo "suite (cuda cases): $((SECONDS - start)) s, exit $suite_rc"
+    grep -E "^(FAILED|ERROR)" "$LOGS/suite.log" | head -n 20
+else
+    echo "suite (cuda cases): skipped, $((DEADLINE - SECONDS)) s left"
+fi
+
+"$PY" - "$LOGS" "$tests_rc" "$suite_rc" <<'PY'
 import json, os, re, sys
-logs, tests_rc = sys.argv[1], int(sys.argv[2])
-summary = open(os.path.join(logs, "tests.log")).read().strip().splitlines()
+logs, tests_rc, suite_rc = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 print("\n================ gpu_check summary ================")
-print("tests:", summary[-1] if summary else "no output", "" if tests_rc == 0 else f"(exit {tests_rc})")
+for name, label, rc in (("tests.log", "tests", str(tests_rc)), ("suite.log", "suite", suite_rc)):
+    try:
+        lines = open(os.path.join(logs, name)).read().strip().splitlines()
+    except OSError:
+        lines = []
+    if rc == "skipped":
+        print(f"{label}: skipped (no time left)")
+    else:
+        print(f"{label}:", lines[-1] if lines else "no output", "" if rc == "0" else f"(exit {rc})")
 try:
     r = json.load(open(os.path.join(logs, "bench.json")))
 except (OSError, ValueError):
     print("benchmarks: no results (see bench.log)")
-    sys.exit(0)
+    r = {"attention": [], "bandwidth": []}
 print(f"GPU: {r.get('gpu')}   copy bandwidth: {r.get('copy_GBps', 0):.0f} GB/s")
 print("attention fwd+bwd, TFLOP/s (target: bf16 d=64 fused >= 0.5 x torch)")
 print(f"{'dtype':>5} {'causal':>6} {'d':>4} {'seq':>5} {'fused':>7} {'torch':>7} {'ratio':>6}")
@@ -73,9 +117,10 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
-for name in ("allreduce.log", "train_step.log"):
+for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 4), ("train_step_bf16.log", 4),
+                   ("reseed.log", 1)):
     path = os.path.join(logs, name)
     if os.path.exists(path):
         print(f"--- {name} (last lines)")
-        print("\n".join(open(path).read().strip().splitlines()[-6:]))
+        print("\n".join(open(path).read().strip().splitlines()[-last:]))
 PY

@@ -1,7 +1,7 @@
 """Shared fixtures: every device-aware test runs on "cpu" and, when CuPy sees a GPU, "cuda"."""
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 import minitransformer as mt
 from minitransformer import backend
@@ -11,6 +11,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 settings.load_profile("default")
+# benchmarks/gpu_check.sh: the suite's "cuda" cases with few examples and no shrinking, so that
+# they fit the GPU machine's minutes. Registered here, not in tests/kernels/conftest.py, so that
+# --hypothesis-profile=gpu_suite works for any selection under tests/.
+settings.register_profile(
+    "gpu_suite", settings.get_profile("default"), max_examples=10,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 
 DEVICES = [
     "cpu",

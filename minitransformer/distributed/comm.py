@@ -188,6 +188,26 @@ class _StreamEvent:
         cupy.cuda.get_current_stream().wait_event(self.event)
 
 
+def import_nccl():
+    """``cupy.cuda.nccl``, or a RuntimeError that says why it is unusable.
+
+    CuPy's ``cupy.cuda.nccl`` imports even when no NCCL library is found: it then only sets
+    ``available = False`` and lacks ``get_unique_id`` and ``NcclCommunicator``."""
+    try:
+        from cupy.cuda import nccl
+    except ImportError as e:
+        nccl, error = None, str(e)
+    else:
+        error = "CuPy found no NCCL library (cupy.cuda.nccl.available is False)"
+    if nccl is None or not getattr(nccl, "available", True):
+        raise RuntimeError(
+            f"the NCCL backend needs cupy.cuda.nccl, which is unusable: {error}; install NCCL "
+            f"for CuPy (pip install nvidia-nccl-cu13, or python -m cupyx.tools.install_library "
+            f"--library nccl)"
+        )
+    return nccl
+
+
 class NCCLCommunicator(Communicator):
     """Collectives on CuPy buffers through NCCL, one GPU (the current device) per rank.
 
@@ -199,16 +219,10 @@ class NCCLCommunicator(Communicator):
     backend_name = "nccl"
     device = "cuda"
 
-    def __init__(self, rank: int, world_size: int, unique_id: tuple) -> None:
+    def __init__(self, rank: int, world_size: int, unique_id: bytes) -> None:
         import cupy
 
-        try:
-            from cupy.cuda import nccl
-        except ImportError as e:
-            raise RuntimeError(
-                f"the NCCL backend needs cupy.cuda.nccl, which failed to import ({e}); install "
-                f"NCCL for CuPy (python -m cupyx.tools.install_library --library nccl)"
-            ) from e
+        nccl = import_nccl()
         super().__init__(rank, world_size)
         self._nccl = nccl
         self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)

@@ -32,7 +32,7 @@ import traceback
 from dataclasses import dataclass
 
 from .. import backend
-from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator
+from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator, import_nccl
 
 # (rank, size) variables that MPI launchers put in each rank's environment.
 _LAUNCHER_VARS = (
@@ -108,9 +108,7 @@ def init(device: str = "cpu", backend_name: str | None = None) -> World:
     if device == "cuda":
         _use_gpu(local_rank, local_size)
     if backend_name == "nccl":
-        from cupy.cuda import nccl
-
-        unique_id = nccl.get_unique_id() if rank == 0 else None
+        unique_id = import_nccl().get_unique_id() if rank == 0 else None  # bytes in CuPy >= 14
         if mpi_comm is not None:
             unique_id = mpi_comm.bcast(unique_id, root=0)
         comm = NCCLCommunicator(rank, world_size, unique_id)

@@ -140,6 +140,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
     mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
     if mask is not None:
+        mask = backend.to_device(mask, q.device)  # a NumPy mask for CUDA tensors: CuPy refuses host arrays
         t, s = q.shape[-2], k.shape[-2]
         if mask.ndim < 2 or mask.shape[-2] not in (1, t) or mask.shape[-1] not in (1, s):
             raise ValueError(
@@ -161,6 +162,8 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask=None, is_causal: bool = Fa
     hands the T x S matrix out (and, in the fused kernel, never stores it).
     """
     mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    if mask is not None:
+        mask = backend.to_device(mask, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return Tensor(softmax_array(attention_scores(q.data, k.data, mask, is_causal, scale)))
 

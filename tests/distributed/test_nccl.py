@@ -13,17 +13,21 @@ import minitransformer as mt
 import minitransformer.functional as F
 from minitransformer import distributed as dist
 from minitransformer.backend import has_cuda
+from minitransformer.distributed.comm import import_nccl
 
 pytestmark = pytest.mark.skipif(not has_cuda(), reason="needs CuPy and a CUDA GPU")
 
 
+def nccl_or_skip():
+    try:
+        return import_nccl()
+    except RuntimeError as e:  # cupy.cuda.nccl imports even without NCCL; then it is unusable
+        pytest.skip(str(e))
+
+
 @pytest.fixture
 def nccl_comm():
-    try:
-        from cupy.cuda import nccl
-    except ImportError as e:
-        pytest.skip(f"cupy.cuda.nccl is not available: {e}")
-    return dist.NCCLCommunicator(0, 1, nccl.get_unique_id())
+    return dist.NCCLCommunicator(0, 1, nccl_or_skip().get_unique_id())
 
 
 def test_nccl_collectives_on_one_rank(nccl_comm):
@@ -62,12 +66,16 @@ def test_ddp_over_nccl_matches_the_cpu(nccl_comm):
     seed = int(np.random.SeedSequence().entropy % 2**31)
     gpu = mlp_grads("cuda", nccl_comm, bucket_bytes=44, seed=seed)  # 11-float buckets
     cpu = mlp_grads("cpu", dist.LocalCommunicator("cpu"), bucket_bytes=44, seed=seed)
+    # float32 on both sides, but the fused cross-entropy (exp2 of z log2 e) and cuBLAS round
+    # differently from the CPU's composite ops: entries that cancel to ~0 differ by ~1e-6.
     for g, c in zip(gpu, cpu):
-        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
 
 
 def test_init_on_cuda_alone_uses_nccl(monkeypatch):
     from minitransformer.distributed import world as world_module
+
+    nccl_or_skip()
 
     for var in [v for pair in world_module._LAUNCHER_VARS for v in pair]:
         monkeypatch.delenv(var, raising=False)
