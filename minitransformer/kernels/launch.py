@@ -80,11 +80,9 @@ def loss_overwrites_logits() -> bool:
 
 
 def new_seed() -> int:
-    """A 63-bit seed for in-kernel dropout, drawn from the "cuda" generator (manual_seed
-    makes it reproducible)."""
-    # Generator.random is what CuPy's and NumPy's generators share; two draws give 63 bits.
-    lo, hi = (float(u) for u in backend.generator("cuda").random(2))
-    return int(lo * 2**32) | (int(hi * 2**31) << 32)
+    """A 63-bit seed for in-kernel dropout. Drawn on the host, from the "cpu" generator
+    (``manual_seed`` makes it reproducible): a draw from CuPy's would wait for the GPU."""
+    return int(backend.generator("cpu").integers(0, 2**63))
 
 
 # --------------------------------------------------------------------------- checks
