@@ -19,13 +19,13 @@ from minitransformer.checkpoint import load_checkpoint
 from minitransformer.decoding import translate
 
 
-def load_model(checkpoint: str, device: str) -> nn.Transformer:
+def load_model(checkpoint: str, device: str, dtype: str = "float32") -> nn.Transformer:
     ckpt = load_checkpoint(checkpoint)
     if ckpt.config is None:
         raise SystemExit(f"{checkpoint} holds no model config")
     model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
     model.load_state_dict(ckpt.model)
-    return model.to(device).eval()
+    return model.to(device, dtype=dtype).eval()
 
 
 def find_run_files(run: str) -> tuple[str, str]:
@@ -46,6 +46,8 @@ def main(argv=None) -> None:
     p.add_argument("--input", help="one sentence a line (default: stdin)")
     p.add_argument("--output", help="where to write translations (default: stdout)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch")
@@ -55,7 +57,7 @@ def main(argv=None) -> None:
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
 
-    model = load_model(checkpoint, args.device)
+    model = load_model(checkpoint, args.device, args.dtype)
     tok = data.Tokenizer(tokenizer)
     source = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sentences = [line.rstrip("\n") for line in source]

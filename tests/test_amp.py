@@ -270,3 +270,19 @@ def test_data_parallel_float16_steps_reduce_float32_gradients(device):
     for name, g in grads["plain"].items():
         # float16 rounds the summed and the mean loss's gradients differently: a few units.
         assert np.linalg.norm(grads["ddp"][name] - g) < 25 * UNIT["float16"] * max(np.linalg.norm(g), 1e-2 * total)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_module_to_dtype_casts_in_place_for_16_bit_inference(device, dtype):
+    model, (src, tgt_in, _) = model_and_batch(device)
+    model.eval()
+    ref = f64(model(src, tgt_in))
+    params = list(model.parameters())
+    assert model.to(dtype) is model
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]  # the same Parameters
+    assert all(p.dtype == backend.resolve_dtype(dtype) for p in params)
+    out = model(src, tgt_in)
+    assert out.dtype == backend.resolve_dtype(dtype)
+    assert np.abs(f64(out) - ref).max() < 50 * UNIT[dtype] * np.abs(ref).max()
+    with pytest.raises(TypeError, match="floating-point"):
+        model.to(np.int32)
