@@ -27,6 +27,7 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
+from .functional.attention import KeyPadding
 from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
@@ -49,7 +50,7 @@ def length_penalty(length: int, alpha: float) -> float:
 def _prepare(model, src):
     src = src if isinstance(src, Tensor) else Tensor(np.asarray(src))
     lengths = backend.to_device((src.data != model.config.pad_id).sum(axis=1), "cpu")
-    pad_mask = model.src_pad_mask(src)
+    pad_mask = KeyPadding(model.src_pad_mask(src))  # shared by every layer and step
     return src, lengths, pad_mask, model.encode(src, pad_mask)
 
 
@@ -114,7 +115,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * k + beam.
     rows = xp.asarray(np.repeat(np.arange(n), k))
     memory = Tensor(memory.data[rows])
-    pad_mask = Tensor(pad_mask.data[rows])
+    pad_mask = KeyPadding(pad_mask.pad[rows])
     cache = model.new_cache()
     active = np.arange(n)  # sentence id of each slot still in the batch
     tokens = np.full((n * k, 0), cfg.bos_id, dtype=np.int64)  # generated so far, per row
@@ -170,7 +171,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         dev_index = xp.asarray(index)  # surviving beams of the sentences still running
         model.reorder_cache(cache, dev_index)
         memory = Tensor(memory.data[dev_index])
-        pad_mask = Tensor(pad_mask.data[dev_index])
+        pad_mask = KeyPadding(pad_mask.pad[dev_index])
 
     results = []
     for hyps in finished:

@@ -9,6 +9,9 @@ broadcast to (..., T, S). ``is_causal`` masks future keys: query i sees keys j <
 i.e. the mask is aligned to the bottom-right corner, so a single new query with a cache of S
 keys sees them all (incremental decoding); for T == S it is the usual lower triangle.
 
+A batch's key padding is best handed over as a ``KeyPadding``, built once and shared by every
+layer that attends to those keys: it holds the mask in both forms the two implementations take.
+
 A query whose keys are all masked gets the zero vector (softmax's fully-masked-row rule), and
 zero gradient, never NaN.
 
@@ -32,6 +35,31 @@ from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 from .softmax import softmax_array
+
+
+class KeyPadding:
+    """The key padding of a batch, from (B, S) flags that are True at padding keys:
+
+        mask      (B, 1, 1, S) booleans, True where a key may be attended (the composite op)
+        lengths   (B,) int32 keys per row, for the fused kernel, which takes padding as lengths;
+                  None if some row's padding is not a suffix. Computed on first use, by the
+                  kernel's dispatch only, since the suffix check costs a device-to-host sync:
+                  once per batch this way, instead of once per attention layer.
+    """
+
+    def __init__(self, pad) -> None:
+        self.pad = pad.data if isinstance(pad, Tensor) else pad  # (B, S)
+        if self.pad.ndim != 2 or self.pad.dtype != bool:
+            raise ValueError(f"KeyPadding: expected (B, S) booleans, got {self.pad.dtype} {self.pad.shape}")
+        self.mask = ~self.pad[:, None, None, :]
+        self._lengths, self._lengths_known = None, False
+
+    @property
+    def lengths(self):
+        if not self._lengths_known:
+            b, s = self.pad.shape
+            self._lengths, self._lengths_known = kernels.key_lengths_from_mask(self.mask, b, s), True
+        return self._lengths
 
 
 def causal_mask(xp, t: int, s: int):
@@ -108,21 +136,35 @@ class FusedAttention(Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _fused_attention(q, k, v, mask, is_causal, dropout_p, scale):
+def _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale):
     """FusedAttention on CUDA tensors when the kernel can express the call, else None:
     (B, h, T, d_k) inputs with d_v = d_k in {32, 64, 128}, B * h <= 65535 (one grid axis), and
-    no mask or a boolean key-padding mask (B, 1, 1, S) that keeps a prefix of each row."""
+    no mask, a ``KeyPadding``, or a boolean key-padding mask (B, 1, 1, S) that keeps a prefix of
+    each row."""
     if (not kernels.enabled_for(q, k, v) or len(q.shape) != 4 or q.shape[:2] != k.shape[:2]
             or k.shape != v.shape or q.shape[-1] not in (32, 64, 128)
             or q.shape[0] * q.shape[1] > 65535 or 0 in q.shape or 0 in k.shape):
         return None
     kv_lens = None
     if mask is not None:
-        kv_lens = kernels.key_lengths_from_mask(mask, q.shape[0], k.shape[-2])
+        if padding is not None:
+            kv_lens = padding.lengths if padding.pad.shape == (q.shape[0], k.shape[-2]) else None
+        else:
+            kv_lens = kernels.key_lengths_from_mask(mask, q.shape[0], k.shape[-2])
         if kv_lens is None:
             return None
     seed = kernels.new_seed() if dropout_p > 0.0 else 0
     return FusedAttention.apply(q, k, v, kv_lens, is_causal, dropout_p, scale, seed)
+
+
+def _mask_array(attn_mask, q: Tensor):
+    """The mask as an array on q's device (CuPy refuses host arrays), or None."""
+    if attn_mask is None:
+        return None
+    if isinstance(attn_mask, KeyPadding):
+        return backend.to_device(attn_mask.mask, q.device)
+    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    return backend.to_device(mask, q.device)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
@@ -130,6 +172,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
                                  scale: float | None = None) -> Tensor:
     """softmax(q k^T * scale + M) v with scale = 1/sqrt(d_k) by default; see the module doc.
 
+    ``attn_mask``: None, a boolean or float mask broadcasting to (..., T, S), or a ``KeyPadding``.
     ``dropout_p`` drops attention weights (pass 0.0 when not training, as with PyTorch).
     """
     if q.shape[-1] != k.shape[-1]:
@@ -138,9 +181,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
         raise ValueError(f"attention: k {k.shape} and v {v.shape} differ in the number of keys")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
-    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    padding = attn_mask if isinstance(attn_mask, KeyPadding) else None
+    mask = _mask_array(attn_mask, q)
     if mask is not None:
-        mask = backend.to_device(mask, q.device)  # a NumPy mask for CUDA tensors: CuPy refuses host arrays
         t, s = q.shape[-2], k.shape[-2]
         if mask.ndim < 2 or mask.shape[-2] not in (1, t) or mask.shape[-1] not in (1, s):
             raise ValueError(
@@ -148,7 +191,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
                 f"for q {q.shape} and k {k.shape}"
             )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    fused = _fused_attention(q, k, v, mask, is_causal, dropout_p, scale)
+    fused = _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale)
     if fused is not None:
         return fused
     return ScaledDotProductAttention.apply(q, k, v, mask, is_causal, dropout_p, scale)
@@ -161,9 +204,7 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask=None, is_causal: bool = Fa
     Not differentiable: training goes through ``scaled_dot_product_attention``, which never
     hands the T x S matrix out (and, in the fused kernel, never stores it).
     """
-    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
-    if mask is not None:
-        mask = backend.to_device(mask, q.device)
+    mask = _mask_array(attn_mask, q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return Tensor(softmax_array(attention_scores(q.data, k.data, mask, is_causal, scale)))
 

@@ -17,7 +17,8 @@ ml_dtypes is installed. The launchers take bfloat16 in either form: arrays whose
 dispatch in ``functional`` only sees float32/float16/(ml_dtypes) bfloat16 tensors.
 
 Dispatch from ``functional`` (on "cuda" tensors, when enabled): scaled_dot_product_attention
--> fused attention ((B, h, T, d_k) inputs, d_k in {32, 64, 128}, attn_mask None or a boolean
+-> fused attention ((B, h, T, d_k) inputs, d_k in {32, 64, 128}, attn_mask None, a
+``functional.KeyPadding`` (its key lengths are derived once per batch), or a boolean
 key-padding mask of shape (B, 1, 1, S) whose True entries form a prefix of each row, combined
 with is_causal as needed; otherwise the composite op), layer_norm (rows up to
 LAYERNORM_MAX_D wide), softmax over the last axis, cross_entropy. Inputs that are not

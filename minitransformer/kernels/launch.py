@@ -199,7 +199,7 @@ def key_lengths_from_mask(mask, batch: int, keys: int):
     (B or 1, 1, 1, S) whose True entries are a prefix of every row; None otherwise (then the
     fused kernel cannot express it). Costs one device-to-host sync for the prefix check."""
     cupy = backend._cupy
-    if not isinstance(mask, cupy.ndarray) or (mask.dtype != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
+    if cupy is None or not isinstance(mask, cupy.ndarray) or (mask.dtype != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
             or mask.shape[0] not in (1, batch) or mask.shape[3] != keys):
         return None
     rows = mask.reshape(mask.shape[0], keys)

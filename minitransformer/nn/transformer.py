@@ -185,9 +185,11 @@ class Transformer(Module):
         return Tensor(data == self.config.pad_id)
 
     def encode(self, src, src_pad_mask=None) -> Tensor:
-        """src (B, S) ids -> memory (B, S, d_model)."""
+        """src (B, S) ids -> memory (B, S, d_model). ``src_pad_mask``: (B, S) flags, or the
+        ``F.KeyPadding`` of them that ``decode`` will be given too (built once, used by every
+        encoder self-attention and decoder cross-attention)."""
         if src_pad_mask is None:
-            src_pad_mask = self.src_pad_mask(src)
+            src_pad_mask = F.KeyPadding(self.src_pad_mask(src))
         return self.encoder(self._embed(self.src_embed, src), src_pad_mask)
 
     def decode(self, tgt_in, memory: Tensor, src_pad_mask=None, cache: list | None = None,
@@ -203,8 +205,8 @@ class Transformer(Module):
         return F.linear(states, F.transpose(self.tgt_embed.weight, 0, 1))  # x W_emb^T
 
     def forward(self, src, tgt_in) -> Tensor:
-        pad = self.src_pad_mask(src)
-        return self.project(self.decode(tgt_in, self.encode(src, pad), pad))
+        padding = F.KeyPadding(self.src_pad_mask(src))
+        return self.project(self.decode(tgt_in, self.encode(src, padding), padding))
 
     def new_cache(self) -> list:
         """Empty per-layer caches for incremental decoding."""

@@ -95,3 +95,26 @@ def test_attention_errors_name_shapes(device):
         F.scaled_dot_product_attention(q, randn(device, 2, 3, 5), randn(device, 2, 3, 4))
     with pytest.raises(ValueError, match="mask of shape"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((2, 5), bool))
+
+
+def test_key_padding_is_the_boolean_mask_built_once(device):
+    rng = np.random.default_rng(7)
+    q = randn(device, 2, 2, 3, 4, seed=0)
+    k, v = (randn(device, 2, 2, 4, 4, seed=i) for i in (1, 2))
+    lengths = np.array([4, 2])
+    pad = np.arange(4)[None, :] >= lengths[:, None]  # (B, S): True at padding
+    padding = F.KeyPadding(mt.tensor(pad, device=device))
+    assert padding.mask.shape == (2, 1, 1, 4)
+    g = rng.standard_normal((2, 2, 3, 4))
+    outs = []
+    for mask in (padding, mt.tensor(~pad[:, None, None, :], device=device)):
+        for t in (q, k, v):
+            t.grad = None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+        out.backward(mt.tensor(g, device=device))
+        outs.append([out.numpy()] + [t.grad.numpy() for t in (q, k, v)])
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(F.attention_weights(q, k, padding).numpy()[1, :, :, 2:], 0.0)
+    with pytest.raises(ValueError, match="expected \\(B, S\\) booleans"):
+        F.KeyPadding(np.zeros((2, 1, 4), bool))
