@@ -27,7 +27,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,7 +90,7 @@ class Run:
 
     def autocast(self):
         """The block in which the model computes in ``amp_dtype`` (nothing for fp32)."""
-        return autocast(self.model, self.amp_dtype) if self.amp_dtype else nullcontext()
+        return autocast(self.model, self.amp_dtype)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

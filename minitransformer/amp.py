@@ -50,34 +50,56 @@ class autocast:  # noqa: N801 - a context manager named like PyTorch's
 
     The copies are made on every entry, so they always reflect the latest optimiser step
     (cheap: one cast of every parameter, next to a forward pass). A nested ``autocast`` of the
-    same model is a no-op. Don't step the optimiser or save a checkpoint inside the block.
+    same model and dtype is a no-op; another dtype is an error. Call ``backward()`` after the
+    block: only then do the gradients reach the float32 masters in float32 (one computed
+    inside is cast on exit, but has been summed in 16 bits). Don't step the optimiser or save a
+    checkpoint inside the block. ``dtype=None`` makes the block change nothing (float32
+    training), so callers need no second code path.
     """
 
     def __init__(self, model, dtype) -> None:
         self.model = model
-        self.dtype = backend.resolve_dtype(dtype)
-        if not backend.is_low_precision(self.dtype):
-            raise TypeError(f"autocast: dtype must be float16 or bfloat16, not {self.dtype}")
-        self._masters = None
+        self.dtype = None if dtype is None else backend.resolve_dtype(dtype)
+        if self.dtype is not None and not backend.is_low_precision(self.dtype):
+            raise TypeError(f"autocast: dtype must be float16 or bfloat16 (or None), not {self.dtype}")
+        self._entries = []  # per entry: the (Parameter, master) pairs it swapped, or None if nested
 
     def __enter__(self):
-        if getattr(self.model, "_autocast_active", False):
+        active = getattr(self.model, "_autocast_dtype", None)
+        if self.dtype is None:
+            self._entries.append(None)
             return self
-        self._masters = []
-        for p in self.model.parameters():
-            if backend.is_floating(p.dtype):
-                self._masters.append((p, p.data))
-                p.data = p.data.astype(self.dtype)
-        object.__setattr__(self.model, "_autocast_active", True)
+        if active is not None:
+            if active != self.dtype:
+                raise RuntimeError(f"autocast({self.dtype}) inside autocast({active}) of the same model")
+            self._entries.append(None)
+            return self
+        masters = []
+        try:
+            for p in self.model.parameters():
+                if backend.is_floating(p.dtype):
+                    masters.append((p, p.data))
+                    p.data = p.data.astype(self.dtype)
+        except BaseException:  # e.g. out of memory halfway: leave no parameter 16-bit
+            self._restore(masters)
+            raise
+        self._entries.append(masters)
+        object.__setattr__(self.model, "_autocast_dtype", self.dtype)
         return self
 
     def __exit__(self, *exc) -> bool:
-        if self._masters is not None:
-            for p, master in self._masters:
-                p.data = master
-            self._masters = None
-            object.__setattr__(self.model, "_autocast_active", False)
+        masters = self._entries.pop()
+        if masters is not None:
+            self._restore(masters)
+            object.__setattr__(self.model, "_autocast_dtype", None)
         return False
+
+    @staticmethod
+    def _restore(masters) -> None:
+        for p, master in masters:
+            p.data = master
+            if p.grad is not None and p.grad.dtype != master.dtype:  # backward() ran inside
+                p.grad = Tensor(p.grad.data.astype(master.dtype))
 
 
 class GradScaler:
@@ -114,12 +136,20 @@ class GradScaler:
                 p.grad.data *= inv
 
     def update(self, found_inf: bool) -> None:
-        """After each step: back off on an overflow, grow after a run of good steps."""
+        """After each step: back off on an overflow, grow after a run of good steps.
+
+        Raises FloatingPointError once S falls below 2^-24: gradients that overflow at such a
+        scale are not finite at any scale (a NaN in the weights or the data), and skipping
+        steps forever would hide that."""
         if not self.enabled:
             return
         if found_inf:
             self.scale_value *= self.backoff_factor
             self.good_steps = 0
+            if self.scale_value < 2.0**-24:
+                raise FloatingPointError(
+                    f"loss scale fell to {self.scale_value:.3g}: the gradients are not finite at "
+                    f"any scale (look for a NaN or inf in the weights, the data or the loss)")
             return
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
@@ -134,7 +164,9 @@ class GradScaler:
                 "growth_interval": self.growth_interval}
 
     def load_state_dict(self, state: dict) -> None:
-        self.enabled = bool(state["enabled"])
+        """Resume the scale; a disabled scaler (e.g. a run resumed in bfloat16) stays off."""
+        if not (self.enabled and state["enabled"]):
+            return
         self.scale_value, self.good_steps = float(state["scale"]), int(state["good_steps"])
         self.growth_factor, self.backoff_factor = state["growth_factor"], state["backoff_factor"]
         self.growth_interval = int(state["growth_interval"])

@@ -21,7 +21,6 @@ are tokens: the scaler's first steps back off correspondingly further, then it s
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -50,7 +49,7 @@ class StepResult:
 def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=None):
     """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens); with
     ``amp_dtype`` the forward pass runs in that 16-bit dtype."""
-    with autocast(model, amp_dtype) if amp_dtype is not None else contextlib.nullcontext():
+    with autocast(model, amp_dtype):
         logits = model(src, tgt_in)  # (B, T, V)
         stats: dict = {}
         loss_sum = F.cross_entropy(logits, tgt_out, label_smoothing, model.config.pad_id, "sum", stats)

@@ -53,11 +53,58 @@ def test_ops_keep_the_16_bit_dtype(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", LOW)
-def test_long_sums_accumulate_in_float32(device, dtype):
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_long_sums_accumulate_in_float32(device, dtype, reduce):
     x = np.random.default_rng(2).uniform(0.05, 0.15, 20000)
-    out = F.sum(low(x, dtype, device))
-    ref = f64(low(x, dtype)).sum()  # the exact sum of the 16-bit inputs
+    out = getattr(F, reduce)(low(x, dtype, device))
+    ref = getattr(f64(low(x, dtype)), reduce)()  # the exact result on the 16-bit inputs
     assert abs(out.item() - ref) <= UNIT[dtype] * abs(ref) * 1.01  # one rounding, at the end
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_backward_row_sums_accumulate_in_float32(device, dtype):
+    """Backward passes sum long rows too: softmax's sum(g * y), log-softmax's sum(g), the
+    embedding's sum over a frequent token's uses, layer norm's dweight and dbias. Each
+    gradient is its float64 value on the same 16-bit inputs, rounded a few times."""
+    rng = np.random.default_rng(7)
+    n = 8192
+    # Upstream gradients as loss scaling makes them: softmax's dx stays clear of float16's subnormals.
+    g = low(rng.uniform(50, 150, (2, n)), dtype, device)
+    gd = f64(g)
+    for fn in (F.softmax, F.log_softmax):
+        x = low(rng.standard_normal((2, n)), dtype, device, requires_grad=True)
+        out = fn(x)
+        out.backward(g)
+        y = f64(out) if fn is F.softmax else np.exp(f64(out))
+        if fn is F.softmax:
+            s = (gd * y).sum(-1, keepdims=True)
+            ref, size = y * (gd - s), y * (gd + np.abs(s))
+        else:
+            s = gd.sum(-1, keepdims=True)
+            ref, size = gd - y * s, gd + y * s
+        assert (np.abs(f64(x.grad) - ref) <= 4 * UNIT[dtype] * size).all(), fn.__name__
+
+    w = low(rng.standard_normal((3, 4)), dtype, device, requires_grad=True)
+    ge = low(rng.uniform(0.05, 0.15, (n, 4)), dtype, device)
+    F.embedding(mt.tensor(np.zeros(n, dtype=np.int64), device=device), w).backward(ge)  # one token, n times
+    ref = f64(ge).sum(0)
+    assert (np.abs(f64(w.grad)[0] - ref) <= 2 * UNIT[dtype] * ref).all()
+
+    x = low(rng.standard_normal((n, 8)) + 30.0, dtype, device)
+    wl, bl = (low(a, dtype, device, requires_grad=True) for a in (rng.uniform(0.5, 1.5, 8), rng.standard_normal(8)))
+    gl = low(rng.uniform(0.05, 0.15, (n, 8)), dtype, device)
+    F.layer_norm(x, wl, bl).backward(gl)
+    xd, gld = f64(x), f64(gl)
+    xhat = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5)
+    assert (np.abs(f64(bl.grad) - gld.sum(0)) <= 2 * UNIT[dtype] * gld.sum(0)).all()
+    assert (np.abs(f64(wl.grad) - (gld * xhat).sum(0)) <= 4 * UNIT[dtype] * (gld * np.abs(xhat)).sum(0)).all()
+
+
+def test_float16_attention_scores_do_not_overflow_before_scaling(device):
+    """q . k = 64 * 40 * 40 = 102400 is past float16's 65504; the scaled score, 12800, is not."""
+    q = low(np.full((1, 2, 64), 40.0), "float16", device)
+    out = F.scaled_dot_product_attention(q, q, q)
+    np.testing.assert_array_equal(f64(out), 40.0)
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -146,10 +193,63 @@ def test_gradients_reach_the_masters_in_float32_and_match_float32_training(devic
         assert err < 25 * UNIT[dtype] * max(np.linalg.norm(ref[name]), 1e-2 * total), (name, err)
 
 
-def test_autocast_refuses_a_wide_dtype():
+def test_autocast_refuses_a_wide_dtype_and_a_nested_other_dtype():
     model, _ = model_and_batch()
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         autocast(model, mt.float32)
+    with pytest.raises(RuntimeError, match="inside autocast"):
+        with autocast(model, "float16"), autocast(model, "bfloat16"):
+            pass
+    assert all(p.dtype == np.float32 for p in model.parameters())
+    with autocast(model, None):  # float32 training: the block changes nothing
+        assert all(p.dtype == np.float32 for p in model.parameters())
+    with autocast(model, "float16"), autocast(model, None):
+        assert all(p.dtype == np.float16 for p in model.parameters())
+
+
+def test_autocast_reentered_restores_only_on_the_outer_exit():
+    model, _ = model_and_batch()
+    block = autocast(model, "float16")
+    with block:
+        with block:
+            pass
+        assert all(p.dtype == np.float16 for p in model.parameters())
+    assert all(p.dtype == np.float32 for p in model.parameters())
+
+
+def test_autocast_that_fails_halfway_leaves_the_masters(monkeypatch):
+    model, _ = model_and_batch()
+    params = list(model.parameters())
+    calls = []
+
+    def cast(a, dtype):  # the third cast runs out of memory
+        calls.append(a)
+        if len(calls) == 3:
+            raise MemoryError("out of memory")
+        return a.view(np.ndarray).astype(dtype)
+
+    class Flaky(np.ndarray):
+        def astype(self, dtype, **kw):
+            return cast(self, dtype)
+
+    masters = [p.data for p in params]
+    for p in params:
+        p.data = p.data.view(Flaky)
+    with pytest.raises(MemoryError):
+        with autocast(model, "float16"):
+            pass
+    assert all(p.dtype == np.float32 for p in params)
+    with autocast(model, "float16"):  # and the model is not left marked as autocast
+        assert all(p.dtype == np.float16 for p in params)
+    for p, m in zip(params, masters):
+        p.data = m
+
+
+def test_backward_inside_autocast_leaves_float32_gradients():
+    model, (src, tgt_in, tgt_out) = model_and_batch()
+    with autocast(model, "float16"):
+        F.cross_entropy(model(src, tgt_in), tgt_out, 0.1, 0).backward()
+    assert all(p.grad.dtype == np.float32 for p in model.parameters())
 
 
 # --------------------------------------------------------------------------- GradScaler
@@ -181,6 +281,17 @@ def test_scaler_backs_off_on_overflow_and_grows_after_good_steps():
     off = GradScaler(enabled=False)
     off.update(True)
     assert off.scale_value == 1.0 and off.scale(loss) is loss
+
+
+def test_scaler_gives_up_on_gradients_that_overflow_at_any_scale_and_resumes_only_when_on():
+    s = GradScaler(init_scale=2.0**-20)
+    for _ in range(4):
+        s.update(found_inf=True)
+    with pytest.raises(FloatingPointError, match="not finite at any scale"):
+        s.update(found_inf=True)
+    off = GradScaler(enabled=False)
+    off.load_state_dict(GradScaler(init_scale=8.0).state_dict())  # e.g. resumed in bfloat16
+    assert off.scale_value == 1.0 and not off.enabled
 
 
 def setup_training(device="cpu"):
@@ -224,6 +335,8 @@ def test_mixed_precision_training_tracks_float32(device, dtype):
     for a, b in zip(curves["fp32"], curves["amp"]):
         assert b.skipped is None
         assert abs(a.loss - b.loss) < 20 * UNIT[dtype] * a.loss, (a.loss, b.loss)
+        # Adam is blind to a constant factor on the gradients: the norm shows a missed unscale_.
+        assert abs(a.grad_norm - b.grad_norm) < 20 * UNIT[dtype] * a.grad_norm, (a.grad_norm, b.grad_norm)
 
 
 def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):

@@ -70,8 +70,10 @@ def causal_mask(xp, t: int, s: int):
 def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
     """Masked, scaled scores Q K^T * scale, -inf where masked: (..., T, S)."""
     xp = backend.array_module_of(q)
+    # Scaled before the product, as PyTorch's math path does: in float16, q . k itself can
+    # exceed 65504 (64 terms of 32 x 32) while the scaled score is far from it.
+    q = q * q.dtype.type(scale)
     scores = (q @ k.swapaxes(-1, -2)).astype(backend.compute_dtype(q.dtype), copy=False)
-    scores *= scale
     if attn_mask is not None:
         if attn_mask.dtype == bool:
             scores = xp.where(attn_mask, scores, -xp.inf)

@@ -33,7 +33,8 @@ class Sum(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdims):
         ctx.shape, ctx.axes, ctx.keepdims = x.shape, axes, keepdims
-        return x.sum(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype)).astype(x.dtype)
+        out = x.sum(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype))
+        return out.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
@@ -44,7 +45,8 @@ class Mean(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdims):
         ctx.shape, ctx.axes, ctx.keepdims = x.shape, axes, keepdims
-        return x.mean(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype)).astype(x.dtype)
+        out = x.mean(axis=axes, keepdims=keepdims, dtype=backend.compute_dtype(x.dtype))
+        return out.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):

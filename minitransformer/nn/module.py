@@ -124,7 +124,11 @@ class Module:
         ``model.to("cuda", dtype=mt.float16)``. The Parameter objects stay the same, so an
         optimiser built before the call still holds them."""
         if device is not None and not (isinstance(device, str) and device in backend.DEVICES):
-            device, dtype = None, device  # to(dtype)
+            try:  # to(dtype)
+                device, dtype = None, backend.resolve_dtype(device)
+            except TypeError:  # neither a device nor a dtype: say which devices there are
+                backend.check_device(device)
+                raise
         if device is not None:
             backend.check_device(device)
         if dtype is not None:
