@@ -7,7 +7,14 @@
 # The machine is assumed to have Python with CuPy, pybind11, setuptools, numpy, pytest and
 # hypothesis installed and no package registry: the build uses them as they are.
 # GPU_CHECK_SECONDS (default 480) bounds the whole script: every step's timeout is cut to what
-# is left, and the last step (the "cuda" cases of the rest of the suite) runs only if time is left.
+# is left, and the last steps run only if time is left. GPU_CHECK_STAGES picks the steps after
+# the build (default: all, in this order of priority):
+#     kernels  the kernel tests            bench  benchmarks/attn.py
+#     nccl     NCCL tests and bandwidth    step   the training step, fp32 and bf16, vs torch
+#     suite    the suite's "cuda" cases    wmt    examples/train_wmt.py on Multi30k, bf16
+# "wmt" needs the corpus inside the checkout, since ../shared does not travel to the GPU
+# machine: `mkdir -p .gpu_data && cp -r ../shared/data/multi30k .gpu_data/` here (1.3 MB,
+# git-ignored), and name .gpu_data in the device call's carry.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python || command -v python3)}
@@ -15,6 +22,9 @@ DEADLINE=${GPU_CHECK_SECONDS:-480}
 # The timeout for the next step: its own limit, or what is left before DEADLINE (20 s kept
 # for the summary), at least 10 s.
 limit() { local left=$((DEADLINE - SECONDS - 20)); ((left < 10)) && left=10; echo $(($1 < left ? $1 : left)); }
+STAGES=" ${GPU_CHECK_STAGES:-kernels bench nccl step suite wmt} "
+# True when stage $1 was asked for and at least $2 seconds are left.
+want() { [[ $STAGES == *" $1 "* ]] && ((DEADLINE - SECONDS - 20 >= $2)) || { echo "$1: skipped"; false; }; }
 LOGS=${OUT:-$(mktemp -d)}
 mkdir -p "$LOGS"
 echo "logs: $LOGS"
@@ -36,32 +46,42 @@ echo "build: $((SECONDS - start)) s (sm_$MINITRANSFORMER_CUDA_ARCHS)"
 "$PY" -c "import minitransformer.kernels as K; assert K.available(), K.unavailable_reason(); print('kernels available')" || exit 1
 "$PY" -c "import hypothesis, pytest" 2>/dev/null || echo "WARNING: pytest/hypothesis missing; GPU tests cannot run"
 
-start=$SECONDS
-timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
-tests_rc=$?
-echo "tests: $((SECONDS - start)) s, exit $tests_rc"
-grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20
+tests_rc=skipped
+if want kernels 30; then
+    start=$SECONDS
+    timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check \
+        --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
+    tests_rc=$?
+    echo "tests: $((SECONDS - start)) s, exit $tests_rc"
+    grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20
+fi
 
-start=$SECONDS
-timeout "$(limit 200)" "$PY" benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
-bench_rc=$?
-echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
-[ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
+if want bench 30; then
+    start=$SECONDS
+    timeout "$(limit 200)" "$PY" benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
+    bench_rc=$?
+    echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
+    [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
+fi
 
-# The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU), its bus bandwidth,
-# and a whole training step of the model on the GPU next to torch.nn.Transformer.
-start=$SECONDS
-timeout "$(limit 60)" "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
-echo "nccl tests: $((SECONDS - start)) s, exit $? ($(tail -n 1 "$LOGS/nccl.log"))"
-timeout "$(limit 45)" "$PY" benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
-    || tail -n 20 "$LOGS/allreduce.log"
-# The step in float32 and in bf16 mixed precision (amp vs torch.autocast), and what a per-step
-# reseed costs on the GPU (train_wmt reseeds every step so that resume is exact).
-for prec in fp32 bf16; do
-    timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 \
-        --precision $prec >"$LOGS/train_step_$prec.log" 2>&1 || tail -n 20 "$LOGS/train_step_$prec.log"
-done
-timeout "$(limit 30)" "$PY" -c "
+# The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU) and its bus bandwidth.
+if want nccl 20; then
+    start=$SECONDS
+    timeout "$(limit 60)" "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
+    echo "nccl tests: $((SECONDS - start)) s, exit $? ($(tail -n 1 "$LOGS/nccl.log"))"
+    timeout "$(limit 45)" "$PY" benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
+        || tail -n 20 "$LOGS/allreduce.log"
+fi
+
+# A whole training step next to torch.nn.Transformer, in float32 and in bf16 mixed precision
+# (amp vs torch.autocast), and what a per-step reseed costs (train_wmt reseeds every step so
+# that a resumed run is exact).
+if want step 30; then
+    for prec in fp32 bf16; do
+        timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 \
+            --precision $prec >"$LOGS/train_step_$prec.log" 2>&1 || tail -n 20 "$LOGS/train_step_$prec.log"
+    done
+    timeout "$(limit 30)" "$PY" -c "
 import time, statistics, minitransformer as mt
 from minitransformer import backend
 ms = []
@@ -70,12 +90,13 @@ for s in range(12):
     mt.manual_seed(s + 100); backend.generator('cuda').random(1)
     ms.append((time.perf_counter() - t) * 1e3)
 print(f'reseed + first cuda draw: median {statistics.median(ms[2:]):.2f} ms')" >"$LOGS/reseed.log" 2>&1
+fi
 
-# Last, if time is left: the "cuda" cases of the rest of the suite (autograd, every functional
-# op's CuPy composite, modules, Adam, decoding, mixed precision), 10 examples per property. -k "devices" adds the
+# The "cuda" cases of the rest of the suite (autograd, every functional op's CuPy composite,
+# modules, Adam, decoding, mixed precision), 10 examples per property. -k "devices" adds the
 # cross-device tests, whose names do not say cuda.
 suite_rc=skipped
-if ((DEADLINE - SECONDS - 20 >= 60)); then
+if want suite 60; then
     start=$SECONDS
     timeout "$(limit 180)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_suite \
         tests/functional tests/nn tests/optim tests/test_autograd.py tests/test_tensor.py \
@@ -83,21 +104,32 @@ if ((DEADLINE - SECONDS - 20 >= 60)); then
     suite_rc=$?
     echo "suite (cuda cases): $((SECONDS - start)) s, exit $suite_rc"
     grep -E "^(FAILED|ERROR)" "$LOGS/suite.log" | head -n 20
-else
-    echo "suite (cuda cases): skipped, $((DEADLINE - SECONDS)) s left"
+fi
+
+# The main job end to end on the GPU, briefly: bf16 training, validation, checkpoints,
+# averaging, beam search and sacreBLEU on 200 test sentences.
+DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
+if [ -f "$DATA/train.en.gz" ] && want wmt 60; then
+    start=$SECONDS
+    timeout "$(limit 150)" "$PY" examples/train_wmt.py --data-dir "$DATA" --device cuda --precision bf16 \
+        --out-dir "$LOGS/wmt" --max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200 \
+        --log-every 10 --no-progress >"$LOGS/wmt.log" 2>&1
+    echo "train_wmt (bf16, 100 steps): $((SECONDS - start)) s, exit $?"
+elif [[ $STAGES == *" wmt "* ]]; then
+    echo "wmt: skipped, no corpus at $DATA (see the header)"
 fi
 
 "$PY" - "$LOGS" "$tests_rc" "$suite_rc" <<'PY'
 import json, os, re, sys
-logs, tests_rc, suite_rc = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+logs, tests_rc, suite_rc = sys.argv[1:4]
 print("\n================ gpu_check summary ================")
-for name, label, rc in (("tests.log", "tests", str(tests_rc)), ("suite.log", "suite", suite_rc)):
+for name, label, rc in (("tests.log", "tests", tests_rc), ("suite.log", "suite", suite_rc)):
     try:
         lines = open(os.path.join(logs, name)).read().strip().splitlines()
     except OSError:
         lines = []
     if rc == "skipped":
-        print(f"{label}: skipped (no time left)")
+        print(f"{label}: skipped")
     else:
         print(f"{label}:", lines[-1] if lines else "no output", "" if rc == "0" else f"(exit {rc})")
 try:
@@ -118,9 +150,15 @@ print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
 for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 4), ("train_step_bf16.log", 4),
-                   ("reseed.log", 1)):
+                   ("reseed.log", 1), ("wmt.log", 3)):
     path = os.path.join(logs, name)
     if os.path.exists(path):
         print(f"--- {name} (last lines)")
         print("\n".join(open(path).read().strip().splitlines()[-last:]))
+try:
+    rows = [json.loads(line) for line in open(os.path.join(logs, "wmt", "train.jsonl"))]
+    train = [r for r in rows if r["kind"] == "train"]
+    print(f"train_wmt bf16: {train[-1]['tokens_per_s']:.0f} target tokens/s at step {train[-1]['step']}")
+except (OSError, ValueError, IndexError, KeyError):
+    pass
 PY
