@@ -106,11 +106,12 @@ def evaluate_loss(model, batches, label_smoothing: float = 0.0, amp_dtype=None) 
     was_training = model.training
     model.eval()
     loss_total, nll_total, tokens = 0.0, 0.0, 0
-    for src, tgt_in, tgt_out in batches:
-        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
-        loss_total += loss_sum.item()
-        nll_total += nll_sum
-        tokens += n
+    with autocast(model, amp_dtype):  # one cast of the weights for all batches
+        for src, tgt_in, tgt_out in batches:
+            loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
+            loss_total += loss_sum.item()
+            nll_total += nll_sum
+            tokens += n
     model.train(was_training)
     tokens = max(tokens, 1)
     return loss_total / tokens, math.exp(min(nll_total / tokens, 700.0))
