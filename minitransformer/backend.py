@@ -148,8 +148,8 @@ def index_add(target, index, values) -> None:
 class _RNG:
     """One ``Generator`` per device, all derived from one seed.
 
-    NumPy's PCG64 generator and CuPy's generator are seeded from the same integer, so
-    ``manual_seed(0)`` pins both. Generators are created lazily: a CPU-only program never
+    NumPy's PCG64 generator and CuPy's (cuRAND Philox4x32-10) are seeded from the same integer,
+    so ``manual_seed(0)`` pins both. Generators are created lazily: a CPU-only program never
     touches CuPy.
     """
 
@@ -166,7 +166,10 @@ class _RNG:
             if device == "cpu":
                 gen = np.random.default_rng(self._seed)
             else:
-                gen = get_array_module(device).random.default_rng(self._seed)
+                # cuRAND's counter-based Philox rather than CuPy's default XORWOW: seeding it
+                # costs no skip-ahead per GPU thread, and training reseeds once a step.
+                cupy_random = get_array_module(device).random
+                gen = cupy_random.Generator(cupy_random.Philox4x3210(self._seed))
             self._generators[device] = gen
         return gen
 
