@@ -191,7 +191,7 @@ def manual_seed(seed: int) -> None:
 
 
 def generator(device: str):
-    """The random ``Generator`` for ``device`` (NumPy's or CuPy's ``default_rng``)."""
+    """The random ``Generator`` for ``device`` (NumPy's PCG64, or CuPy's on cuRAND Philox)."""
     return _rng.generator(device)
 
 
