@@ -73,12 +73,13 @@ if want nccl 20; then
         || tail -n 20 "$LOGS/allreduce.log"
 fi
 
-# A whole training step next to torch.nn.Transformer, in float32 and in bf16 mixed precision
-# (amp vs torch.autocast), and what a per-step reseed costs (train_wmt reseeds every step so
-# that a resumed run is exact).
+# A whole training step of the base model at one GPU's share of a 25k-token batch, next to
+# torch.nn.Transformer, in float32 and in bf16 mixed precision (amp vs torch.autocast), with
+# our step's phases (the README's scaling model), and what a per-step reseed costs (train_wmt
+# reseeds every step so that a resumed run is exact).
 if want step 30; then
     for prec in fp32 bf16; do
-        timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --batch 128 --len 32 --steps 10 \
+        timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --base --breakdown --steps 10 \
             --precision $prec >"$LOGS/train_step_$prec.log" 2>&1 || tail -n 20 "$LOGS/train_step_$prec.log"
     done
     timeout "$(limit 30)" "$PY" -c "
@@ -149,7 +150,7 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
-for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 4), ("train_step_bf16.log", 4),
+for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 11), ("train_step_bf16.log", 11),
                    ("reseed.log", 1), ("wmt.log", 3)):
     path = os.path.join(logs, name)
     if os.path.exists(path):

@@ -4,13 +4,17 @@ step of PyTorch's ``torch.nn.Transformer`` with a matching configuration, in the
     python benchmarks/train_step.py                  # d_model 256, 3+3 layers, batch 64 x 20
     python benchmarks/train_step.py --device cuda --batch 128 --len 64
     python benchmarks/train_step.py --device cuda --precision bf16     # mixed precision, both sides
+    python benchmarks/train_step.py --device cuda --base --breakdown   # the scaling model's inputs
 
 Both models: post-norm layers, ReLU feed-forward, dropout 0.1, sinusoidal positions, one
 embedding matrix shared with the output projection, label-smoothed cross-entropy, Adam.
 (``torch.nn.Transformer`` also puts a final LayerNorm after each stack: 2 x d_model x 2 extra
 parameters, a negligible cost.) With ``--precision bf16`` or ``fp16`` ours runs under
 ``minitransformer.amp`` (float32 master weights, loss scaling for fp16) and torch under
-``torch.autocast`` (with its GradScaler for fp16). Prints the median step time of each and the ratio; medians,
+``torch.autocast`` (with its GradScaler for fp16). ``--base`` is the paper's base model at ~3,100 target tokens (one GPU's share of a 25k-token
+batch on 8 GPUs). ``--breakdown`` also times our step's phases (forward and loss, backward,
+gradient all-reduce through DistributedDataParallel at world size 1, Adam), which with the
+gradient size are what the README's 8-GPU scaling model needs. Prints the median step time of each and the ratio; medians,
 because the first steps and a busy machine give outliers.
 """
 
@@ -25,9 +29,10 @@ import numpy as np
 
 import minitransformer as mt
 from minitransformer import nn
+from minitransformer import distributed
 from minitransformer.amp import GradScaler
-from minitransformer.optim import Adam
-from minitransformer.train import train_step
+from minitransformer.optim import Adam, grad_norm
+from minitransformer.train import compute_loss, train_step
 
 
 def batch(rng, b, t, vocab):
@@ -62,7 +67,46 @@ def time_ours(args, data) -> list[float]:
         sync(args.device)
         times.append(time.perf_counter() - start)
     print(f"minitransformer: {model.num_parameters():,} parameters")
+    if args.breakdown:
+        breakdown(args, model, opt, amp_dtype, scaler, data)
     return times
+
+
+def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
+    """Median time of each phase of a step (synchronised between phases, so their sum exceeds
+    the step's time a little), with the gradients all-reduced by DDP as on 8 GPUs (world size
+    1 here: NCCL's copy on a GPU, nothing on the CPU), and the bytes that all-reduce moves."""
+    world = distributed.init(args.device)
+    ddp = distributed.DistributedDataParallel(model, world)
+    phases = {"forward+loss": [], "backward": [], "all-reduce (DDP)": [], "grad norm + Adam": []}
+    for src, tgt_in, tgt_out in data[args.warmup:]:
+        src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
+        opt.zero_grad()
+        marks = [time.perf_counter()]
+
+        def mark():
+            sync(args.device)
+            marks.append(time.perf_counter())
+
+        loss_sum, _, n = compute_loss(model, src, tgt_in, tgt_out, 0.1, amp_dtype)
+        loss = loss_sum / max(n, 1)  # the per-token mean, as train_step scales it alone
+        mark()
+        (scaler.scale(loss) if scaler else loss).backward()
+        mark()
+        assert ddp.reduce_gradients(1).finite  # 1: the loss is already a mean
+        mark()
+        if scaler:
+            scaler.unscale_(opt.params)
+        grad_norm(opt.params)
+        opt.step()
+        mark()
+        for (name, times), a, b in zip(phases.items(), marks, marks[1:]):
+            times.append(b - a)
+    grad_mb = sum(f.nbytes for f in ddp.flats) / 2**20
+    print(f"phases of our step (median of {len(data) - args.warmup}; gradient {grad_mb:,.1f} MiB in "
+          f"{len(ddp.buckets)} buckets, {ddp.flats[0].dtype}):")
+    for name, times in phases.items():
+        print(f"  {name:18} {statistics.median(times) * 1e3:8.2f} ms")
 
 
 def time_torch(args, data) -> list[float] | None:
@@ -136,7 +180,13 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="mixed precision for both models (bf16/fp16 are meant for GPUs)")
+    p.add_argument("--base", action="store_true",
+                   help="the paper's base model (d_model 512, 6+6 layers, vocabulary 37,000), batch 100 x 31")
+    p.add_argument("--breakdown", action="store_true", help="also time the phases of our step")
     args = p.parse_args(argv)
+    if args.base:
+        args.d_model, args.d_ff, args.heads, args.layers = 512, 2048, 8, 6
+        args.vocab, args.batch, args.len = 37000, 100, 31
 
     rng = np.random.default_rng(0)
     data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
