@@ -161,5 +161,5 @@ try:
     train = [r for r in rows if r["kind"] == "train"]
     print(f"train_wmt bf16: {train[-1]['tokens_per_s']:.0f} target tokens/s at step {train[-1]['step']}")
 except (OSError, ValueError, IndexError, KeyError):
-    pass
+    print("train_wmt bf16: no training log (the stage was skipped or failed: see wmt.log)")
 PY
