@@ -20,9 +20,9 @@ Forward saves the probabilities P (T x S per head); backward is
     dV = P^T dO        dP = dO V^T        dS = P * (dP - rowsum(dP * P))
     dQ = dS K / sqrt(d_k)                 dK = dS^T Q / sqrt(d_k)
 
-with the dropout mask applied to P exactly as in forward. For 16-bit inputs the scores, the
-softmax and dS are computed in float32; P is saved, and multiplied, in the inputs' dtype. (The fused CUDA kernel saves only
-the log-sum-exp per row and recomputes P tile by tile instead.)
+with the dropout mask applied to P exactly as in forward. (The fused CUDA kernel saves only
+the log-sum-exp per row and recomputes P tile by tile instead.) For 16-bit inputs the scores,
+the softmax and dS are computed in float32; P is saved, and multiplied, in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -163,10 +163,8 @@ def _mask_array(attn_mask, q: Tensor):
     """The mask as an array on q's device (CuPy refuses host arrays), or None."""
     if attn_mask is None:
         return None
-    if isinstance(attn_mask, KeyPadding):
-        return backend.to_device(attn_mask.mask, q.device)
-    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
-    return backend.to_device(mask, q.device)
+    mask = attn_mask.mask if isinstance(attn_mask, KeyPadding) else attn_mask
+    return backend.to_device(mask.data if isinstance(mask, Tensor) else mask, q.device)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
