@@ -11,11 +11,15 @@ embedding matrix shared with the output projection, label-smoothed cross-entropy
 (``torch.nn.Transformer`` also puts a final LayerNorm after each stack: 2 x d_model x 2 extra
 parameters, a negligible cost.) With ``--precision bf16`` or ``fp16`` ours runs under
 ``minitransformer.amp`` (float32 master weights, loss scaling for fp16) and torch under
-``torch.autocast`` (with its GradScaler for fp16). ``--base`` is the paper's base model at ~3,100 target tokens (one GPU's share of a 25k-token
+``torch.autocast`` (with its GradScaler for fp16).
+
+``--base`` is the paper's base model at ~3,100 target tokens (one GPU's share of a 25k-token
 batch on 8 GPUs). ``--breakdown`` also times our step's phases (forward and loss, backward,
 gradient all-reduce through DistributedDataParallel at world size 1, Adam), which with the
-gradient size are what the README's 8-GPU scaling model needs. Prints the median step time of each and the ratio; medians,
-because the first steps and a busy machine give outliers.
+gradient size are what the README's 8-GPU scaling model needs.
+
+Prints the median step time of each and the ratio; medians, because the first steps and a busy
+machine give outliers.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import nn
 from minitransformer import distributed
-from minitransformer.amp import GradScaler
+from minitransformer.amp import PRECISIONS, scaler_for
 from minitransformer.optim import Adam, grad_norm
 from minitransformer.train import compute_loss, train_step
 
@@ -55,8 +59,8 @@ def time_ours(args, data) -> list[float]:
                                num_encoder_layers=args.layers, num_decoder_layers=args.layers, dropout=0.1)
     model = nn.Transformer(cfg).to(args.device)
     opt = Adam(model.parameters(), lr=1e-4)
-    amp_dtype = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}[args.precision]
-    scaler = GradScaler() if args.precision == "fp16" else None
+    amp_dtype = PRECISIONS[args.precision]
+    scaler = scaler_for(amp_dtype)
     times = []
     for src, tgt_in, tgt_out in data:
         src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
@@ -178,7 +182,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps, after --warmup untimed ones")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+    p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="mixed precision for both models (bf16/fp16 are meant for GPUs)")
     p.add_argument("--base", action="store_true",
                    help="the paper's base model (d_model 512, 6+6 layers, vocabulary 37,000), batch 100 x 31")

@@ -33,7 +33,7 @@ import numpy as np
 
 import minitransformer as mt
 from minitransformer import data, distributed, nn
-from minitransformer.amp import GradScaler, autocast
+from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, restore, save_checkpoint
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
@@ -70,7 +70,6 @@ PRESETS = {
                         max_tokens=3125, warmup=4000, lr_factor=1.0, epochs=100, max_len=256, average_last=20),
 }
 PAPER_STEPS = {"wmt14-base": 100_000, "wmt14-big": 300_000}
-PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # --precision -> amp dtype
 
 
 @dataclass
@@ -243,7 +242,7 @@ def main(argv=None) -> dict:
                                          args.lr_factor or preset.lr_factor)
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
-    scaler = GradScaler() if args.precision == "fp16" else None
+    scaler = scaler_for(amp_dtype)
     batcher = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt),
                                 max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)

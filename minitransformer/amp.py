@@ -44,6 +44,16 @@ from . import backend
 from .tensor import Tensor
 
 
+# Command-line names of the precisions (train_wmt.py, benchmarks) -> autocast's dtype.
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def scaler_for(dtype):
+    """A ``GradScaler`` for float16; None for float32 and bfloat16, which need no loss scaling."""
+    fp16 = dtype is not None and backend.resolve_dtype(dtype) == backend.resolve_dtype("float16")
+    return GradScaler() if fp16 else None
+
+
 class autocast:  # noqa: N801 - a context manager named like PyTorch's
     """Within the block, ``model``'s floating-point parameters hold ``dtype`` copies of their
     float32 masters; on exit (also by exception) the masters are restored.

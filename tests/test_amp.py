@@ -399,3 +399,11 @@ def test_module_to_dtype_casts_in_place_for_16_bit_inference(device, dtype):
     assert np.abs(f64(out) - ref).max() < 50 * UNIT[dtype] * np.abs(ref).max()
     with pytest.raises(TypeError, match="floating-point"):
         model.to(np.int32)
+
+
+def test_precision_names_map_to_dtypes_and_only_float16_gets_a_scaler():
+    from minitransformer.amp import PRECISIONS, scaler_for
+
+    assert PRECISIONS == {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+    assert isinstance(scaler_for(PRECISIONS["fp16"]), GradScaler)
+    assert scaler_for(PRECISIONS["bf16"]) is None and scaler_for(PRECISIONS["fp32"]) is None

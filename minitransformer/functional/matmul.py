@@ -10,17 +10,13 @@ from ..autograd import Function
 from ..tensor import Tensor
 
 
-def _same_dtype(out, a):
-    """NumPy multiplies bfloat16 matrices in float32 and returns float32 (as tensor cores
-    accumulate in float32); round the result back so a bfloat16 model stays bfloat16."""
-    return out if out.dtype == a.dtype else out.astype(a.dtype)
-
-
 class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return _same_dtype(a @ b, a)
+        # NumPy multiplies bfloat16 matrices in float32 and returns float32 (as tensor cores
+        # accumulate in float32): round back, so that a bfloat16 model stays bfloat16.
+        return (a @ b).astype(a.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
@@ -44,7 +40,7 @@ class Linear(Function):
         out = x.reshape(-1, x.shape[-1]) @ weight  # (rows, out_features)
         if bias is not None:
             out += bias
-        return _same_dtype(out, x).reshape(x.shape[:-1] + (weight.shape[1],))
+        return out.astype(x.dtype, copy=False).reshape(x.shape[:-1] + (weight.shape[1],))  # as in MatMul
 
     @staticmethod
     def backward(ctx, g):
