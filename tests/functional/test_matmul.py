@@ -16,7 +16,7 @@ def test_batched_broadcasting_matmul_gradients(device, batch, m, k, n, seed):
     sa, sb = batch.input_shapes
     a = randn(device, *sa, m, k, seed=seed)
     b = randn(device, *sb, k, n, seed=seed + 1)
-    np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-12)
+    np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-12, atol=1e-12)
     gradcheck(F.matmul, [a, b])
 
 
@@ -24,11 +24,11 @@ def test_batched_broadcasting_matmul_gradients(device, batch, m, k, n, seed):
 def test_vector_operands(device, k, n, seed):
     v = randn(device, k, seed=seed)
     m = randn(device, k, n, seed=seed + 1)
-    np.testing.assert_allclose((v @ m).numpy(), v.numpy() @ m.numpy(), rtol=1e-12)
+    np.testing.assert_allclose((v @ m).numpy(), v.numpy() @ m.numpy(), rtol=1e-12, atol=1e-12)
     gradcheck(F.matmul, [v, m])
     w = randn(device, k, seed=seed + 2)
     assert (v @ w).shape == ()
-    np.testing.assert_allclose((v @ w).item(), v.numpy() @ w.numpy(), rtol=1e-12)
+    np.testing.assert_allclose((v @ w).item(), v.numpy() @ w.numpy(), rtol=1e-12, atol=1e-12)
     gradcheck(F.matmul, [v, w])
     gradcheck(lambda m, v: F.matmul(m.reshape(n, k), v), [m, v])
 
@@ -40,7 +40,7 @@ def test_linear_gradients(device, lead, d_in, d_out, seed, with_bias):
     w = randn(device, d_in, d_out, seed=seed + 1)
     b = randn(device, d_out, seed=seed + 2) if with_bias else None
     expected = x.numpy() @ w.numpy() + (b.numpy() if with_bias else 0)
-    np.testing.assert_allclose(F.linear(x, w, b).numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(F.linear(x, w, b).numpy(), expected, rtol=1e-12, atol=1e-12)
     gradcheck(lambda *t: F.linear(*t), [x, w] + ([b] if with_bias else []))
 
 
