@@ -20,6 +20,24 @@ from .autograd import no_grad
 from .tensor import Tensor
 
 
+def numerical_vjp(f, x, eps: float = 1e-6) -> np.ndarray:
+    """d f() / d x by central differences, as a float64 NumPy array shaped like ``x``.
+
+    ``f`` takes no arguments and returns a float computed from ``x`` (a contiguous NumPy or
+    CuPy array), which is perturbed in place one entry at a time and restored."""
+    flat = x.reshape(-1)  # a view: writing it perturbs x
+    out = np.zeros(x.size)
+    for i in range(x.size):
+        orig = flat[i].item()
+        flat[i] = orig + eps
+        plus = f()
+        flat[i] = orig - eps
+        minus = f()
+        flat[i] = orig
+        out[i] = (plus - minus) / (2 * eps)
+    return out.reshape(x.shape)
+
+
 def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4,
               seed: int = 0) -> None:
     """Raise ``AssertionError`` unless autograd's gradients of ``fn(*inputs)`` match finite
@@ -48,17 +66,7 @@ def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1
 
     for k, t in enumerate(checked):
         analytic = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
-        numeric = np.zeros(t.size)
-        flat = t.data.reshape(-1)  # a view: writing it perturbs the input in place
-        for i in range(t.size):
-            orig = flat[i].item()
-            flat[i] = orig + eps
-            plus = projected()
-            flat[i] = orig - eps
-            minus = projected()
-            flat[i] = orig
-            numeric[i] = (plus - minus) / (2 * eps)
-        numeric = numeric.reshape(t.shape)
+        numeric = numerical_vjp(projected, t.data, eps)
         err = np.abs(analytic - numeric)
         bad = err > atol + rtol * np.abs(numeric)
         if bad.any():

@@ -28,3 +28,16 @@ def positive(device, *shape, seed=0, requires_grad=True):
     """Random float64 values in [0.5, 2): safe inputs for log, sqrt, division and pow."""
     data = np.random.default_rng(seed).uniform(0.5, 2.0, shape)
     return mt.tensor(data, device=device, requires_grad=requires_grad)
+
+
+def grad_flags(n):
+    """Which of n inputs require grad: any mix with at least one (gradcheck needs one), so that
+    each op's ``ctx.needs_input_grad`` branches are exercised, not only the all-True one."""
+    return st.lists(st.booleans(), min_size=n, max_size=n).filter(any)
+
+
+def requiring_grad(tensors, flags):
+    """``tensors`` with ``requires_grad`` set from ``flags``."""
+    for t, f in zip(tensors, flags):
+        t.requires_grad = f
+    return tensors

@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 import minitransformer as mt
 from minitransformer import functional as F
 from minitransformer.testing import gradcheck
-from tests.helpers import randn, seeds
+from tests.helpers import grad_flags, randn, requiring_grad, seeds
 
 
 def attention_reference(q, k, v, keep=None, causal=False):
@@ -118,3 +118,22 @@ def test_key_padding_is_the_boolean_mask_built_once(device):
     np.testing.assert_array_equal(F.attention_weights(q, k, padding).numpy()[1, :, :, 2:], 0.0)
     with pytest.raises(ValueError, match="expected \\(B, S\\) booleans"):
         F.KeyPadding(np.zeros((2, 1, 4), bool))
+
+
+@given(b=st.integers(1, 2), t=st.integers(1, 4), s=st.integers(1, 4), d=st.integers(1, 4),
+       seed=seeds, flags=grad_flags(3), scale=st.floats(0.1, 2.0), float_mask=st.booleans(),
+       causal=st.booleans())
+def test_attention_scale_float_mask_and_some_inputs_not_requiring_grad(device, b, t, s, d, seed, flags,
+                                                                        scale, float_mask, causal):
+    q, k, v = (randn(device, b, 2, n, d, seed=seed + i) for i, n in enumerate((t, s, s)))
+    q, k, v = requiring_grad([q, k, v], flags)
+    mask = randn(device, t, s, seed=seed + 3, requires_grad=False) if float_mask else None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    scores = q.numpy() @ np.swapaxes(k.numpy(), -1, -2) * scale + (0 if mask is None else mask.numpy())
+    if causal:
+        scores = np.where(np.tril(np.ones((t, s), bool), k=s - t), scores, -np.inf)
+    m = scores.max(-1, keepdims=True)
+    p = np.exp(scores - np.where(np.isfinite(m), m, 0))
+    p /= np.where(p.sum(-1, keepdims=True) > 0, p.sum(-1, keepdims=True), 1)
+    np.testing.assert_allclose(out.numpy(), p @ v.numpy(), rtol=1e-10, atol=1e-12)
+    gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal, scale=scale), [q, k, v])

@@ -4,8 +4,9 @@ from hypothesis import given, strategies as st
 
 import minitransformer as mt
 from minitransformer import functional as F
+from minitransformer.functional.elementwise import Cast
 from minitransformer.testing import gradcheck
-from tests.helpers import broadcastable_pair, positive, randn, seeds, shapes
+from tests.helpers import broadcastable_pair, grad_flags, positive, randn, requiring_grad, seeds, shapes
 
 
 @pytest.mark.parametrize("op", [F.add, F.sub, F.mul])
@@ -95,16 +96,17 @@ def test_dropout_scale_and_mask_reuse(device):
     np.testing.assert_allclose(x.grad.numpy(), kept / (1 - p), rtol=1e-6)
 
 
-def test_dropout_gradient_and_identity_when_not_training(device):
-    x = randn(device, 4, 5, seed=4)
+@given(shape=shapes, seed=seeds, p=st.floats(0.1, 0.9))
+def test_dropout_gradient_and_identity_when_not_training(device, shape, seed, p):
+    x = randn(device, *shape, seed=seed)
 
     def fn(x):
-        mt.manual_seed(7)  # the same mask on every evaluation
-        return F.dropout(x, 0.4, training=True)
+        mt.manual_seed(seed)  # the same mask on every evaluation
+        return F.dropout(x, p, training=True)
 
     gradcheck(fn, [x])
-    assert F.dropout(x, 0.4, training=False) is x
-    np.testing.assert_array_equal(F.dropout(x, 1.0).numpy(), np.zeros((4, 5)))
+    assert F.dropout(x, p, training=False) is x
+    np.testing.assert_array_equal(F.dropout(x, 1.0).numpy(), np.zeros(shape))
     with pytest.raises(ValueError, match="dropout probability"):
         F.dropout(x, 1.5)
 
@@ -121,18 +123,35 @@ def test_dropout_reproducible_from_seed(device):
     assert (a != c).any()
 
 
-def test_cast_gradient_flows_between_dtypes(device):
-    x = randn(device, 3, 2, seed=5)
-    y = x.astype(np.float32)
-    assert y.dtype == np.float32
-    (y * 3).sum().backward()
+@given(shape=shapes, seed=seeds)
+def test_cast_and_to_device_gradients(device, shape, seed):
+    x = randn(device, *shape, seed=seed)
+    gradcheck(lambda x: Cast.apply(x, np.float64), [x])  # backward's reshaping, at any shape
+    gradcheck(lambda x: F.to_device(x, device), [x])
+    # float64 -> float32: the gradient comes back in float64, entry for entry (a random
+    # upstream gradient, so a backward that moved entries around could not pass)
+    x.grad = None
+    g = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    F.cast(x, np.float32).backward(mt.tensor(g, device=device))
     assert x.grad.dtype == np.float64
-    np.testing.assert_allclose(x.grad.numpy(), np.full((3, 2), 3.0))
-
-
+    np.testing.assert_array_equal(x.grad.numpy(), g.astype(np.float64))
 def test_broadcast_mismatch_names_both_shapes(device):
     a = randn(device, 2, 3)
     b = randn(device, 4)
     # NumPy writes the shapes as (2,3) (4,), CuPy as (2, 3) (4,)
     with pytest.raises(ValueError, match=r"\(2, ?3\).*\(4,\)"):
         a + b
+
+
+@given(pair=broadcastable_pair(), seed=seeds, flags=grad_flags(2),
+       op=st.sampled_from(["add", "sub", "mul", "div", "pow", "where"]))
+def test_binary_ops_with_some_inputs_not_requiring_grad(device, pair, seed, flags, op):
+    if op in ("div", "pow"):  # b is the divisor / a is the base: keep them positive
+        a = (positive if op == "pow" else randn)(device, *pair[0], seed=seed)
+        b = (positive if op == "div" else randn)(device, *pair[1], seed=seed + 1)
+    else:
+        a, b = randn(device, *pair[0], seed=seed), randn(device, *pair[1], seed=seed + 1)
+    a, b = requiring_grad([a, b], flags)
+    cond = mt.tensor(np.random.default_rng(seed).random(pair[0]) > 0.5, device=device)
+    fn = (lambda a, b: F.where(cond, a, b)) if op == "where" else getattr(F, op)
+    gradcheck(fn, [a, b])

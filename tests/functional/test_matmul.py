@@ -5,7 +5,7 @@ from hypothesis.extra import numpy as hnp
 
 from minitransformer import functional as F
 from minitransformer.testing import gradcheck
-from tests.helpers import randn, seeds
+from tests.helpers import grad_flags, randn, requiring_grad, seeds
 
 
 @given(
@@ -51,3 +51,15 @@ def test_shape_mismatch_names_both_shapes(device):
         randn(device, 2, 2, 3) @ randn(device, 3, 3, 4)
     with pytest.raises(ValueError, match=r"\(5, 3\).*\(4, 2\)"):
         F.linear(randn(device, 5, 3), randn(device, 4, 2))
+
+
+@given(batch=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=2, max_side=3),
+       m=st.integers(1, 3), k=st.integers(1, 3), n=st.integers(1, 3), seed=seeds, flags=grad_flags(2),
+       linear_flags=grad_flags(3))
+def test_matmul_and_linear_with_some_inputs_not_requiring_grad(device, batch, m, k, n, seed, flags,
+                                                               linear_flags):
+    sa, sb = batch.input_shapes
+    a, b = randn(device, *sa, m, k, seed=seed), randn(device, *sb, k, n, seed=seed + 1)
+    gradcheck(F.matmul, requiring_grad([a, b], flags))
+    x, w, bias = randn(device, *sa, m, k, seed=seed), randn(device, k, n, seed=seed + 2), randn(device, n, seed=seed + 3)
+    gradcheck(F.linear, requiring_grad([x, w, bias], linear_flags))

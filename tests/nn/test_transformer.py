@@ -60,9 +60,10 @@ def test_sinusoid_matches_section_3_5_and_grows():
     assert table[pos, 2 * i] == pytest.approx(np.sin(pos / 10000 ** (2 * i / 8)))
     assert table[pos, 2 * i + 1] == pytest.approx(np.cos(pos / 10000 ** (2 * i / 8)))
     pe = nn.PositionalEncoding(8, max_len=4)
-    x = mt.zeros(1, 9, 8)
-    np.testing.assert_allclose(pe(x).numpy()[0], table[:9], rtol=1e-6)
-    np.testing.assert_allclose(pe(x[:, :2], offset=7).numpy()[0], table[7:9], rtol=1e-6)
+    x = mt.randn(1, 9, 8)
+    np.testing.assert_allclose(pe(x).numpy()[0], x.numpy()[0] + table[:9], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pe(x[:, :2], offset=7).numpy()[0], x.numpy()[0, :2] + table[7:9],
+                               rtol=1e-6, atol=1e-6)
     learned = nn.PositionalEncoding(8, max_len=4, learned=True)
     with pytest.raises(ValueError, match="4 positions"):
         learned(x)
