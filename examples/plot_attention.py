@@ -53,8 +53,8 @@ def main(argv=None) -> None:
     p.add_argument("--beam", type=int, default=4)
     args = p.parse_args(argv)
     checkpoint, tokenizer = find_run_files(args.run)
-    model = load_model(checkpoint, "cpu")
     tok = data.Tokenizer(tokenizer)
+    model = load_model(checkpoint, "cpu", tokenizer=tok)
 
     batch = data.collate(tok.encode([args.sentence]))
     hyp = beam_search(model, mt.tensor(batch.src), beam_size=args.beam)[0]

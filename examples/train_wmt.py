@@ -124,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
     p.add_argument("--d-model", type=int)
     p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
+    p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
+                   "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
     return p.parse_args(argv)
 
@@ -243,7 +245,8 @@ def main(argv=None) -> dict:
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
     scaler = scaler_for(amp_dtype)
-    batcher = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt),
+    # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
+    batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
                                 max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
@@ -263,15 +266,13 @@ def main(argv=None) -> dict:
     last_path = os.path.join(args.out_dir, "last.npz")
     if args.resume:
         ckpt = load_checkpoint(last_path)
+        check_resume(args, ckpt, tok, last_path)
         restore(ckpt, model, optimizer, schedule, scaler=scaler)
         batcher.load_state_dict(ckpt.extra["batcher"])
         step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
         if world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, batcher.position[0])
-            # Lines logged after that checkpoint describe steps that will now be run again.
-            rows = [line for line in open(log_path) if json.loads(line)["step"] <= step]
-            with open(log_path, "w") as f:
-                f.writelines(rows)
+            truncate_log(log_path, step)
     elif os.path.exists(last_path) or checkpoints(args.out_dir):
         raise SystemExit(f"{args.out_dir} holds checkpoints of an earlier run: pass --resume to continue "
                          f"it, or choose another --out-dir")
@@ -283,6 +284,9 @@ def main(argv=None) -> dict:
     eval_every = args.eval_every or batcher.steps_per_epoch(0)
     budget_min = args.time_budget or preset.time_budget
     budget = budget_min * 60 if budget_min else math.inf
+    if world.is_main and history_s >= budget:
+        log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
+                    "to train it further", budget_min)
     progress = None
     if world.is_main and not args.no_progress:
         from tqdm import tqdm
@@ -294,8 +298,11 @@ def main(argv=None) -> dict:
     start = time.perf_counter() - history_s
     tokens_since, window_start = 0, time.perf_counter()
     stop_reason = "epochs"
+    skipped_in_a_row = 0
     for batch in batcher:
         if batch.epoch >= epochs or step >= max_steps:  # also a resumed run that had finished
+            # Not trained on: put it back, so that a checkpoint taken now resumes with it.
+            batcher.position = (batch.epoch, batch.step)
             break
         mt.manual_seed(step_seed(args.seed, step, world.rank))
         result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
@@ -305,6 +312,11 @@ def main(argv=None) -> dict:
         tokens_since += result.num_tokens
         if result.skipped and world.is_main:
             log.warning("step %d skipped: %s (loss %s)", step, result.skipped, result.loss)
+        skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+        if skipped_in_a_row >= args.max_skipped:  # the same on every rank: they all skip together
+            raise SystemExit(f"{skipped_in_a_row} steps in a row skipped (last: {result.skipped} at step "
+                             f"{step}): the run has diverged. Its last checkpoint is {last_path}; lower "
+                             f"--lr-factor or raise --warmup and start a new run")
         if world.is_main and (step % args.log_every == 0 or step == 1):
             elapsed = time.perf_counter() - window_start
             record = dict(kind="train", step=step, epoch=batch.epoch, loss=result.loss, ppl=result.ppl,
@@ -344,18 +356,53 @@ def main(argv=None) -> dict:
     return finish(run, test, step, train_seconds)
 
 
+def check_resume(args, ckpt, tok, path: str) -> None:
+    """Refuse to resume with settings the checkpoint would silently override or contradict."""
+    saved_tok = ckpt.extra.get("tokenizer")
+    if saved_tok is not None and saved_tok != os.path.basename(tok.path):
+        raise SystemExit(f"{path} was trained with the tokenizer {saved_tok}, but these settings give "
+                         f"{os.path.basename(tok.path)}: resume with the run's --limit-train and --vocab-size")
+    sched = ckpt.schedule or {}
+    for flag, key, value in (("--warmup", "warmup", args.warmup), ("--lr-factor", "factor", args.lr_factor)):
+        if value is not None and key in sched and sched[key] != value:
+            raise SystemExit(f"{path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
+                             f"keeps its schedule; drop {flag} or start a new run")
+
+
+def truncate_log(log_path: str, step: int) -> None:
+    """Keep the log lines of steps up to ``step`` (those after it will be run again), dropping a
+    line torn by a crash; rewritten atomically."""
+    rows = []
+    if os.path.exists(log_path):
+        for line in open(log_path):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("dropping an unreadable line of %s: %.60r", log_path, line)
+                continue
+            if row.get("step", math.inf) <= step:
+                rows.append(line if line.endswith("\n") else line + "\n")
+    tmp = log_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(rows)
+    os.replace(tmp, log_path)
+
+
 def validate_and_save(run: Run, step: int, seconds: float) -> None:
     args = run.args
     loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
     n = min(args.bleu_sample, len(run.val))
     with run.autocast():
         hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
-    score, _ = bleu(hyps, run.val.tgt[:n])
-    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, seconds=seconds)
+    score, signature = bleu(hyps, run.val.tgt[:n])
+    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, seconds=seconds,
+                  signature=signature)
     with open(run.log_path, "a") as f:
         f.write(json.dumps(record) + "\n")
-    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences", step, math.log(ppl), ppl, score, n)
-    extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args)}
+    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences (sacreBLEU %s)",
+             step, math.log(ppl), ppl, score, n, signature)
+    extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args),
+             "tokenizer": os.path.basename(run.tok.path)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
     save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
     save_checkpoint(os.path.join(args.out_dir, "last.npz"), run.model, run.optimizer, run.schedule,
@@ -370,7 +417,8 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     averaged = average_checkpoints(paths)
     model.load_state_dict(averaged.model)
     save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,
-                    extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step})
+                    extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
+                           "tokenizer": os.path.basename(run.tok.path)})
     start = time.perf_counter()
     with run.autocast():
         hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)

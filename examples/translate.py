@@ -19,21 +19,35 @@ from minitransformer.checkpoint import load_checkpoint
 from minitransformer.decoding import translate
 
 
-def load_model(checkpoint: str, device: str, dtype: str = "float32") -> nn.Transformer:
+def load_model(checkpoint: str, device: str, dtype: str = "float32", tokenizer: data.Tokenizer | None = None
+               ) -> nn.Transformer:
+    """The checkpoint's model; with ``tokenizer``, checked to share its vocabulary size."""
     ckpt = load_checkpoint(checkpoint)
     if ckpt.config is None:
         raise SystemExit(f"{checkpoint} holds no model config")
+    if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
+        raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {checkpoint} "
+                         f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
     model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
     model.load_state_dict(ckpt.model)
     return model.to(device, dtype=dtype).eval()
 
 
 def find_run_files(run: str) -> tuple[str, str]:
+    """The run's averaged model (or last checkpoint) and the tokenizer that checkpoint names."""
     checkpoint = next((p for p in (os.path.join(run, "averaged.npz"), os.path.join(run, "last.npz"))
                        if os.path.exists(p)), None)
+    if checkpoint is None:
+        raise SystemExit(f"{run} has no averaged.npz or last.npz: is it a train_wmt.py output folder?")
+    name = load_checkpoint(checkpoint, metadata_only=True).extra.get("tokenizer")
+    if name is not None:
+        if not os.path.exists(os.path.join(run, name)):
+            raise SystemExit(f"{checkpoint} was trained with the tokenizer {name}, which is not in {run}")
+        return checkpoint, os.path.join(run, name)
+    # Older runs do not name their tokenizer: the newest one in the folder.
     tokenizers = sorted(glob.glob(os.path.join(run, "spm-*.model")), key=os.path.getmtime)
-    if checkpoint is None or not tokenizers:
-        raise SystemExit(f"{run} has no averaged.npz/last.npz or no spm-*.model: is it a train_wmt.py output folder?")
+    if not tokenizers:
+        raise SystemExit(f"{run} has no spm-*.model: is it a train_wmt.py output folder?")
     return checkpoint, tokenizers[-1]
 
 
@@ -57,8 +71,8 @@ def main(argv=None) -> None:
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
 
-    model = load_model(checkpoint, args.device, args.dtype)
     tok = data.Tokenizer(tokenizer)
+    model = load_model(checkpoint, args.device, args.dtype, tok)
     source = open(args.input, encoding="utf-8") if args.input else sys.stdin
     sentences = [line.rstrip("\n") for line in source]
     hyps = translate(model, tok, sentences, args.device, args.beam, args.alpha, args.max_tokens,

@@ -97,7 +97,9 @@ def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict
         os.close(dir_fd)
 
 
-def load_checkpoint(path: str) -> Checkpoint:
+def load_checkpoint(path: str, metadata_only: bool = False) -> Checkpoint:
+    """Read a checkpoint; ``metadata_only`` reads only its config, schedule and extra (npz
+    members are read on access), leaving ``model`` empty and the optimiser's moments None."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
@@ -106,7 +108,7 @@ def load_checkpoint(path: str) -> Checkpoint:
                 raise CheckpointError(f"{path} is an .npz archive but not a minitransformer checkpoint "
                                       f"(no __meta__ entry)")
             meta = json.loads(archive["__meta__"].tobytes().decode())
-            arrays = {k: archive[k] for k in archive.files if k != "__meta__"}
+            arrays = {} if metadata_only else {k: archive[k] for k in archive.files if k != "__meta__"}
     except CheckpointError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, UnicodeDecodeError) as e:

@@ -174,7 +174,10 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         pad_mask = KeyPadding(pad_mask.pad[dev_index])
 
     results = []
-    for hyps in finished:
+    for sid, hyps in enumerate(finished):
+        if not hyps:  # only non-finite scores were left: NaN log-probabilities
+            raise FloatingPointError(f"beam search finished no hypothesis for sentence {sid} of the batch: the "
+                                     f"model's log-probabilities are not finite (are its weights?)")
         best_score, best = max(hyps, key=lambda h: h[0])
         results.append((best, best_score))
     return results
@@ -189,6 +192,8 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
     """
     from .data import TokenBatcher  # the data layer needs nothing from the model
 
+    if not sentences:
+        return []
     batcher = TokenBatcher(tokenizer.encode(sentences), max_tokens=max_tokens, shuffle=False)
     out: list[str] = [""] * len(sentences)
     batches = batcher.epoch_batches(0)

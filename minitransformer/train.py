@@ -49,6 +49,9 @@ class StepResult:
 def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=None):
     """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens); with
     ``amp_dtype`` the forward pass runs in that 16-bit dtype."""
+    if not (src.shape[0] == tgt_in.shape[0] == tgt_out.shape[0]):
+        raise ValueError(f"src {tuple(src.shape)}, tgt_in {tuple(tgt_in.shape)} and tgt_out {tuple(tgt_out.shape)} "
+                         f"must have the same batch size")
     with autocast(model, amp_dtype):
         logits = model(src, tgt_in)  # (B, T, V)
         stats: dict = {}

@@ -3,7 +3,7 @@ import pytest
 
 import minitransformer as mt
 from minitransformer import nn
-from minitransformer.decoding import beam_search, greedy_decode, length_penalty
+from minitransformer.decoding import beam_search, greedy_decode, length_penalty, translate
 from minitransformer.functional.softmax import log_softmax_array
 
 CFG = dict(vocab_size=13, d_model=16, d_ff=32, h=2, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
@@ -105,3 +105,7 @@ def test_wider_beam_never_scores_worse_on_a_sharp_model():
     wide = beam_search(m, src, beam_size=6, alpha=0.0, max_len_extra=4, return_scores=True)
     better = sum(w[1] >= n[1] - 1e-5 for w, n in zip(wide, narrow))
     assert better >= 5  # beam search is not exact, but on this tiny model it should dominate
+
+
+def test_translate_of_no_sentences_is_empty():
+    assert translate(None, None, []) == []

@@ -2,6 +2,7 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
 
 import minitransformer as mt
 from minitransformer import nn
@@ -79,3 +80,10 @@ def test_copy_task_example_learns():
     # chance of an exact match is below 16^-3; a model that learned copies most sequences
     assert result["greedy_exact_match"] > 0.8
     assert result["beam_exact_match"] > 0.8
+
+
+def test_batch_size_mismatch_names_the_shapes():
+    model, opt, sched = setup()
+    src, tgt_in, tgt_out = batch()
+    with pytest.raises(ValueError, match=r"src \(3, 6\), tgt_in \(4, 6\)"):
+        train_step(model, opt, sched, src[:3], tgt_in, tgt_out)

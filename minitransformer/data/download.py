@@ -321,11 +321,12 @@ def _offline_help(spec: DatasetSpec, base: str, dest: Path) -> str:
 
 def download(dataset: str | DatasetSpec, dest: str | Path, *, base_url: str | None = None,
              retries: int = 3, retry_wait: float = 1.0, timeout: float = 60.0,
-             progress: bool = True) -> Path:
+             progress: bool = True, only: set[str] | None = None) -> Path:
     """Fetch, verify (and for WMT14 extract) a data set into ``dest``; returns ``dest``.
 
     ``dataset`` is "multi30k", "wmt14" or a ``DatasetSpec``. ``base_url`` overrides the
-    official location (else the spec's environment variable, else the default).
+    official location (else the spec's environment variable, else the default). ``only``:
+    the names of the spec's files to handle (default: all of them).
     Raises ``ChecksumError`` for bytes that are not the published ones, ``DownloadError``
     for anything else that stops it (its message says where to put the files by hand).
     """
@@ -337,6 +338,8 @@ def download(dataset: str | DatasetSpec, dest: str | Path, *, base_url: str | No
     dest.mkdir(parents=True, exist_ok=True)
     manifest = _Manifest(dest / "MANIFEST.json", spec.name)
     for file in spec.files:
+        if only is not None and file.name not in only:
+            continue
         url = f"{base}/{file.path}"
         target = dest / file.name
         fresh = False
@@ -369,11 +372,16 @@ def download(dataset: str | DatasetSpec, dest: str | Path, *, base_url: str | No
 
 def ensure_dataset(name: str, data_dir: str | Path, **kwargs) -> Path:
     """``data_dir`` if it already holds every file ``corpus.load_corpus(name, ...)`` reads
-    (no network, no hashing), else ``download(name, data_dir, **kwargs)``."""
-    if not missing_files(name, data_dir):
+    (no network, no hashing), else downloads the missing ones: the files present are the
+    caller's and are neither checked nor replaced."""
+    missing = {p.name for p in missing_files(name, data_dir)}
+    if not missing:
         return Path(data_dir)
-    logger.info("%s is incomplete; downloading %s", data_dir, name)
-    return download(name, data_dir, **kwargs)
+    # A download is needed if it is a missing file (Multi30k: X.gz for X) or extracts to one.
+    needed = {f.name for f in DATASETS[name].files
+              if missing & ({local for _, local in f.extract} or {f.name.removesuffix(".gz")})}
+    logger.info("%s lacks %s; downloading %s", data_dir, ", ".join(sorted(missing)), ", ".join(sorted(needed)))
+    return download(name, data_dir, only=needed, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ No test may reach another address: ``loopback_only`` fails any connection elsewh
 """
 
 import dataclasses
+import gzip
 import hashlib
 import io
 import ipaddress
@@ -388,3 +389,19 @@ def test_help(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "multi30k" in out and "wmt14" in out and "--dest" in out and "--base-url" in out
+
+
+def test_ensure_dataset_fetches_only_the_missing_files(server, tmp_path, multi30k_dir):
+    """The files already there are the caller's: not re-checked, not moved aside."""
+    base = serve(server, {f.name: (multi30k_dir / f.name).read_bytes()
+                          for f in DATASETS["multi30k"].files}, prefix="/raw")
+    for f in DATASETS["multi30k"].files:
+        if f.name != "test_2016_flickr.de.gz":
+            (tmp_path / f.name).write_bytes((multi30k_dir / f.name).read_bytes())
+    # The same text compressed again: other bytes than the published file.
+    mine = gzip.compress(gzip.decompress((multi30k_dir / "val.de.gz").read_bytes()), compresslevel=1)
+    (tmp_path / "val.de.gz").write_bytes(mine)
+    ensure_dataset("multi30k", tmp_path, base_url=base, **FAST)
+    assert [p for p, _ in server.requests] == ["/raw/test_2016_flickr.de.gz"]
+    assert (tmp_path / "val.de.gz").read_bytes() == mine and not list(tmp_path.glob("*.corrupt"))
+    assert missing_files("multi30k", tmp_path) == []

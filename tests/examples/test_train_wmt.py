@@ -14,6 +14,9 @@ pytestmark = pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no
 
 sys.path.insert(0, str(ROOT / "examples"))
 import train_wmt  # noqa: E402
+import translate  # noqa: E402
+
+from minitransformer.checkpoint import load_checkpoint  # noqa: E402
 
 SMALL = ["--data-dir", str(DATA), "--limit-train", "300", "--vocab-size", "400", "--d-model", "32",
          "--layers", "1", "--max-tokens", "600", "--eval-every", "3", "--bleu-sample", "4",
@@ -70,3 +73,37 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     train_wmt.main(fp16 + ["--out-dir", str(split), "--max-steps", "4", "--resume"])
     expected, resumed = losses(straight), losses(split)
     assert [resumed[s] for s in (3, 4)] == [expected[s] for s in (3, 4)]
+
+
+def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path):
+    """A run that stops at the end of its epochs resumes with the next epoch's first batch."""
+    args = SMALL + ["--eval-every", "5", "--limit-test", "2", "--limit-val", "20"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train_wmt.main(args + ["--out-dir", str(straight), "--epochs", "2"])
+    train_wmt.main(args + ["--out-dir", str(split), "--epochs", "1"])
+    train_wmt.main(args + ["--out-dir", str(split), "--epochs", "2", "--resume"])
+    assert losses(split) == losses(straight)
+
+
+def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    train_wmt.main(args + ["--max-steps", "3"])
+    with open(tmp_path / "train.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')  # a line cut short by a crash
+    with pytest.raises(SystemExit, match="--warmup"):
+        train_wmt.main(args + ["--max-steps", "6", "--resume", "--warmup", "99"])
+    with pytest.raises(SystemExit, match="tokenizer"):
+        train_wmt.main(args + ["--max-steps", "6", "--resume", "--limit-train", "200"])
+    train_wmt.main(args + ["--max-steps", "6", "--resume"])
+    assert sorted(losses(tmp_path)) == list(range(1, 7))
+    # The failed resume left a second tokenizer in the folder: translate.py still takes the run's.
+    assert len(list(tmp_path.glob("spm-*.model"))) == 2
+    checkpoint, tokenizer = translate.find_run_files(str(tmp_path))
+    assert pathlib.Path(tokenizer).name == load_checkpoint(checkpoint, metadata_only=True).extra["tokenizer"]
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in matmul:RuntimeWarning")  # it diverges on purpose
+def test_a_diverged_run_stops_with_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="diverged"):
+        train_wmt.main(SMALL + ["--out-dir", str(tmp_path), "--max-steps", "30", "--lr-factor", "1e30",
+                                "--max-skipped", "5", "--eval-every", "100"])
