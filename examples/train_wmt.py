@@ -200,8 +200,10 @@ def checkpoint_step(path: str) -> int:
 
 
 def checkpoints(out_dir: str) -> list[str]:
-    """Step checkpoints ckpt-<step>.npz, oldest first."""
-    return sorted(glob.glob(os.path.join(out_dir, "ckpt-*.npz")), key=checkpoint_step)
+    """Step checkpoints ckpt-<step>.npz, oldest first (a user's ckpt-best.npz is not one)."""
+    paths = glob.glob(os.path.join(out_dir, "ckpt-*.npz"))
+    return sorted((p for p in paths if os.path.basename(p)[len("ckpt-"):-len(".npz")].isdigit()),
+                  key=checkpoint_step)
 
 
 def plot_curves(log_path: str, png_path: str) -> None:
