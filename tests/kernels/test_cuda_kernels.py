@@ -316,6 +316,32 @@ def test_dispatch_layer_norm_softmax_and_loss(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_dispatch_loss_reductions_and_stats(monkeypatch, reduction):
+    rng = np.random.default_rng()
+    zh = rng.standard_normal((3, 5, 40)).astype(np.float32)
+    th = rng.integers(1, 40, (3, 5))
+    th[0, :2] = 0  # the ignored id: 13 positions count
+    r = cp.asarray(rng.standard_normal((3, 5)).astype(np.float32))  # "none": a random upstream gradient
+
+    def run():
+        z, stats = mt.tensor(zh, device="cuda", requires_grad=True), {}
+        loss = F.cross_entropy(z, mt.tensor(th, device="cuda"), 0.1, 0, reduction, stats)
+        if reduction == "none":
+            loss.backward(r)
+        else:
+            loss.backward()
+        return (loss._ctx.fn.__name__, loss.numpy(), z.grad.numpy(), int(stats["n_tokens"]),
+                float(stats["nll_sum"]))
+
+    (name_f, loss_f, g_f, n_f, nll_f), (name_c, loss_c, g_c, n_c, nll_c) = run_both(monkeypatch, run)
+    assert (name_f, name_c) == ("FusedCrossEntropy", "CrossEntropy")
+    assert loss_f.shape == loss_c.shape and n_f == n_c == 13
+    np.testing.assert_allclose(loss_f, loss_c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(nll_f, nll_c, rtol=1e-5)
+    np.testing.assert_allclose(g_f, g_c, rtol=1e-4, atol=1e-7)
+
+
 def test_dispatch_loss_can_overwrite_the_logits():
     rng = np.random.default_rng()
     (z,) = leaves(rng, (30, 700))
