@@ -15,17 +15,19 @@ A ring all-reduce (reduce-scatter, then all-gather) makes each rank send and rec
 with the hardware's link bandwidth (NCCL reaches about 370-480 GB/s on 8 H200s over NVLink).
 With n = 1 nothing crosses a link: busbw is 0 and algbw only times NCCL's local copy.
 
-Timing: ``--warmup`` untimed runs per size, then ``--iters`` timed ones, each after a barrier and
-a refill of the buffer with ones (which also checks the result: every element must be n). A
-rank's time is the median of its iterations (CUDA events on the GPU, perf_counter on the CPU);
-the time reported is the largest median over ranks, since a collective ends with its slowest rank.
+Timing, as nccl-tests does it: after a barrier, ``--warmup`` untimed all-reduces (they also
+bring the ranks into step), then ``--iters`` all-reduces issued back to back and timed together
+(CUDA events around the loop on the GPU, perf_counter on the CPU); t is that time over
+``--iters``, the largest over ranks. Timing each call alone after its own barrier would count
+the barrier's exit skew and, on the GPU, the host's time to issue the call (the start event
+fires at once on an idle GPU), which swamp small messages. The buffer holds zeros while timed
+(sums stay finite); one more all-reduce of ones then checks the result: every element is n.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -44,36 +46,39 @@ def parse_bytes(text: str) -> int:
 
 
 def time_all_reduce(comm, buf, iters: int, warmup: int) -> float:
-    """Median seconds of one in-place sum all-reduce of ``buf`` on this rank."""
+    """Seconds per in-place sum all-reduce of ``buf`` on this rank, over ``iters`` back to back."""
     xp = backend.array_module_of(buf)
     on_gpu = xp is not np
-    samples = []
-    for i in range(warmup + iters):
-        buf.fill(1)
-        comm.barrier()
-        if on_gpu:
-            start, stop = xp.cuda.Event(), xp.cuda.Event()
-            start.record()
+    buf.fill(0)
+    comm.barrier()
+    for _ in range(warmup):
+        comm.all_reduce(buf)
+    if on_gpu:
+        start, stop = xp.cuda.Event(), xp.cuda.Event()
+        start.record()
+        for _ in range(iters):
             comm.all_reduce(buf)
-            stop.record()
-            stop.synchronize()
-            seconds = xp.cuda.get_elapsed_time(start, stop) / 1e3
-        else:
-            t0 = time.perf_counter()
+        stop.record()
+        stop.synchronize()
+        seconds = xp.cuda.get_elapsed_time(start, stop) / 1e3
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
             comm.all_reduce(buf)
-            seconds = time.perf_counter() - t0
-        if i >= warmup:
-            samples.append(seconds)
+        seconds = time.perf_counter() - t0
+    buf.fill(1)
+    comm.all_reduce(buf)
     if not bool((buf == comm.world_size).all()):
         raise RuntimeError(
             f"all-reduce of {buf.size} elements gave a wrong sum on rank {comm.rank}")
-    return statistics.median(samples)
+    return seconds / iters
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32")
+    ap.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"),
+                    default="float32")
     ap.add_argument("--min-bytes", default="4K")
     ap.add_argument("--max-bytes", default="64M")
     ap.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
@@ -85,17 +90,18 @@ def main() -> None:
     world = dist.init(args.device)
     comm, n = world.comm, world.world_size
     xp = backend.get_array_module(args.device)
-    itemsize = np.dtype(args.dtype).itemsize
+    dtype = backend.resolve_dtype(args.dtype)
+    itemsize = dtype.itemsize
     size, stop = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     rows = []
     if world.is_main:
         print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "
-              f"median of {args.iters} after {args.warmup} warm-up")
+              f"{args.iters} back to back after {args.warmup} warm-up")
         print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} "
               f"{'busbw_GB/s':>11}")
     while size <= stop:
         count = max(1, size // itemsize)
-        buf = xp.empty(count, dtype=args.dtype)
+        buf = xp.empty(count, dtype=dtype)
         t = comm.all_reduce_scalar(time_all_reduce(comm, buf, args.iters, args.warmup), "max")
         nbytes = count * itemsize
         algbw = nbytes / t / 1e9
@@ -113,4 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    dist.run_main(main)

@@ -442,4 +442,4 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    distributed.run_main(main)  # a SystemExit on one rank ends every rank

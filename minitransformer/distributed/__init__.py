@@ -22,10 +22,12 @@ from .world import (
     init,
     is_main_process,
     launched_by_mpi,
+    run_main,
 )
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES", "Bucket", "Communicator", "DistributedDataParallel",
     "LocalCommunicator", "MPICommunicator", "NCCLCommunicator", "StepStats", "World",
     "get_rank", "get_world", "get_world_size", "init", "is_main_process", "launched_by_mpi",
+    "run_main",
 ]

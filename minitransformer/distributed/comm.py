@@ -27,11 +27,16 @@ others (MPI) or deadlocks the GPUs (NCCL). ``DistributedDataParallel`` guarantee
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import backend
 
 OPS = ("sum", "max", "min")
+
+# 16-bit floats: float16, and bfloat16 where ml_dtypes provides it (backend.bfloat16).
+HALF_DTYPES = tuple(np.dtype(d) for d in (np.float16, backend.bfloat16) if d is not None)
 
 
 class Communicator:
@@ -103,7 +108,7 @@ class LocalCommunicator(Communicator):
     """World size 1, no MPI: every collective leaves its buffer as it is."""
 
     backend_name = "local"
-    dtypes = tuple(np.dtype(d) for d in (np.float16, np.float32, np.float64, np.int32, np.int64))
+    dtypes = HALF_DTYPES + tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64, np.uint8))
 
     def __init__(self, device: str = "cpu") -> None:
         super().__init__(rank=0, world_size=1)
@@ -125,22 +130,28 @@ class LocalCommunicator(Communicator):
 
 
 class _MPIRequest:
-    def __init__(self, request) -> None:
+    def __init__(self, request, finish=None) -> None:
         self.request = request
+        self.finish = finish  # run once the reduction is complete (copies a staged result back)
 
     def wait(self) -> None:
         self.request.Wait()
+        if self.finish is not None:
+            self.finish()
+            self.finish = None
 
 
 class MPICommunicator(Communicator):
     """Collectives on NumPy buffers through an mpi4py communicator (usually ``COMM_WORLD``).
 
     MPI moves host memory; there is no CuPy path here (an MPI built with CUDA support could
-    take device pointers, but the PyPI ``mpich`` wheel is not one).
+    take device pointers, but the PyPI ``mpich`` wheel is not one). float16 and bfloat16 have no
+    portable MPI datatype (bfloat16 none at all): they are reduced as a float32 copy, rounded
+    once on the way back, and broadcast as their 16-bit patterns.
     """
 
     backend_name = "mpi"
-    dtypes = tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64))
+    dtypes = HALF_DTYPES + tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64, np.uint8))
 
     def __init__(self, mpi_comm) -> None:
         from mpi4py import MPI
@@ -152,6 +163,9 @@ class MPICommunicator(Communicator):
 
     def all_reduce(self, buf, op: str = "sum") -> None:
         self._check(buf, op)
+        if buf.dtype in HALF_DTYPES:
+            self.all_reduce_async(buf, op).wait()
+            return
         self.comm.Allreduce(self._in_place, buf, op=self._ops[op])
 
     def all_reduce_async(self, buf, op: str = "sum") -> _MPIRequest:
@@ -161,15 +175,27 @@ class MPICommunicator(Communicator):
         computation; the point is the same code path as the NCCL backend.
         """
         self._check(buf, op)
+        if buf.dtype in HALF_DTYPES:
+            wide = buf.astype(np.float32)
+
+            def finish():
+                buf[...] = wide
+
+            return _MPIRequest(self.comm.Iallreduce(self._in_place, wide, op=self._ops[op]), finish)
         return _MPIRequest(self.comm.Iallreduce(self._in_place, buf, op=self._ops[op]))
 
     def broadcast(self, buf, root: int = 0) -> None:
         self._check(buf)
         self._check_root(root)
-        self.comm.Bcast(buf, root=root)
+        self.comm.Bcast(buf.view(np.uint16) if buf.dtype in HALF_DTYPES else buf, root=root)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        """Waits without spinning: MPI_Barrier busy-polls, so the ranks that wait while rank 0
+        validates would each keep a core at 100% (taking it from rank 0's BLAS threads)."""
+        request, pause = self.comm.Ibarrier(), 1e-5
+        while not request.Test():
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
 
 # --------------------------------------------------------------------------- NCCL
@@ -234,7 +260,10 @@ class NCCLCommunicator(Communicator):
             np.dtype(np.float64): nccl.NCCL_FLOAT64,
             np.dtype(np.int32): nccl.NCCL_INT32,
             np.dtype(np.int64): nccl.NCCL_INT64,
+            np.dtype(np.uint8): nccl.NCCL_UINT8,
         }
+        if backend.bfloat16 is not None and hasattr(nccl, "NCCL_BFLOAT16"):  # NCCL >= 2.10
+            self._types[backend.bfloat16] = nccl.NCCL_BFLOAT16
         self.dtypes = tuple(self._types)
 
     def _after_compute(self) -> None:

@@ -123,6 +123,7 @@ class DistributedDataParallel:
         self.world = world if world is not None else get_world()
         self.comm = self.world.comm
         self.params = _parameter_list(params)
+        self._state = _state_list(params, self.params)
         self.device = self.params[0].device
         for i, p in enumerate(self.params):
             if p.device != self.device:
@@ -267,13 +268,16 @@ class DistributedDataParallel:
             self._no_sync = False
 
     def broadcast_parameters(self, root: int = 0) -> None:
-        """Copy rank ``root``'s parameter values to every rank, in place.
+        """Copy rank ``root``'s parameter values to every rank, in place: the trained ones, and
+        for a model (an object with ``parameters()``) also its frozen parameters and buffers,
+        which no gradient would keep in step (each rank may have drawn its own).
 
         Called at construction; call it again after only rank ``root`` loaded a checkpoint.
         """
-        for p in self.params:
+        for p in self._state:
             buf = p.data if p.data.flags.c_contiguous else p.data.copy()
-            self.comm.broadcast(buf, root)
+            # A broadcast copies bytes: a dtype the backend cannot reduce (bool, say) goes as bytes.
+            self.comm.broadcast(buf if buf.dtype in self.comm.dtypes else buf.reshape(-1).view(np.uint8), root)
             if buf is not p.data:
                 p.data[...] = buf
 
@@ -287,6 +291,18 @@ def _hook(ref, i: int):
             ddp._grad_ready(i)
 
     return hook
+
+
+def _state_list(params, trained: list[Tensor]) -> list[Tensor]:
+    """``trained``, then a model's other parameters and its buffers, each once."""
+    out, seen = list(trained), {id(p) for p in trained}
+    if hasattr(params, "parameters"):
+        more = list(params.parameters()) + list(getattr(params, "buffers", list)())
+        for t in more:
+            if isinstance(t, Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
 
 
 def _parameter_list(params) -> list[Tensor]:

@@ -25,6 +25,7 @@ Only rank 0 should log, evaluate and write checkpoints: ``is_main_process()``.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -58,6 +59,10 @@ class World:
 
 
 _world: World | None = None
+log = logging.getLogger(__name__)
+
+# Variables that cap the threads of NumPy's BLAS (read when NumPy is imported).
+_BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def launched_by_mpi() -> bool:
@@ -105,6 +110,14 @@ def init(device: str = "cpu", backend_name: str | None = None) -> World:
     if backend_name == "local" and world_size > 1:
         raise ValueError(f"backend 'local' serves one process, but mpiexec started {world_size}")
 
+    cores = os.cpu_count() or 1
+    if device == "cpu" and local_size > 1 and local_rank == 0 and not any(
+            v in os.environ for v in _BLAS_THREAD_VARS):
+        log.warning(
+            "%d ranks share this node's %d CPU cores, but OMP_NUM_THREADS is not set: each rank's "
+            "BLAS starts a thread per core and they slow each other down (3x measured with 2 "
+            "ranks on 2 cores). Launch with: mpiexec -n %d -genv OMP_NUM_THREADS %d ...",
+            local_size, cores, world_size, max(1, cores // local_size))
     if device == "cuda":
         _use_gpu(local_rank, local_size)
     if backend_name == "nccl":
@@ -118,6 +131,30 @@ def init(device: str = "cpu", backend_name: str | None = None) -> World:
         comm = LocalCommunicator(device)
     _world = World(rank, world_size, local_rank, device, comm)
     return _world
+
+
+def run_main(main, *args, **kwargs):
+    """``main(*args, **kwargs)``, under which a ``SystemExit`` with a non-zero status on one rank
+    ends every rank, as an uncaught exception does.
+
+    ``sys.excepthook`` never sees ``SystemExit`` (``sys.exit("message")``, argparse errors): the
+    rank would finalise MPI and wait there, while the others wait in their next collective for
+    it, forever. Wrap a program's entry point: ``distributed.run_main(main)``.
+    """
+    try:
+        return main(*args, **kwargs)
+    except SystemExit as e:
+        world = _world
+        if world is not None and world.world_size > 1 and e.code not in (None, 0):
+            status = e.code if isinstance(e.code, int) else 1
+            why = "" if isinstance(e.code, int) else f": {e.code}"
+            sys.stderr.write(f"[rank {world.rank}/{world.world_size}] exiting with status "
+                             f"{status}, aborting all ranks{why}\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            time.sleep(0.5)  # as in the excepthook: let mpiexec forward the message
+            _mpi().COMM_WORLD.Abort(status)
+        raise
 
 
 def get_world() -> World:

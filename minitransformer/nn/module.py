@@ -99,11 +99,15 @@ class Module:
     def num_parameters(self) -> int:
         return sum(p.size for p in self.parameters())
 
-    def _named_buffers(self) -> Iterator[tuple[str, Tensor]]:
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
         for mod_name, module in self.named_modules():
             for name, b in module._buffers.items():
                 if b is not None:
                     yield (f"{mod_name}.{name}" if mod_name else name), b
+
+    def buffers(self) -> Iterator[Tensor]:
+        for _, b in self.named_buffers():
+            yield b
 
     # ----------------------------------------------------------------- modes and devices
     def train(self, mode: bool = True) -> Module:
@@ -146,7 +150,7 @@ class Module:
             p.data = convert(p.data)
             if p.grad is not None:
                 p.grad = Tensor(convert(p.grad.data))
-        for _, b in self._named_buffers():
+        for _, b in self.named_buffers():
             b.data = convert(b.data)
         return self
 
@@ -156,7 +160,7 @@ class Module:
         state = OrderedDict()
         for name, p in self.named_parameters():
             state[name] = backend.to_device(p.data, "cpu").copy()
-        for name, b in self._named_buffers():
+        for name, b in self.named_buffers():
             state[name] = backend.to_device(b.data, "cpu").copy()
         return state
 
@@ -165,7 +169,7 @@ class Module:
         dtype. Returns ``(missing, unexpected)``; with ``strict`` any of them, or a shape
         mismatch, raises a ``KeyError``/``ValueError`` that lists them."""
         own = dict(self.named_parameters())
-        own.update(self._named_buffers())
+        own.update(self.named_buffers())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         wrong = [

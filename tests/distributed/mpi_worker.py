@@ -3,10 +3,14 @@ SCENARIO OUT_DIR SEED [options]``. Each rank writes what it saw to OUT_DIR/rank<
 tests in this folder compare those files with a single-process reference.
 
 Scenarios:
-    collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64 buffers of odd
-                  sizes, broadcast from rank 1, all_reduce_scalar, barrier
+    collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64/float16 (and
+                  bfloat16, saved as float32) buffers of odd sizes, broadcast from rank 1,
+                  all_reduce_scalar, barrier
     train         a two-layer MLP trained for a few SGD steps with DistributedDataParallel
+    state         a model with a frozen parameter and buffers that differ per rank: DDP's
+                  broadcast must make them rank 0's
     raise         rank 1 raises while rank 0 waits in a collective
+    exit          rank 1 calls sys.exit (inside distributed.run_main) while rank 0 waits
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import numpy as np
 
 import minitransformer as mt
 import minitransformer.functional as F
+from minitransformer import backend, nn
 from minitransformer import distributed as dist
 
 PAD = -100  # ignore_index of the padded target positions
 SIZES = (1, 3, 17, 1001, 65537)
-DTYPES = ("float32", "float64", "int64")
+DTYPES = ("float32", "float64", "int64", "float16") + (("bfloat16",) if backend.bfloat16 else ())
 D_IN, HIDDEN, CLASSES = 7, 11, 5
 
 
@@ -32,7 +37,7 @@ def rank_input(seed: int, rank: int, size: int, dtype: str) -> np.ndarray:
     rng = np.random.default_rng([seed, rank, size, DTYPES.index(dtype)])
     if dtype == "int64":
         return rng.integers(-1000, 1000, size)
-    return rng.standard_normal(size).astype(dtype)
+    return rng.standard_normal(size).astype(backend.resolve_dtype(dtype))
 
 
 def init_params(seed: int) -> list[np.ndarray]:
@@ -86,6 +91,9 @@ def collectives(world, seed: int) -> dict:
             buf = rank_input(seed, world.rank, size, dtype)
             comm.broadcast(buf, root=1)
             out[f"bcast_{key}"] = buf
+    if backend.bfloat16 is not None:  # np.savez cannot store bfloat16: saved as float32, exactly
+        for key in [k for k in out if k.endswith(tuple(f"bfloat16_{n}" for n in SIZES))]:
+            out[key] = out[key].astype(np.float32)
     comm.barrier()
     out["scalar_sum"] = comm.all_reduce_scalar(world.rank + 1)
     out["scalar_min"] = comm.all_reduce_scalar(10 + world.rank, "min")
@@ -123,9 +131,21 @@ def train(world, seed: int, args) -> dict:
     return out
 
 
+def state(world, seed: int) -> dict:
+    model = nn.Linear(3, 2)
+    rng = np.random.default_rng([seed, world.rank])
+    model.weight.data = rng.standard_normal((3, 2)).astype(np.float32)
+    model.bias.data = rng.standard_normal(2).astype(np.float32)
+    model.bias.requires_grad_(False)  # frozen
+    model.register_buffer("stat", mt.tensor(rng.standard_normal(4).astype(np.float32)))
+    model.register_buffer("flags", mt.tensor(rng.random(9) < 0.5))  # no reduction type: sent as bytes
+    dist.DistributedDataParallel(model, world)
+    return {name: getattr(model, name).numpy() for name in ("weight", "bias", "stat", "flags")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("collectives", "train", "raise"))
+    ap.add_argument("scenario", choices=("collectives", "train", "state", "raise", "exit"))
     ap.add_argument("out_dir")
     ap.add_argument("seed", type=int)
     ap.add_argument("--world-size", type=int, default=2)
@@ -146,12 +166,20 @@ def main() -> None:
             raise ValueError("boom from rank 1")
         world.comm.barrier()  # rank 0 would wait here forever without the abort
         return
+    if args.scenario == "exit":
+        world.comm.barrier()
+        if world.rank == 1:
+            sys.exit("rank 1 gives up")  # SystemExit: sys.excepthook never sees it
+        world.comm.barrier()
+        return
     if args.scenario == "collectives":
         out = collectives(world, args.seed)
+    elif args.scenario == "state":
+        out = state(world, args.seed)
     else:
         out = train(world, args.seed, args)
     np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)
 
 
 if __name__ == "__main__":
-    main()
+    dist.run_main(main)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import minitransformer as mt
+from minitransformer import backend
 
 # float32 training for a few steps: the two orders of summation (per rank then across ranks,
 # versus all tokens at once) differ by a few ulps per step.
@@ -37,10 +38,14 @@ def test_collectives_on_odd_sizes(mpirun, tmp_path, worker):
         for size in worker.SIZES:
             key = f"{dtype}_{size}"
             a, b = (worker.rank_input(seed, r, size, dtype) for r in range(2))
+            saved = np.dtype(np.float32) if dtype == "bfloat16" else backend.resolve_dtype(dtype)
+            a, b = a.astype(saved), b.astype(saved)
             for out in ranks:
-                # Two operands: a + b is one IEEE addition, the same in MPI as in NumPy.
-                np.testing.assert_array_equal(out[f"sum_{key}"], a + b, err_msg=key)
-                assert out[f"sum_{key}"].dtype == np.dtype(dtype)
+                # Two operands: a + b is one IEEE addition, the same in MPI as in NumPy (16-bit
+                # floats: summed in float32, rounded once, as NumPy does).
+                expected = (a + b).astype(backend.resolve_dtype(dtype)).astype(saved)
+                np.testing.assert_array_equal(out[f"sum_{key}"], expected, err_msg=key)
+                assert out[f"sum_{key}"].dtype == saved
                 np.testing.assert_array_equal(out[f"max_{key}"], np.maximum(a, b), err_msg=key)
                 np.testing.assert_array_equal(out[f"min_{key}"], np.minimum(a, b), err_msg=key)
                 np.testing.assert_array_equal(out[f"bcast_{key}"], b, err_msg=key)
@@ -121,6 +126,22 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(mpirun, tmp_path, 
         for out in ranks:
             assert np.isfinite(out[f"final_{i}"]).all()
             np.testing.assert_allclose(out[f"final_{i}"], e, rtol=RTOL, atol=ATOL)
+
+
+def test_frozen_parameters_and_buffers_come_from_rank_0(mpirun, tmp_path):
+    seed, ranks = run_ok(mpirun, tmp_path, "state")
+    for key in ("weight", "bias", "stat", "flags"):  # trained, frozen, buffers (float, bool)
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+
+
+def test_a_rank_that_exits_ends_the_whole_job(mpirun, tmp_path):
+    """sys.exit on rank 1 (no excepthook sees it) while rank 0 waits: under run_main, the job
+    ends non-zero instead of hanging."""
+    start = time.monotonic()
+    proc = mpirun("exit", tmp_path, fresh_seed(), timeout=60)
+    assert proc.returncode != 0
+    assert "rank 1 gives up" in proc.stderr and "[rank 1/2] exiting with status 1" in proc.stderr
+    assert time.monotonic() - start < 30
 
 
 def test_a_rank_that_raises_ends_the_whole_job(mpirun, tmp_path):

@@ -63,5 +63,7 @@ def test_local_collectives_leave_buffers_and_check_them():
         comm.all_reduce([1.0, 2.0])
     with pytest.raises(TypeError, match="dtype complex64 is not supported"):
         comm.all_reduce(np.zeros(3, np.complex64))
+    for half in dist.comm.HALF_DTYPES:  # float16, and bfloat16 with ml_dtypes
+        comm.all_reduce(np.ones(3, half))
     with pytest.raises(ValueError, match="root 1 is not a rank"):
         comm.broadcast(x, root=1)
