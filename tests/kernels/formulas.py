@@ -27,6 +27,15 @@ from minitransformer import backend, kernels
 # Every test draws its inputs from a hypothesis-drawn seed, so that a failing example replays.
 seeds = st.integers(0, 2**32 - 1)
 
+
+def targets(rng, N: int, V: int, use_ignore: bool, ignore_index: int = -100):
+    """N class ids in [0, V), and the ignore_index: None, or set on about 30% of the ids."""
+    t = rng.integers(0, V, N)
+    if not use_ignore:
+        return t, None
+    t[rng.random(N) < 0.3] = ignore_index
+    return t, ignore_index
+
 FP32_TOL = {  # (rtol, atol)
     "attention": (2e-4, 2e-4),
     "attention_grad": (1e-3, 1e-3),

@@ -195,11 +195,7 @@ def test_softmax_matches_float64(dtype, N, V, masked, scale, seed):
 def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
-    t = rng.integers(0, V, N)
-    ignore = None
-    if use_ignore:
-        ignore = 0
-        t[rng.random(N) < 0.3] = 0
+    t, ignore = formulas.targets(rng, N, V, use_ignore, ignore_index=0)
     loss, grad = kernels.cross_entropy_forward(z, cp.asarray(t), eps, ignore)
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
     naive = [None, None]

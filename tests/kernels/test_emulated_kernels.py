@@ -196,11 +196,7 @@ def test_softmax_kernels(C, dtype, N, V, masked, scale, seed):
 def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
-    t = rng.integers(0, V, N)
-    ignore = None
-    if use_ignore:
-        ignore = -100
-        t[rng.random(N) < 0.3] = ignore
+    t, ignore = formulas.targets(rng, N, V, use_ignore)
     target = aligned(t.astype(np.int64))
     loss = np.empty(N, np.float32)
     zf = to_f32(z)  # before the kernel may overwrite z

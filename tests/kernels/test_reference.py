@@ -230,11 +230,7 @@ def test_online_max_sum_handles_huge_logits():
 def test_cross_entropy_twin_matches_formula(N, V, eps, use_ignore, seed):
     r = rng(seed)
     logits = r.standard_normal((N, V)) * 3
-    target = r.integers(0, V, N)
-    ignore = None
-    if use_ignore:
-        ignore = -100
-        target[r.random(N) < 0.3] = ignore
+    target, ignore = formulas.targets(r, N, V, use_ignore)
     loss, grad = R.cross_entropy_forward(logits, target, eps, ignore)
     loss_ref, grad_ref = formulas.cross_entropy(logits, target, eps, ignore)
     np.testing.assert_allclose(loss, loss_ref, **TOL)
