@@ -20,7 +20,7 @@ from .autograd import no_grad
 from .tensor import Tensor
 
 
-def numerical_vjp(f, x, eps: float = 1e-6) -> np.ndarray:
+def numerical_gradient(f, x, eps: float = 1e-6) -> np.ndarray:
     """d f() / d x by central differences, as a float64 NumPy array shaped like ``x``.
 
     ``f`` takes no arguments and returns a float computed from ``x`` (a contiguous NumPy or
@@ -66,7 +66,7 @@ def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1
 
     for k, t in enumerate(checked):
         analytic = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
-        numeric = numerical_vjp(projected, t.data, eps)
+        numeric = numerical_gradient(projected, t.data, eps)
         err = np.abs(analytic - numeric)
         bad = err > atol + rtol * np.abs(numeric)
         if bad.any():

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 
 import formulas
 from formulas import seeds
-from minitransformer.testing import numerical_vjp
+from minitransformer.testing import numerical_gradient
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
 
 def numeric_vjp(f, x, r):
     """d/dx of sum(r * f()) by central differences (x is perturbed in place and restored)."""
-    return numerical_vjp(lambda: float((r * f()).sum()), x)
+    return numerical_gradient(lambda: float((r * f()).sum()), x)
 
 
 def assert_close(analytic, numeric):
