@@ -4,10 +4,13 @@
 #
 #     bash benchmarks/gpu_check.sh            logs and bench.json go to $OUT (or a temp dir)
 #
-# The machine is assumed to have Python with CuPy, pybind11, setuptools, numpy, pytest and
-# hypothesis installed and no package registry: the build uses them as they are.
-# GPU_CHECK_SECONDS (default 480) bounds the whole script: every step's timeout is cut to what
-# is left, and the last steps run only if time is left. GPU_CHECK_STAGES picks the steps after
+# The machine is assumed to have Python with CuPy, ml_dtypes (the bf16 stages), pybind11,
+# setuptools, numpy, pytest and hypothesis, NCCL for CuPy (nccl, step), sentencepiece, sacrebleu,
+# tqdm and matplotlib (wmt), and torch for the "vs torch" figures, and no package registry: the
+# build (pip --no-deps) uses them as they are.
+# GPU_CHECK_SECONDS (default 480) bounds the steps after the build: every step's timeout is cut
+# to what is left, and the last steps run only if time is left. The build has no timeout of
+# its own, but its time counts against the bound. GPU_CHECK_STAGES picks the steps after
 # the build (default: all, in this order of priority):
 #     kernels  the kernel tests            bench  benchmarks/attn.py
 #     nccl     NCCL tests and bandwidth    step   the training step, fp32 and bf16, vs torch

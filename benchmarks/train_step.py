@@ -80,7 +80,7 @@ def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
     """Median time of each phase of a step (synchronised between phases, so their sum exceeds
     the step's time a little), with the gradients all-reduced by DDP as on 8 GPUs (world size
     1 here: NCCL's copy on a GPU, nothing on the CPU), and the bytes that all-reduce moves."""
-    world = distributed.init(args.device)
+    world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
     ddp = distributed.DistributedDataParallel(model, world)
     phases = {"forward+loss": [], "backward": [], "all-reduce (DDP)": [], "grad norm + Adam": []}
     for src, tgt_in, tgt_out in data[args.warmup:]:

@@ -30,9 +30,12 @@
 // Two implementations, chosen by dtype:
 //   float16 / bfloat16   tensor cores (PTX mma.sync, float32 accumulation) with
 //                        FlashAttention-2's warp layout: each warp keeps its rows' scores,
-//                        softmax state and accumulators in registers; only K/V (forward) and
-//                        Q/dO/dS (backward) tiles pass through shared memory, the streamed
-//                        ones double-buffered with cp.async.
+//                        softmax state and accumulators in registers. The block's own tile
+//                        (Q forward, K/V backward) is staged once through shared memory into
+//                        register fragments; the streamed tiles (K/V forward, Q/dO backward)
+//                        are double-buffered there with cp.async, and dS^T passes through it
+//                        once per query tile. P and dS are rounded to the 16-bit type as
+//                        mma.sync inputs.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
 #include <cuda_pipeline.h>
@@ -375,8 +378,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_f32_kernel(AttnPar
 
 // Forward for float16 / bfloat16, FlashAttention-2's layout: each of the 4 warps owns 16 query
 // rows and keeps everything about them in registers (Q fragments, the scores of the current
-// key tile, the running max and sum, the output accumulator). Only K and V tiles pass through
-// shared memory, double-buffered: tile j + 1 is copied in (cp.async) while tile j is used.
+// key tile, the running max and sum, the output accumulator), after staging Q once through
+// shared memory. The streamed K and V tiles are double-buffered there: tile j + 1 is copied in
+// (cp.async) while tile j is used.
 template <typename T, int D>
 struct MmaFwdLayout {
     static constexpr int BR = 16 * kWarps;  // query rows per block

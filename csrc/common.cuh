@@ -4,7 +4,8 @@
 // Dtype codes (the Python side passes them with every pointer):
 //     0 float32     1 float16 (__half)     2 bfloat16 (__nv_bfloat16)
 // 16-bit values are loaded, converted to float, and every sum and product is accumulated
-// in float32; only the final results are rounded back to the storage type.
+// in float32; only the final results are rounded back to the storage type (except that
+// attention's tensor-core path rounds P and dS to 16 bits as mma.sync inputs).
 #pragma once
 
 #include <cuda_bf16.h>

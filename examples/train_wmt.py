@@ -13,8 +13,8 @@ references. ``--resume`` continues a stopped run exactly where its last checkpoi
 ``--precision bf16`` (or fp16, with dynamic loss scaling) trains in mixed precision on float32
 master weights (minitransformer.amp); it is meant for GPUs, as NumPy has no fast 16-bit GEMM.
 
-Everything lands in --out-dir: train.jsonl (one line per logged step and per validation),
-checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
+Everything lands in --out-dir (default runs/<preset>): train.jsonl (one line per logged step
+and per validation), checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
     p.add_argument("--data-dir", default=None, help="corpus folder; downloaded there if files are missing "
                    "(default: data/<corpus>)")
-    p.add_argument("--out-dir", default="runs/multi30k", help="checkpoints, logs, hypotheses, plots")
+    p.add_argument("--out-dir", help="checkpoints, logs, hypotheses, plots; runs/<preset> if not given")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
@@ -108,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
     p.add_argument("--time-budget", type=float, help="stop training after this many minutes (preset)")
     p.add_argument("--eval-every", type=int, default=0, help="validate and checkpoint every N steps "
-                   "(0: once per epoch)")
+                   "(0: every as many steps as epoch 0 has, about once per epoch)")
     p.add_argument("--bleu-sample", type=int, default=100, help="validation sentences beam-searched for BLEU")
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
@@ -122,12 +122,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit-val", type=int, help="validate on only the first N validation pairs")
     p.add_argument("--limit-test", type=int, help="translate only the first N test sentences")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
-    p.add_argument("--d-model", type=int)
+    p.add_argument("--d-model", type=int, help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
     p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.out_dir = args.out_dir or os.path.join("runs", args.preset)
+    return args
 
 
 # --------------------------------------------------------------------------- data

@@ -1,6 +1,7 @@
 """minitransformer: the Transformer of "Attention Is All You Need", built from scratch.
 
-Layers, each importing only those before it:
+Layers, each importing only those before it (except that tensor's operators call functional,
+imported at the end of tensor.py):
 
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
     tensor, autograd   Tensor, Function, the reverse-mode engine, no_grad

@@ -8,10 +8,11 @@ Micikevicius et al. (2018), "Mixed Precision Training", keep three things apart:
    the optimiser, the checkpoints and checkpoint averaging see only them.
 2. **Arithmetic in 16 bits.** Inside ``autocast(model, dtype)`` every Parameter's ``.data`` is a
    16-bit copy of its master, so the forward pass (matrix products, the fused kernels) runs in
-   float16 or bfloat16. Ops that sum many terms (softmax, layer norm, the loss, reductions)
-   accumulate in float32 and round once; see ``backend.compute_dtype``. On leaving the block
-   the masters are back, and ``backward()`` later casts each parameter's gradient to float32 as
-   it reaches the leaf: the 16-bit gradients only ever exist inside the graph.
+   float16 or bfloat16. Ops that sum many terms (softmax, layer norm, reductions) accumulate in
+   float32 and round once, and the loss stays float32; see ``backend.compute_dtype``. On
+   leaving the block the masters are back, and ``backward()`` later casts each parameter's
+   gradient to float32 as it reaches the leaf: the 16-bit gradients only ever exist inside
+   the graph.
 3. **Loss scaling** (float16 only). float16's smallest normal number is 6e-5, and many
    activation gradients are smaller: they would flush to zero. ``GradScaler`` multiplies the
    loss by S (2^16 to start) so the gradients backpropagate S times larger, and divides the

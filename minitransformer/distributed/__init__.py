@@ -1,7 +1,8 @@
 """Data-parallel training over MPI-launched ranks: NCCL on GPUs, MPI on CPUs.
 
     world.py   init(device): rank, world size, local rank -> GPU, from the MPI launcher;
-               is_main_process(); every rank aborts when one raises
+               is_main_process(); every rank aborts when one raises (a SystemExit only
+               under run_main)
     comm.py    communicators: all_reduce (sync and async), broadcast, barrier, scalar reduce;
                NCCLCommunicator, MPICommunicator, LocalCommunicator (one process)
     ddp.py     DistributedDataParallel: parameter broadcast, bucketed gradient all-reduce that

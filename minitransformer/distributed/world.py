@@ -1,7 +1,8 @@
 """Who this process is: its rank, the world size, and its GPU, read from the MPI launcher.
 
     mpiexec -n 8 python examples/train_wmt.py --device cuda     8 ranks, one GPU each
-    mpiexec -n 2 python examples/train_wmt.py --device cpu      2 ranks on CPUs
+    mpiexec -n 2 -genv OMP_NUM_THREADS 1 python examples/train_wmt.py --device cpu
+                                                                 2 ranks on CPUs, a core each
     python examples/train_wmt.py --device cpu                    1 rank, no MPI needed
 
 Every copy of the program calls ``init(device)`` once, before it builds the model:
@@ -18,7 +19,8 @@ Every copy of the program calls ``init(device)`` once, before it builds the mode
    communicator is MPI's.
 4. An uncaught exception on any rank prints its traceback and calls ``MPI_Abort``, which ends
    every rank with a non-zero status: the other ranks would otherwise wait forever in their next
-   collective for a rank that is gone.
+   collective for a rank that is gone. ``SystemExit`` (``sys.exit``, argparse) never reaches
+   that hook: only a ``main`` run under ``run_main(main)`` ends every rank on one.
 
 Only rank 0 should log, evaluate and write checkpoints: ``is_main_process()``.
 """
@@ -73,16 +75,17 @@ def launched_by_mpi() -> bool:
 def init(device: str = "cpu", backend_name: str | None = None) -> World:
     """Join the other ranks (if any) and return this process's ``World``.
 
-    ``backend_name`` is "nccl" (default for "cuda"), "mpi" (default for "cpu" under a
-    launcher) or "local" (default for "cpu" alone; world size 1). A lone process on "cuda"
-    builds a one-rank NCCL communicator, so a single GPU exercises the NCCL path. Calling
-    ``init`` again with the same arguments returns the same world.
+    ``backend_name`` is "nccl" (default for "cuda" under a launcher), "mpi" (default for "cpu"
+    under a launcher) or "local" (default for a lone process: world size 1, nothing to
+    exchange, so a single GPU needs no NCCL). ``init("cuda", "nccl")`` in a lone process builds
+    a one-rank NCCL communicator, which is how one GPU exercises the NCCL path. Calling ``init``
+    again with the same arguments returns the same world.
     """
     global _world
     backend.check_device(device)
     mpi = launched_by_mpi()
     if backend_name is None:
-        backend_name = "nccl" if device == "cuda" else ("mpi" if mpi else "local")
+        backend_name = ("nccl" if device == "cuda" else "mpi") if mpi else "local"
     if _world is not None:
         if (_world.device, _world.comm.backend_name) != (device, backend_name):
             raise RuntimeError(

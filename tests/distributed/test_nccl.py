@@ -72,13 +72,15 @@ def test_ddp_over_nccl_matches_the_cpu(nccl_comm):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
 
 
-def test_init_on_cuda_alone_uses_nccl(monkeypatch):
+def test_init_on_cuda_alone_needs_nccl_only_when_asked(monkeypatch):
     from minitransformer.distributed import world as world_module
 
     nccl_or_skip()
-
     for var in [v for pair in world_module._LAUNCHER_VARS for v in pair]:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(world_module, "_world", None)
-    world = dist.init("cuda")
+    world = dist.init("cuda")  # one GPU, nothing to exchange
+    assert isinstance(world.comm, dist.LocalCommunicator) and world.comm.device == "cuda"
+    monkeypatch.setattr(world_module, "_world", None)
+    world = dist.init("cuda", "nccl")
     assert isinstance(world.comm, dist.NCCLCommunicator) and world.world_size == 1
