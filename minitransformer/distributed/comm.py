@@ -37,6 +37,9 @@ OPS = ("sum", "max", "min")
 
 # 16-bit floats: float16, and bfloat16 where ml_dtypes provides it (backend.bfloat16).
 HALF_DTYPES = tuple(np.dtype(d) for d in (np.float16, backend.bfloat16) if d is not None)
+# What the host backends reduce (MPI through a float32 copy for the 16-bit ones). A broadcast
+# copies bytes and takes any dtype.
+HOST_DTYPES = HALF_DTYPES + tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64))
 
 
 class Communicator:
@@ -69,8 +72,9 @@ class Communicator:
         self.all_reduce(buf, op)
         return type(value)(buf[0].item())
 
-    def _check(self, buf, op: str = "sum") -> None:
-        if op not in OPS:
+    def _check(self, buf, op: str | None = "sum") -> None:
+        """Device, contiguity, and for a reduction (``op`` not None) the op and dtype."""
+        if op is not None and op not in OPS:
             raise ValueError(
                 f"{self.backend_name}: unknown reduction {op!r}; expected one of {OPS}")
         if not hasattr(buf, "flags") or backend.device_of(buf) != self.device:
@@ -83,7 +87,7 @@ class Communicator:
                 f"{self.backend_name}: collectives work in place on contiguous arrays; got a "
                 f"non-contiguous view of shape {buf.shape} (pass a copy)"
             )
-        if buf.dtype not in self.dtypes:
+        if op is not None and buf.dtype not in self.dtypes:
             names = ", ".join(str(np.dtype(d)) for d in self.dtypes)
             raise TypeError(
                 f"{self.backend_name}: dtype {buf.dtype} is not supported (use {names})")
@@ -108,7 +112,7 @@ class LocalCommunicator(Communicator):
     """World size 1, no MPI: every collective leaves its buffer as it is."""
 
     backend_name = "local"
-    dtypes = HALF_DTYPES + tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64, np.uint8))
+    dtypes = HOST_DTYPES
 
     def __init__(self, device: str = "cpu") -> None:
         super().__init__(rank=0, world_size=1)
@@ -119,7 +123,7 @@ class LocalCommunicator(Communicator):
         return _Done()
 
     def broadcast(self, buf, root: int = 0) -> None:
-        self._check(buf)
+        self._check(buf, op=None)
         self._check_root(root)
 
     def barrier(self) -> None:
@@ -147,11 +151,11 @@ class MPICommunicator(Communicator):
     MPI moves host memory; there is no CuPy path here (an MPI built with CUDA support could
     take device pointers, but the PyPI ``mpich`` wheel is not one). float16 and bfloat16 have no
     portable MPI datatype (bfloat16 none at all): they are reduced as a float32 copy, rounded
-    once on the way back, and broadcast as their 16-bit patterns.
+    once on the way back. A broadcast moves bytes, whatever the dtype.
     """
 
     backend_name = "mpi"
-    dtypes = HALF_DTYPES + tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64, np.uint8))
+    dtypes = HOST_DTYPES
 
     def __init__(self, mpi_comm) -> None:
         from mpi4py import MPI
@@ -185,9 +189,9 @@ class MPICommunicator(Communicator):
         return _MPIRequest(self.comm.Iallreduce(self._in_place, buf, op=self._ops[op]))
 
     def broadcast(self, buf, root: int = 0) -> None:
-        self._check(buf)
+        self._check(buf, op=None)
         self._check_root(root)
-        self.comm.Bcast(buf.view(np.uint16) if buf.dtype in HALF_DTYPES else buf, root=root)
+        self.comm.Bcast(buf.reshape(-1).view(np.uint8), root=root)
 
     def barrier(self) -> None:
         """Waits without spinning: MPI_Barrier busy-polls, so the ranks that wait while rank 0
@@ -269,7 +273,6 @@ class NCCLCommunicator(Communicator):
             np.dtype(np.float64): nccl.NCCL_FLOAT64,
             np.dtype(np.int32): nccl.NCCL_INT32,
             np.dtype(np.int64): nccl.NCCL_INT64,
-            np.dtype(np.uint8): nccl.NCCL_UINT8,
         }
         if backend.bfloat16 is not None and hasattr(nccl, "NCCL_BFLOAT16"):  # NCCL >= 2.10
             self._types[backend.bfloat16] = nccl.NCCL_BFLOAT16
@@ -288,10 +291,10 @@ class NCCLCommunicator(Communicator):
         return _StreamEvent(_mark(self.stream))
 
     def broadcast(self, buf, root: int = 0) -> None:
-        self._check(buf)
+        self._check(buf, op=None)
         self._check_root(root)
         self._after_compute()
-        self.comm.bcast(buf.data.ptr, buf.size, self._types[buf.dtype], root, self.stream.ptr)
+        self.comm.bcast(buf.data.ptr, buf.nbytes, self._nccl.NCCL_UINT8, root, self.stream.ptr)
         _StreamEvent(_mark(self.stream)).wait()
 
     def barrier(self) -> None:

@@ -276,8 +276,7 @@ class DistributedDataParallel:
         """
         for p in self._state:
             buf = p.data if p.data.flags.c_contiguous else p.data.copy()
-            # A broadcast copies bytes: a dtype the backend cannot reduce (bool, say) goes as bytes.
-            self.comm.broadcast(buf if buf.dtype in self.comm.dtypes else buf.reshape(-1).view(np.uint8), root)
+            self.comm.broadcast(buf, root)
             if buf is not p.data:
                 p.data[...] = buf
 
