@@ -17,9 +17,9 @@ With n = 1 nothing crosses a link: busbw is 0 and algbw only times NCCL's local 
 
 Timing, as nccl-tests does it: after a barrier, ``--warmup`` untimed all-reduces (they also
 bring the ranks into step), then ``--iters`` all-reduces issued back to back and timed together
-(CUDA events around the loop on the GPU, perf_counter on the CPU); t is that time over
-``--iters``, the largest over ranks. Timing each call alone after its own barrier would count
-the barrier's exit skew and, on the GPU, the host's time to issue the call (the start event
+(CUDA events around the loop on the GPU, perf_counter on the CPU), five such groups; t is the
+median group time over ``--iters``, the largest over ranks. Timing each call alone after its
+own barrier would count the barrier's exit skew and, on the GPU, the host's time to issue the call (the start event
 fires at once on an idle GPU), which swamp small messages. The buffer holds zeros while timed
 (sums stay finite); one more all-reduce of ones then checks the result: every element is n.
 On MPI, float16 and bfloat16 are reduced through a float32 copy (see ``MPICommunicator``): their
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import numpy as np
@@ -47,33 +48,37 @@ def parse_bytes(text: str) -> int:
     return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
 
 
-def time_all_reduce(comm, buf, iters: int, warmup: int) -> float:
-    """Seconds per in-place sum all-reduce of ``buf`` on this rank, over ``iters`` back to back."""
+def time_all_reduce(comm, buf, iters: int, warmup: int, repeats: int = 5) -> float:
+    """Seconds per in-place sum all-reduce of ``buf`` on this rank: the median, over
+    ``repeats`` groups, of the mean of ``iters`` all-reduces issued back to back."""
     xp = backend.array_module_of(buf)
     on_gpu = xp is not np
     buf.fill(0)
     comm.barrier()
     for _ in range(warmup):
         comm.all_reduce(buf)
-    if on_gpu:
-        start, stop = xp.cuda.Event(), xp.cuda.Event()
-        start.record()
-        for _ in range(iters):
-            comm.all_reduce(buf)
-        stop.record()
-        stop.synchronize()
-        seconds = xp.cuda.get_elapsed_time(start, stop) / 1e3
-    else:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            comm.all_reduce(buf)
-        seconds = time.perf_counter() - t0
+    groups = []
+    for _ in range(repeats):
+        if on_gpu:
+            start, stop = xp.cuda.Event(), xp.cuda.Event()
+            start.record()
+            for _ in range(iters):
+                comm.all_reduce(buf)
+            stop.record()
+            stop.synchronize()
+            seconds = xp.cuda.get_elapsed_time(start, stop) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                comm.all_reduce(buf)
+            seconds = time.perf_counter() - t0
+        groups.append(seconds / iters)
     buf.fill(1)
     comm.all_reduce(buf)
     if not bool((buf == comm.world_size).all()):
         raise RuntimeError(
             f"all-reduce of {buf.size} elements gave a wrong sum on rank {comm.rank}")
-    return seconds / iters
+    return statistics.median(groups)
 
 
 def main() -> None:
@@ -98,7 +103,7 @@ def main() -> None:
     rows = []
     if world.is_main:
         print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "
-              f"{args.iters} back to back after {args.warmup} warm-up")
+              f"median of 5 groups of {args.iters} back to back, after {args.warmup} warm-up")
         print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} "
               f"{'busbw_GB/s':>11}")
     while size <= stop:

@@ -197,15 +197,16 @@ def average_last(args) -> int:
     return max(args.average_last or PRESETS[args.preset].average_last, 1)
 
 
-def checkpoint_step(path: str) -> int:
-    return int(os.path.basename(path)[len("ckpt-"):-len(".npz")])
+def checkpoint_step(path: str) -> int | None:
+    """The step of ckpt-<step>.npz; None for another ckpt-*.npz (a user's ckpt-best.npz)."""
+    stem = os.path.basename(path)[len("ckpt-"):-len(".npz")]
+    return int(stem) if stem.isdigit() else None
 
 
 def checkpoints(out_dir: str) -> list[str]:
-    """Step checkpoints ckpt-<step>.npz, oldest first (a user's ckpt-best.npz is not one)."""
-    paths = glob.glob(os.path.join(out_dir, "ckpt-*.npz"))
-    return sorted((p for p in paths if os.path.basename(p)[len("ckpt-"):-len(".npz")].isdigit()),
-                  key=checkpoint_step)
+    """Step checkpoints ckpt-<step>.npz, oldest first."""
+    steps = {p: checkpoint_step(p) for p in glob.glob(os.path.join(out_dir, "ckpt-*.npz"))}
+    return sorted((p for p, s in steps.items() if s is not None), key=steps.get)
 
 
 def plot_curves(log_path: str, png_path: str) -> None:
