@@ -4,7 +4,8 @@
 // Softmax of row x (length V), with optional scale a and mask (0 = masked):
 //     y_k = exp(a x_k - m) / sum_j exp(a x_j - m)     over unmasked k, m = max_j a x_j
 // One read pass computes m and the sum together (online softmax: the running sum is rescaled
-// whenever the running maximum grows), a second pass writes y. A fully masked row gives y = 0.
+// whenever the running maximum grows), a second pass writes y. A fully masked row, or one whose
+// entries are all -inf, gives y = 0.
 // Exponentials are taken in base 2 on values pre-scaled by log2(e) (see MaxSum in common.cuh).
 // Backward: dx = a * y * (g - sum_k g_k y_k).
 //
@@ -49,10 +50,13 @@ __global__ void softmax_forward_kernel(const T* __restrict__ x, const uint8_t* _
     }
     acc = row_maxsum<THREADS>(acc);
     if (!active) return;
+    // A row with nothing to normalise (fully masked, or every entry -inf) keeps m = -inf; take
+    // m = 0 there, so its entries give exp2(-inf) * 0 = 0 rather than exp2(-inf + inf) = NaN.
+    const float m = acc.s > 0.f ? acc.m : 0.f;
     const float inv = acc.s > 0.f ? 1.f / acc.s : 0.f;
     for (int k = tid; k < V; k += THREADS) {
         bool masked = mask && !mask[base + k];
-        y[base + k] = from_float<T>(masked ? 0.f : exp2f(scale2 * to_float(x[base + k]) - acc.m) * inv);
+        y[base + k] = from_float<T>(masked ? 0.f : exp2f(scale2 * to_float(x[base + k]) - m) * inv);
     }
 }
 

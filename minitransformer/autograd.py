@@ -44,14 +44,18 @@ def is_grad_enabled() -> bool:
 class _GradMode(contextlib.ContextDecorator):
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
+        # As a decorator the one object is entered once per call, and calls may nest (a
+        # recursive decorated function): each entry saves the mode it replaces on a stack.
+        self._prev: list[bool] = []
 
     def __enter__(self):
         global _grad_enabled
-        self.prev, _grad_enabled = _grad_enabled, self.enabled
+        self._prev.append(_grad_enabled)
+        _grad_enabled = self.enabled
 
     def __exit__(self, *exc):
         global _grad_enabled
-        _grad_enabled = self.prev
+        _grad_enabled = self._prev.pop()
         return False
 
 

@@ -106,6 +106,26 @@ def test_no_grad_builds_no_graph(device):
     assert mt.is_grad_enabled()
 
 
+def test_no_grad_decorator_is_reentrant(device):
+    # One decorator object serves every call: a nested (here recursive) call must restore the
+    # mode its caller had, and the outermost call the mode before it.
+    x = randn(device, 3)
+
+    @mt.no_grad()
+    def depth(t, n):
+        assert not mt.is_grad_enabled()
+        return t * 2.0 if n == 0 else depth(t, n - 1)
+
+    assert not depth(x, 3).requires_grad
+    assert mt.is_grad_enabled()
+    assert (x * 2.0).requires_grad
+    with mt.no_grad():
+        with mt.enable_grad():
+            assert (x * 2.0).requires_grad
+        assert not mt.is_grad_enabled()
+    assert mt.is_grad_enabled()
+
+
 def test_training_steps_do_not_keep_previous_graphs_alive(device):
     """Count live autograd contexts across steps: they must not grow with the step count."""
     w = randn(device, 8, 8, seed=7)

@@ -1,4 +1,4 @@
-"""The CUDA kernels of csrc/, run on the CPU (tests/kernels/emulator), against the formulas.
+"""The CUDA kernels of csrc/, run on the CPU (minitransformer/testing/emulator), against the formulas.
 
 The very sources the GPU build compiles (bindings, launchers, kernels) are compiled with g++
 against a small emulation of the CUDA runtime, warps, barriers and mma.sync, and driven with
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from minitransformer.kernels import reference as R
 
 import formulas
-from emulator import build as emulator
+from minitransformer.testing import emulator
 from formulas import check, naive_attention, rounder, seeds, to_f32
 
 if emulator.unavailable_reason():
@@ -171,6 +171,8 @@ def test_softmax_kernels(C, dtype, N, V, masked, scale, seed):
     if masked:
         mask = rng.random((N, V)) < 0.8
         mask[0] = False  # a fully masked row
+    # A row with no finite entry: zeros, as the composite op gives (not NaN).
+    x[-1], x64[-1] = formulas.to_kernel(np.full(V, -np.inf, np.float32), dtype), -np.inf
     y, dx = aligned(np.empty_like(x)), aligned(np.empty_like(x))
     mask_bytes = None if mask is None else aligned(mask.view(np.uint8))
     C.softmax_forward(ptr(x), ptr(mask_bytes), ptr(y), CODE[dtype], N, V, scale, 0)
@@ -185,6 +187,7 @@ def test_softmax_kernels(C, dtype, N, V, masked, scale, seed):
                  formulas.naive_softmax_backward(to_f32(y), to_f32(g), scale, rnd)]
     check("softmax", dtype, y, y_r, naive[0])
     check("softmax", dtype, dx, dx_r, naive[1])
+    assert (y64[-1] == 0).all()
     if masked:
         assert (y64[0] == 0).all()
 

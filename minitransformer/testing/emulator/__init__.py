@@ -38,6 +38,8 @@ def _cuda_include() -> Path | None:
 
 
 def unavailable_reason() -> str | None:
+    if not CSRC.is_dir():
+        return f"{CSRC} not found: the emulator compiles csrc/ of a source checkout"
     if shutil.which("g++") is None:
         return "g++ is not installed"
     if _cuda_include() is None:
