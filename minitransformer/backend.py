@@ -8,7 +8,9 @@ both devices, the way chainer's functions do. A device is named by a string:
     "cuda"  CuPy arrays on the current CUDA device (needs CuPy and a GPU)
 
 CuPy is optional. Importing this module never fails for lack of CuPy, a driver or a GPU;
-asking for "cuda" without them raises a ``RuntimeError`` that says what is missing.
+asking for "cuda" without them raises a ``RuntimeError`` that says what is missing. With
+``MT_EMULATE_CUDA=1``, "cuda" is emulated on the CPU instead (minitransformer.testing.emulated_cuda:
+a CuPy stand-in over NumPy, and csrc/ compiled for the CPU): for tests and for readers.
 
 Floating-point dtypes: float32 (the default), float64 (gradient checks), and the two 16-bit
 formats of mixed-precision training, float16 and bfloat16. NumPy has no bfloat16 of its own;
@@ -22,12 +24,21 @@ The module also owns the random number generators (one per device), so that
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-try:  # CuPy is an optional extra: pip install minitransformer[cuda]
-    import cupy as _cupy
-except Exception:  # ImportError, or a broken CUDA install raising at import
-    _cupy = None
+if os.environ.get("MT_EMULATE_CUDA", "").strip() == "1":
+    # "cuda" emulated on the CPU, for the tests and for reading the GPU path without a GPU
+    # (minitransformer/testing/emulated_cuda.py); never imported otherwise.
+    from .testing.emulated_cuda import install as _install_emulated_cuda
+
+    _cupy = _install_emulated_cuda()
+else:
+    try:  # CuPy is an optional extra: pip install minitransformer[cuda]
+        import cupy as _cupy
+    except Exception:  # ImportError, or a broken CUDA install raising at import
+        _cupy = None
 
 try:  # bfloat16 for NumPy and CuPy (installed with JAX, and by the [dev] and [cuda] extras)
     import ml_dtypes as _ml_dtypes

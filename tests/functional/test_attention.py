@@ -4,7 +4,7 @@ from hypothesis import given, strategies as st
 
 import minitransformer as mt
 from minitransformer import functional as F
-from minitransformer.testing import gradcheck
+from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import grad_flags, randn, requiring_grad, seeds
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import formulas
 from formulas import seeds
-from minitransformer.testing import numerical_gradient
+from minitransformer.testing.gradcheck import numerical_gradient
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
