@@ -19,6 +19,12 @@ device-to-device copy bandwidth.
 
 Without a GPU it times the NumPy twins (minitransformer.kernels.reference) and the NumPy
 composite at small sizes, so the command always runs; those numbers say nothing about GPUs.
+
+    python benchmarks/attn.py --emulated
+
+runs the GPU code path above on the emulated device (MT_EMULATE_CUDA=1: CuPy as a stand-in over
+NumPy, csrc/ compiled for the CPU) at tiny sizes, so that this script is known to work before a
+GPU sees it. Its timings measure the emulation, nothing else.
 """
 
 from __future__ import annotations
@@ -33,10 +39,18 @@ import time
 
 import numpy as np
 
-import minitransformer as mt
+if "--emulated" in sys.argv[1:]:  # read once, when minitransformer is imported
+    os.environ["MT_EMULATE_CUDA"] = "1"
+
+import minitransformer as mt  # noqa: E402
 import minitransformer.functional as F
-from minitransformer import kernels
-from minitransformer.kernels import reference
+from minitransformer import backend, kernels  # noqa: E402
+from minitransformer.kernels import reference  # noqa: E402
+
+# Sizes of the bandwidth cases: the copy (float32 elements), layernorm (tokens x d_model),
+# softmax and the loss (positions x vocabulary).
+GPU_SIZES = {"copy": 256 * 2**20, "layernorm": (65536, 1024), "softmax": (8192, 37000)}
+EMULATED_SIZES = {"copy": 2**16, "layernorm": (16, 256), "softmax": (4, 1500)}
 
 
 def parse_args(argv=None):
@@ -53,10 +67,17 @@ def parse_args(argv=None):
                    help="skip the naive composite above this length (it stores B h T^2 floats)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for gpu_check.sh)")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
+    p.add_argument("--emulated", action="store_true",
+                   help="run the GPU path on the emulated device at tiny sizes (a check of this "
+                        "script, not a measurement)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 5, 1
+    args.sizes = GPU_SIZES
+    if args.emulated:
+        args.seqs, args.head_dims, args.tokens, args.heads = [40, 130], [32, 64], 130, 2
+        args.repeats, args.warmup, args.sizes = 1, 0, EMULATED_SIZES
     return args
 
 
@@ -216,7 +237,7 @@ def gpu_bandwidth(args, results):
     import cupy as cp
 
     sync = cp.cuda.Device().synchronize
-    n = 256 * 2**20  # 1 GiB of float32
+    n = args.sizes["copy"]
     src, dst = cp.ones(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
     ms = median_ms(lambda: cp.copyto(dst, src), args.repeats, args.warmup, sync)
     copy = 2 * n * 4 / ms / 1e6  # GB/s: read + write
@@ -229,14 +250,14 @@ def gpu_bandwidth(args, results):
                 "fp32": lambda a: a}[dtype]
         size = 2 if dtype != "fp32" else 4
         cases = []
-        N, D = 65536, 1024  # layernorm: tokens x d_model
+        N, D = args.sizes["layernorm"]
         x, g = conv(cp.random.standard_normal((N, D), dtype=cp.float32)), conv(cp.random.standard_normal((N, D), dtype=cp.float32))
         w, b = conv(cp.ones(D, dtype=cp.float32)), conv(cp.zeros(D, dtype=cp.float32))
         _, mean, rstd = kernels.layernorm_forward(x, w, b)
         cases.append(("layernorm_fwd", N, D, lambda: kernels.layernorm_forward(x, w, b), 2 * N * D * size))
         cases.append(("layernorm_bwd", N, D, lambda: kernels.layernorm_backward(x, w, mean, rstd, g),
                       3 * N * D * size))
-        Ns, V = 8192, 37000  # softmax and loss: positions x vocabulary
+        Ns, V = args.sizes["softmax"]
         z = conv(cp.random.standard_normal((Ns, V), dtype=cp.float32))
         t = cp.random.randint(0, V, Ns)
         y = kernels.softmax_forward(z)
@@ -292,7 +313,10 @@ def cpu_paths(args, results):
 def main(argv=None):
     args = parse_args(argv)
     on_gpu = kernels.available() and not args.cpu
-    results = {"device": "gpu" if on_gpu else "cpu", "attention": [], "bandwidth": []}
+    if args.emulated and not backend.is_emulated("cuda"):
+        sys.exit("--emulated: the emulated device did not load (is MT_EMULATE_CUDA=0 set?)")
+    device = ("gpu (EMULATED on the CPU)" if args.emulated else "gpu") if on_gpu else "cpu"
+    results = {"device": device, "attention": [], "bandwidth": []}
     # gpu_check.sh stops a slow run with `timeout` (SIGTERM): exit through the finally below, so
     # that the rows measured so far still reach the JSON file (also when a later case raises).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -303,6 +327,9 @@ def main(argv=None):
             props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
             results["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             print(f"GPU: {results['gpu']}")
+            if args.emulated:
+                print("EMULATED: the GPU code path at tiny sizes on the CPU; the timings measure "
+                      "the emulation, not a GPU")
             gpu_attention(args, results)
             gpu_bandwidth(args, results)
         else:

@@ -65,6 +65,11 @@ def has_cuda() -> bool:
         return False
 
 
+def is_emulated(device: str) -> bool:
+    """True when ``device`` is "cuda" emulated on the CPU (MT_EMULATE_CUDA=1)."""
+    return device == "cuda" and getattr(_cupy, "EMULATED", False)
+
+
 def check_device(device: str) -> str:
     """Validate a device name and return it; "cuda" also checks that a GPU is usable."""
     if device not in DEVICES:

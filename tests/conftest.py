@@ -1,10 +1,33 @@
-"""Shared fixtures: every device-aware test runs on "cpu" and, when CuPy sees a GPU, "cuda"."""
+"""Shared fixtures: every device-aware test runs on "cpu" and "cuda".
 
-import pytest
-from hypothesis import HealthCheck, Phase, settings
+"cuda" is the GPU when CuPy sees one; otherwise it is the emulated device
+(minitransformer/testing/emulated_cuda.py: a CuPy stand-in over NumPy, and csrc/ compiled for
+the CPU), so that CI runs the GPU path of every op, the launch layer, mixed precision, decoding
+and DDP. MT_EMULATE_CUDA=0 turns the emulation off (then the "cuda" cases skip).
+"""
 
-import minitransformer as mt
-from minitransformer import backend
+import os
+
+
+def _cupy_sees_a_gpu() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+# Before the package is imported: backend reads it once. Subprocesses (mpiexec ranks, the
+# examples) inherit it.
+if "MT_EMULATE_CUDA" not in os.environ and not _cupy_sees_a_gpu():
+    os.environ["MT_EMULATE_CUDA"] = "1"
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+
+import minitransformer as mt  # noqa: E402
+from minitransformer import backend, kernels  # noqa: E402
 
 settings.register_profile(
     "default", max_examples=50, deadline=None,
@@ -21,8 +44,17 @@ settings.register_profile(
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not backend.has_cuda(), reason="no CUDA device (CuPy with a GPU)")),
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not backend.has_cuda(), reason="no CUDA device (CuPy with a GPU, or MT_EMULATE_CUDA=1)")),
 ]
+
+
+def pytest_report_header(config):
+    if backend.is_emulated("cuda"):
+        kernels_line = "csrc/ kernels compiled for the CPU" if kernels.available() else (
+            f"no kernels ({kernels.unavailable_reason()})")
+        return f"device 'cuda': EMULATED on the CPU (MT_EMULATE_CUDA=1; {kernels_line})"
+    return f"device 'cuda': {'a GPU' if backend.has_cuda() else 'none'}"
 
 
 @pytest.fixture(params=DEVICES)

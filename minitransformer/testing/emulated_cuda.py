@@ -35,12 +35,14 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import os
 import sys
 import time
 import types
 import weakref
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUDA=1): NumPy "
           "behind CuPy's interface, csrc/ compiled with g++; nothing here measures a GPU")
@@ -188,15 +190,16 @@ def stream_from_ptr(ptr: int) -> Stream:
 
 
 class _Allocation:
-    """One NumPy buffer standing for device memory: its size, and its last write."""
+    """One NumPy buffer standing for device memory: its size, and its last writes, as byte
+    ranges (start, stop, stream, clock): streams may write disjoint parts of one buffer at
+    once, as DDP's all-reduces of one bucket and backward's writes into the next do."""
 
-    __slots__ = ("ref", "address", "nbytes", "writer", "clock")
+    __slots__ = ("ref", "address", "nbytes", "writes")
 
     def __init__(self, root: np.ndarray) -> None:
         self.ref = weakref.ref(root)
         self.address, self.nbytes = root.ctypes.data, root.nbytes
-        self.writer: Stream | None = None
-        self.clock = 0
+        self.writes: list[tuple[int, int, Stream, int]] = []
 
 
 _allocations: dict[int, _Allocation] = {}  # id(root array) -> its record
@@ -223,17 +226,20 @@ def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
 
 
 def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> None:
-    """Check that ``stream`` (the current one by default) may use ``a``'s buffer now; record
-    a write."""
+    """Check that ``stream`` (the current one by default) may use ``a``'s bytes now: every
+    earlier write to them on another stream must be ordered before it. Record a write."""
     record, _ = _allocation(a)
     stream = get_current_stream() if stream is None else stream
-    if record.writer is not None and not stream._ordered_after(record.writer, record.clock):
-        raise StreamOrderError(
-            f"an array of shape {a.shape} last written on {record.writer} is used on {stream}, "
-            f"which has not waited for that write (record an Event on {record.writer} after it "
-            f"and call {stream}.wait_event, or synchronize)")
-    if write:
-        record.writer, record.clock = stream, stream._tick()
+    low, high = (bound - record.address for bound in byte_bounds(a))
+    for start, stop, writer, clock in record.writes:
+        if start < high and low < stop and not stream._ordered_after(writer, clock):
+            raise StreamOrderError(
+                f"an array of shape {a.shape} last written on {writer} is used on {stream}, which "
+                f"has not waited for that write (record an Event on {writer} after it and call "
+                f"{stream}.wait_event, or synchronize)")
+    if write and high > low:
+        kept = [w for w in record.writes if not (low <= w[0] and w[1] <= high)]
+        record.writes = kept + [(low, high, stream, stream._tick())]
 
 
 def device_buffer(address: int, count: int, dtype, stream: Stream, write: bool) -> np.ndarray:
@@ -316,8 +322,7 @@ def _wrap(r):
     if isinstance(r, np.ndarray):
         record, new = _allocation(r)
         if new:
-            stream = get_current_stream()
-            record.writer, record.clock = stream, stream._tick()
+            _use(r, write=True)
         return ndarray._of(r)
     if isinstance(r, np.generic):
         return _wrap(np.asarray(r))
@@ -419,12 +424,11 @@ class ndarray:
         method = getattr(self._a, name)
         if not callable(method):
             return _wrap(method)
-        return _device_op(method if name not in _IN_PLACE_METHODS else self._writing(method))
+        op = _device_op(method)
 
-    def _writing(self, method):
         def call(*args, **kwargs):
-            _use(self._a, write=True)
-            return method(*args, **kwargs)
+            _use(self._a, write=name in _IN_PLACE_METHODS)
+            return op(*args, **kwargs)
         return call
 
     # ---- values on the host (each one a synchronisation, as on a GPU)
@@ -471,11 +475,16 @@ class ndarray:
 
     # ---- indexing: indices may be host arrays or lists (CuPy copies them to the device)
     def __getitem__(self, key):
-        return _wrap(self._a[_unwrap(key, allow_host=True)])
+        r = self._a[_unwrap(key, allow_host=True)]
+        if not np.may_share_memory(r, self._a):  # a gather reads; a view reads nothing yet
+            _use(self._a)
+        return _wrap(r)
 
     def __setitem__(self, key, value):
         raw_key, raw_value = _unwrap(key, allow_host=True), _unwrap(value, allow_host=True)
-        _use(self._a, write=True)
+        region = self._a[raw_key]  # a slice writes only its bytes; a scatter, say, anywhere
+        _use(region if isinstance(region, np.ndarray) and np.may_share_memory(region, self._a)
+             else self._a, write=True)
         self._a[raw_key] = raw_value
 
 
@@ -684,17 +693,24 @@ _installed: types.ModuleType | None = None
 def install() -> types.ModuleType:
     """Register the stand-in as ``cupy`` and the emulated kernels as ``minitransformer._C``;
     returns the ``cupy`` module. Idempotent. Builds csrc/ for the CPU the first time (about a
-    minute on two cores; cached in the temp directory)."""
+    minute on two cores; cached in the temp directory). Where it cannot be built (no g++, CUDA
+    headers or pybind11), "cuda" runs on the composite ops, as CuPy without the extension
+    does, unless MT_REQUIRE_EMULATOR=1 makes that an error."""
     global _installed
     if _installed is not None:
         return _installed
     from . import emulated_nccl, emulator
 
     reason = emulator.unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(f"MT_EMULATE_CUDA=1, but the emulated kernels cannot be built: {reason}")
-    print(BANNER, file=sys.stderr)
-    sys.modules["minitransformer._C"] = emulator.build()
+    if reason is None:
+        sys.modules["minitransformer._C"] = emulator.build()
+        print(BANNER, file=sys.stderr)
+    elif os.environ.get("MT_REQUIRE_EMULATOR"):
+        raise RuntimeError(f"MT_EMULATE_CUDA=1 and MT_REQUIRE_EMULATOR=1, but the emulated "
+                           f"kernels cannot be built: {reason}")
+    else:
+        sys.modules["minitransformer._C"] = None  # never the real build, which needs a GPU
+        print(f"{BANNER}; without kernels: {reason}", file=sys.stderr)
     modules = _build_modules(emulated_nccl)
     sys.modules.update(modules)
     _installed = modules["cupy"]

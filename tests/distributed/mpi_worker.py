@@ -2,6 +2,9 @@
 SCENARIO OUT_DIR SEED [options]``. Each rank writes what it saw to OUT_DIR/rank<r>.npz; the
 tests in this folder compare those files with a single-process reference.
 
+Every scenario runs on ``--device cpu`` (MPI) or ``cuda`` (NCCL; without a GPU, on the emulated
+device, whose NCCL is carried over MPI: minitransformer/testing/emulated_nccl.py).
+
 Scenarios:
     collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64/float16 (and
                   bfloat16, saved as float32) buffers of odd sizes, broadcast from rank 1,
@@ -9,6 +12,8 @@ Scenarios:
     train         a two-layer MLP trained for a few SGD steps with DistributedDataParallel
     state         a model with a frozen parameter and buffers that differ per rank: DDP's
                   broadcast must make them rank 0's
+    nccl_ids      (cuda) each rank makes its own NCCL unique id instead of receiving rank 0's:
+                  the communicator must refuse, on every rank
     raise         rank 1 raises while rank 0 waits in a collective
     exit          rank 1 calls sys.exit (inside distributed.run_main) while rank 0 waits
 """
@@ -68,29 +73,32 @@ def mlp_loss(params, x, y, extra_rows, reduction: str):
     ``extra_rows`` (n,) is 1; with ``extra_rows=None`` it is not in the graph at all, the way a
     rank that takes another branch never produces that parameter's gradient."""
     w1, b1, w2, b2, extra = params
-    logits = F.linear(F.linear(mt.tensor(x), w1, b1).relu(), w2, b2)  # (n, CLASSES)
+    device = w1.device
+    logits = F.linear(F.linear(mt.tensor(x, device=device), w1, b1).relu(), w2, b2)  # (n, CLASSES)
     if extra_rows is not None:
-        logits = logits + extra * mt.tensor(extra_rows[:, None].astype(np.float32))
-    return F.cross_entropy(logits, mt.tensor(y), ignore_index=PAD, reduction=reduction)
+        logits = logits + extra * mt.tensor(extra_rows[:, None].astype(np.float32), device=device)
+    return F.cross_entropy(logits, mt.tensor(y, device=device), ignore_index=PAD, reduction=reduction)
 
 
 def collectives(world, seed: int) -> dict:
     comm, out = world.comm, {}
+    xp = backend.get_array_module(world.device)
     for dtype in DTYPES:
         for size in SIZES:
             key = f"{dtype}_{size}"
-            buf = rank_input(seed, world.rank, size, dtype)
+            buf = xp.asarray(rank_input(seed, world.rank, size, dtype))
             comm.all_reduce(buf)
             out[f"sum_{key}"] = buf
-            buf = rank_input(seed, world.rank, size, dtype)
+            buf = xp.asarray(rank_input(seed, world.rank, size, dtype))
             comm.all_reduce_async(buf, "max").wait()
             out[f"max_{key}"] = buf
-            buf = rank_input(seed, world.rank, size, dtype)
+            buf = xp.asarray(rank_input(seed, world.rank, size, dtype))
             comm.all_reduce(buf, "min")
             out[f"min_{key}"] = buf
-            buf = rank_input(seed, world.rank, size, dtype)
+            buf = xp.asarray(rank_input(seed, world.rank, size, dtype))
             comm.broadcast(buf, root=1)
             out[f"bcast_{key}"] = buf
+    out = {key: backend.to_device(buf, "cpu") for key, buf in out.items()}
     if backend.bfloat16 is not None:  # np.savez cannot store bfloat16: saved as float32, exactly
         for key in [k for k in out if k.endswith(tuple(f"bfloat16_{n}" for n in SIZES))]:
             out[key] = out[key].astype(np.float32)
@@ -103,7 +111,8 @@ def collectives(world, seed: int) -> dict:
 
 
 def train(world, seed: int, args) -> dict:
-    params = [mt.tensor(a, requires_grad=True) for a in init_params(seed + 1000 * world.rank)]
+    params = [mt.tensor(a, requires_grad=True, device=world.device)
+              for a in init_params(seed + 1000 * world.rank)]
     ddp = dist.DistributedDataParallel(params, world, bucket_bytes=args.bucket_bytes,
                                        overlap=bool(args.overlap))
     out = {f"init_{i}": p.numpy().copy() for i, p in enumerate(params)}
@@ -139,16 +148,29 @@ def state(world, seed: int) -> dict:
     model.bias.requires_grad_(False)  # frozen
     model.register_buffer("stat", mt.tensor(rng.standard_normal(4).astype(np.float32)))
     model.register_buffer("flags", mt.tensor(rng.random(9) < 0.5))  # no reduction type: sent as bytes
+    model.to(world.device)
     dist.DistributedDataParallel(model, world)
     return {name: getattr(model, name).numpy() for name in ("weight", "bias", "stat", "flags")}
 
 
+def nccl_ids(world) -> dict:
+    from minitransformer.distributed.comm import import_nccl
+
+    nccl = import_nccl()
+    try:
+        nccl.NcclCommunicator(world.world_size, nccl.get_unique_id(), world.rank)
+    except Exception as e:  # what a real NCCL does here is hang; the emulation says so
+        return {"error": str(e)}
+    return {"error": ""}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("collectives", "train", "state", "raise", "exit"))
+    ap.add_argument("scenario", choices=("collectives", "train", "state", "nccl_ids", "raise", "exit"))
     ap.add_argument("out_dir")
     ap.add_argument("seed", type=int)
     ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--bucket-bytes", type=int, default=dist.DEFAULT_BUCKET_BYTES)
@@ -157,7 +179,7 @@ def main() -> None:
     ap.add_argument("--unused-on-rank1", type=int, default=0)
     args = ap.parse_args()
 
-    world = dist.init("cpu")
+    world = dist.init(args.device)
     if world.world_size != args.world_size:  # e.g. an mpiexec from another MPI than mpi4py's
         sys.exit(f"expected {args.world_size} ranks, got world size {world.world_size}")
     if args.scenario == "raise":
@@ -176,6 +198,8 @@ def main() -> None:
         out = collectives(world, args.seed)
     elif args.scenario == "state":
         out = state(world, args.seed)
+    elif args.scenario == "nccl_ids":
+        out = nccl_ids(world)
     else:
         out = train(world, args.seed, args)
     np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)

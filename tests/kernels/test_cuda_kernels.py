@@ -1,8 +1,11 @@
-"""The CUDA kernels against float64 formulas, and F's dispatch to them (GPU only).
+"""The CUDA kernels against float64 formulas, and F's dispatch to them.
 
-Skipped, with the reason, where the extension is not built or no GPU is usable. The
-tolerances and the 16-bit rule (at most twice a naive same-precision implementation's error)
-are described in formulas.py.
+On a GPU, or on the emulated device (MT_EMULATE_CUDA=1, which conftest sets without a GPU):
+there the launchers, bindings and kernels are the same code, compiled for the CPU. The cases
+marked ``gpu_sized`` draw shapes a CPU cannot run through per-thread emulation in CI's
+minutes; test_emulated_kernels.py checks the same kernels at emulator sizes. Skipped, with the
+reason, where the kernels are unavailable. The tolerances and the 16-bit rule (at most twice a
+naive same-precision implementation's error) are described in formulas.py.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from hypothesis import strategies as st
 
 import minitransformer as mt
 import minitransformer.functional as F
-from minitransformer import kernels
+from minitransformer import backend, kernels
 from minitransformer.kernels import reference as R
 
 import formulas
@@ -26,6 +29,10 @@ if not kernels.available():
     pytest.skip(f"CUDA kernels unavailable: {kernels.unavailable_reason()}", allow_module_level=True)
 
 import cupy as cp  # noqa: E402
+
+gpu_sized = pytest.mark.skipif(
+    backend.is_emulated("cuda"),
+    reason="GPU-sized shapes; on the emulated device test_emulated_kernels.py checks these kernels")
 
 DTYPES = ["float32", "float16", "bfloat16"]
 SETTINGS = settings(max_examples=30, deadline=None)
@@ -46,6 +53,7 @@ def attention_case(draw):
     return B, H, T, S, D, lens, draw(st.booleans())
 
 
+@gpu_sized
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(case=attention_case(), seed=seeds)
@@ -70,6 +78,7 @@ def test_attention_matches_float64(dtype, case, seed):
         check(name, dtype, got, ref, nv)
 
 
+@gpu_sized
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_long_sequence(dtype, causal):
@@ -121,6 +130,7 @@ def test_attention_rejects_bad_arguments_with_python_errors():
 # --------------------------------------------------------------------------- layernorm
 
 
+@gpu_sized
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(N=st.integers(1, 200), D=st.sampled_from([1, 7, 32, 64, 100, 512, 768, 1030, 4096]),
@@ -159,6 +169,7 @@ def test_layernorm_without_affine_parameters():
 # --------------------------------------------------------------------------- softmax, loss
 
 
+@gpu_sized
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(N=st.integers(1, 64), V=st.sampled_from([1, 33, 1024, 1025, 5000, 37000]),
@@ -188,6 +199,7 @@ def test_softmax_matches_float64(dtype, N, V, masked, scale, seed):
         assert (host64(y)[0] == 0).all()
 
 
+@gpu_sized
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
 @given(N=st.integers(1, 64), V=st.sampled_from([5, 1000, 1025, 37000]),

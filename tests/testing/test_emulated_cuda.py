@@ -1,0 +1,156 @@
+"""The emulated device's own checks can fail: CuPy's strictness about host arrays, the
+stream-order check (on its own, and planted into the NCCL communicator), the pool's figures.
+
+Runs where "cuda" is the emulated device (MT_EMULATE_CUDA=1, which tests/conftest.py sets
+without a GPU); skipped on a real GPU, whose CuPy is the real one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minitransformer as mt
+import minitransformer.functional as F
+from minitransformer import backend
+from minitransformer import distributed as dist
+
+pytestmark = pytest.mark.skipif(not backend.is_emulated("cuda"),
+                                reason="the emulated device is off (a GPU, or MT_EMULATE_CUDA=0)")
+
+
+@pytest.fixture
+def cp():
+    return backend.get_array_module("cuda")
+
+
+@pytest.fixture
+def emulation():
+    from minitransformer.testing import emulated_cuda
+
+    return emulated_cuda
+
+
+def test_host_arrays_are_refused_as_on_a_gpu(cp):
+    x = cp.asarray(np.arange(6, dtype=np.float32))
+    host = np.ones(6, np.float32)
+    for mix in (lambda: x + host, lambda: host + x, lambda: cp.maximum(x, host),
+                lambda: cp.concatenate([x, host])):
+        with pytest.raises(TypeError, match="Unsupported type"):
+            mix()
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array"):
+        np.asarray(x)
+    # What CuPy allows: Python and NumPy scalars, host indices, and explicit moves.
+    assert float((x * np.float32(2) + 1).sum()) == 36.0
+    np.testing.assert_array_equal(x[np.array([5, 0])].get(), [5, 0])
+    np.testing.assert_array_equal(cp.asnumpy(cp.asarray(host)), host)
+    # A tensor op that mixes the devices is the library's own error, which names both.
+    with pytest.raises(RuntimeError, match="expected all tensors on one device"):
+        mt.tensor(host, device="cuda") + mt.tensor(host)
+
+
+def test_arrays_behave_like_cupys(cp):
+    x = cp.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    total = x.sum()
+    assert isinstance(total, cp.ndarray) and total.shape == ()  # CuPy reduces to 0-d arrays
+    assert backend.device_of(x) == "cuda" and x.device.id == 0
+    assert x.data.ptr == x.get().ctypes.data or x.data.ptr % 16 == 0  # an address the kernels take
+    view = x[1:]
+    assert view.data.ptr == x.data.ptr + 4 * 4
+    assert isinstance(np.exp(x), cp.ndarray)  # NumPy's functions dispatch to the device
+
+
+def test_a_read_on_another_stream_must_wait_for_the_write(cp, emulation):
+    a = cp.zeros(1000, dtype=np.float32)  # written (zeroed) on the current, null stream
+    other = cp.cuda.Stream(non_blocking=True)
+    with other:
+        with pytest.raises(emulation.StreamOrderError, match="has not waited"):
+            a[:500] += 1  # `other` could run before the zeroing
+    other.wait_event(cp.cuda.get_current_stream().record())
+    with other:
+        a[:500] += 1  # written on `other`
+    with pytest.raises(emulation.StreamOrderError, match="has not waited"):
+        float(a.sum())  # the current (null) stream reads it with no event in between
+    a[500:] += 1  # the other half was never written on `other`: no conflict
+    with other:
+        a[:500] += 1
+    cp.cuda.get_current_stream().wait_event(other.record())
+    assert float(a.sum()) == 1500.0
+    with other:
+        a[:10] = 5
+    other.synchronize()  # a host synchronisation orders everything before it, too
+    assert float(a[:10].sum()) == 50.0
+
+
+def test_events_order_transitively(cp, emulation):
+    a = cp.ones(8, dtype=np.float32)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    s1.wait_event(cp.cuda.get_current_stream().record())  # after `a` was written
+    with s1:
+        a *= 2
+    s2.wait_event(s1.record())
+    done = s2.record()  # s2 has seen s1's write
+    cp.cuda.get_current_stream().wait_event(done)
+    assert float(a.sum()) == 16.0
+
+
+@pytest.fixture
+def nccl_world():
+    from minitransformer.distributed.comm import import_nccl
+
+    comm = dist.NCCLCommunicator(0, 1, import_nccl().get_unique_id())
+    return dist.World(0, 1, 0, "cuda", comm)
+
+
+def mlp_backward_with_ddp(world):
+    rng = np.random.default_rng(0)
+    params = [mt.tensor(rng.standard_normal(s).astype(np.float32), device="cuda", requires_grad=True)
+              for s in [(6, 9), (9,), (9, 4), (4,)]]
+    ddp = dist.DistributedDataParallel(params, world, bucket_bytes=44)
+    x = mt.tensor(rng.standard_normal((13, 6)).astype(np.float32), device="cuda")
+    y = mt.tensor(rng.integers(0, 4, 13), device="cuda")
+    w1, b1, w2, b2 = params
+    F.cross_entropy(F.linear(F.linear(x, w1, b1).relu(), w2, b2), y, reduction="sum").backward()
+    return ddp.reduce_gradients(13)
+
+
+def test_ddp_over_nccl_keeps_the_stream_order(nccl_world):
+    assert mlp_backward_with_ddp(nccl_world).finite
+
+
+@pytest.mark.parametrize("planted", ["no wait before the all-reduce", "no wait after it"])
+def test_a_missing_event_wait_in_the_nccl_communicator_is_caught(nccl_world, emulation, monkeypatch,
+                                                                 planted):
+    """The bugs the stream-order check exists for: on a GPU, NCCL would read a bucket before
+    backward finished writing it, or the optimiser would read it mid-reduction."""
+    from minitransformer.distributed import comm as comm_module
+
+    if planted == "no wait before the all-reduce":
+        monkeypatch.setattr(comm_module.NCCLCommunicator, "_after_compute", lambda self: None)
+    else:
+        monkeypatch.setattr(comm_module._StreamEvent, "wait", lambda self: None)
+    with pytest.raises(emulation.StreamOrderError):
+        mlp_backward_with_ddp(nccl_world)
+
+
+def test_memory_pool_figures(cp):
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    a = cp.empty(1 << 20, dtype=np.float32)
+    assert pool.used_bytes() - base == 4 << 20
+    del a
+    assert pool.used_bytes() == base
+    assert pool.total_bytes() - base >= 4 << 20  # the pool keeps the block until freed
+    pool.free_all_blocks()
+    assert pool.total_bytes() == pool.used_bytes()
+
+
+def test_device_attributes_can_play_another_gpu(cp, emulation):
+    previous = emulation.configure(max_shared_memory_per_block_optin=101376)
+    try:
+        assert cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"] == 101376
+    finally:
+        emulation.configure(**previous)
+    assert cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"] == 232448
+    assert "emulated" in cp.cuda.runtime.getDeviceProperties(0)["name"].decode().lower()
