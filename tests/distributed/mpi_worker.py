@@ -182,6 +182,9 @@ def main() -> None:
     world = dist.init(args.device)
     if world.world_size != args.world_size:  # e.g. an mpiexec from another MPI than mpi4py's
         sys.exit(f"expected {args.world_size} ranks, got world size {world.world_size}")
+    expected = {"cpu": "mpi", "cuda": "nccl"}[args.device]
+    if world.comm.backend_name != expected:
+        sys.exit(f"expected the {expected} communicator on {args.device}, got {world.comm.backend_name}")
     if args.scenario == "raise":
         world.comm.barrier()
         if world.rank == 1:

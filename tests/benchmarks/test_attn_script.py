@@ -1,0 +1,35 @@
+"""benchmarks/attn.py's GPU code path runs (on the emulated device, without a GPU), so that the
+script is known to work before a GPU sees it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitransformer.testing import emulator
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attn.py"
+
+
+@pytest.mark.skipif(emulator.unavailable_reason() is not None and not os.environ.get("MT_REQUIRE_EMULATOR"),
+                    reason=f"the emulated kernels cannot be built: {emulator.unavailable_reason()}")
+def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
+    out = tmp_path / "attn.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--emulated", "--dtypes", "bf16", "fp32", "--causal", "yes",
+         "--head-dims", "32", "--seqs", "40", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "MT_EMULATE_CUDA": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "EMULATED" in proc.stdout
+    results = json.loads(out.read_text())
+    assert "EMULATED" in results["device"] and "mulated" in results["gpu"]
+    rows = results["attention"]
+    assert {(r["dtype"], r["pass"]) for r in rows} == {(d, p) for d in ("bf16", "fp32") for p in ("fwd", "fwd+bwd")}
+    assert all(r["fused_ms"] > 0 and r["naive_ms"] > 0 for r in rows)
+    kernels = {r["kernel"] for r in results["bandwidth"]}
+    assert kernels == {"layernorm_fwd", "layernorm_bwd", "softmax_fwd", "softmax_bwd", "xent_fwd+grad"}
