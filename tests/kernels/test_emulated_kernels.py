@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,6 +214,48 @@ def test_a_limit_no_variant_fits_raises_before_launching(C, dtype):
     with pytest.raises(C.SharedMemoryLimitError, match="layernorm_backward: "):
         C.layernorm_backward(ptr(q), 0, ptr(lse), ptr(lse), ptr(q), ptr(o), 0, 0, ptr(acc), 1,
                              CODE[dtype], T, D, 2 * D * 4, 0)
+
+
+# F.scaled_dot_product_attention on the emulated "cuda" device (MT_EMULATE_CUDA=1, a process of
+# its own: the device is chosen at import), twice, on a GPU with `limit` bytes per block.
+DISPATCH = """
+import warnings
+import numpy as np
+import minitransformer as mt
+import minitransformer.functional as F
+from minitransformer.testing import emulated_cuda
+
+emulated_cuda.configure(max_shared_memory_per_block_optin={limit})
+rng = np.random.default_rng(0)
+host = [rng.standard_normal((1, 2, 40, 128)).astype(np.float32) for _ in range(3)]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+        q, k, v = (mt.tensor(a, device="cuda", requires_grad=True) for a in host)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.sum().backward()
+print(out._ctx.fn.__name__)
+for w in caught:
+    print("warning:", w.message)
+"""
+
+
+@pytest.mark.parametrize("limit, function", [(SHARED_MEMORY_PER_BLOCK[86], "FusedAttention"),
+                                             (64 * 1024, "ScaledDotProductAttention")])
+def test_attention_falls_back_to_the_composite_op_with_one_warning(C, limit, function):
+    env = {**os.environ, "MT_EMULATE_CUDA": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    run = subprocess.run([sys.executable, "-c", DISPATCH.format(limit=limit)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    name, *warned = run.stdout.splitlines()
+    assert name == function
+    if function == "FusedAttention":
+        assert warned == []
+    else:  # once per process and configuration, naming the kernel, the limit and the way out
+        smallest = C.launch_configs("attention_forward", CODE["float32"], 128)[-1]
+        assert warned == [f"warning: fused attention: {smallest['kernel']} needs {smallest['smem']} "
+                          f"bytes of shared memory per block, the device allows {limit}; "
+                          f"scaled_dot_product_attention uses the composite op instead"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
