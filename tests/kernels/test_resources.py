@@ -71,18 +71,21 @@ def test_every_variant_the_launchers_report_was_compiled(C, usage):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_kernel_fits(C, rows, arch):
     limit = resources.SHARED_MEMORY_PER_BLOCK[arch]
-    mine = [r for r in rows if r.arch == arch]
-    for r in mine:
-        assert r.usage.registers <= resources.MAX_REGISTERS_PER_THREAD, r
-        if r.launched is not False:  # a kernel without variants, or the variant launched here
-            assert r.fits, (f"sm_{arch}: {r.kernel} needs {r.usage.static_smem} + {r.dynamic_smem} "
-                            f"bytes of shared memory per block, more than the {limit} allowed")
+    problems = []
+    for r in (r for r in rows if r.arch == arch):
+        if r.usage.registers > resources.MAX_REGISTERS_PER_THREAD:
+            problems.append(f"{r.kernel} uses {r.usage.registers} registers per thread")
+        if r.launched is not False and not r.fits:  # a kernel without variants, or the one launched
+            problems.append(f"{r.kernel} needs {r.usage.static_smem} + {r.dynamic_smem} bytes of "
+                            f"shared memory per block")
         if r.usage.spill_stores or r.usage.spill_loads:
             warnings.warn(f"sm_{arch}: {r.kernel} spills ({r.usage.registers} registers, "
                           f"{r.usage.spill_stores} B stored, {r.usage.spill_loads} B loaded)")
     for launch in resources.launches(C):
-        assert C.launch_config(launch.launcher, launch.dtype, launch.D, limit) is not None, (
-            f"sm_{arch}: no variant of {launch.kernel} fits {limit} bytes")
+        if C.launch_config(launch.launcher, launch.dtype, launch.D, limit) is None:
+            problems.append(f"{launch.launcher} has no variant that fits (dtype {launch.dtype}, "
+                            f"D {launch.D}): {launch.kernel} needs {launch.smem}")
+    assert not problems, f"sm_{arch} (limit {limit} bytes):\n" + "\n".join(sorted(set(problems)))
 
 
 def test_print_the_table(rows, capsys):
