@@ -78,7 +78,8 @@ def unavailable_reason() -> str | None:
 #   ptxas info    : Function properties for _ZN2mt...
 #       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 #   ptxas info    : Used 40 registers, used 1 barriers, 96 bytes smem, 380 bytes cmem[0]
-_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_PROPERTIES = re.compile(r"Function properties for (\w+)")  # the entry, or a function it calls
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
@@ -86,11 +87,13 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 
 def parse_ptxas(log: str) -> dict[str, Usage]:
     """Mangled kernel name -> Usage, from the log of one compilation."""
-    usage, fields, entry = {}, {}, None
+    usage, fields, entry, properties_of = {}, {}, None, None
     for line in log.splitlines():
         if m := _ENTRY.search(line):
             entry, fields = m.group(1), {}
-        elif entry and (m := _SPILLS.search(line)):
+        elif m := _PROPERTIES.search(line):
+            properties_of = m.group(1)
+        elif entry and properties_of == entry and (m := _SPILLS.search(line)):
             fields.update(spill_stores=int(m.group(1)), spill_loads=int(m.group(2)))
         elif entry and (m := _USED.search(line)):
             smem = _SMEM.search(line)
