@@ -201,6 +201,8 @@ def rows(C, usage: dict[int, dict[str, Usage]]) -> list[Row]:
     variants = {launch.kernel: launch for launch in launches(C)}
     out = []
     for arch, kernels in sorted(usage.items()):
+        if arch not in SHARED_MEMORY_PER_BLOCK:
+            raise ValueError(f"sm_{arch}'s shared memory per block is unknown: add it to SHARED_MEMORY_PER_BLOCK")
         limit = SHARED_MEMORY_PER_BLOCK[arch]
         for kernel, u in sorted(kernels.items()):
             launch, launched = variants.get(kernel), None
