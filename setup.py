@@ -3,8 +3,9 @@
 
     pip install -e .                          builds _C if nvcc is found, pure Python otherwise
     MINITRANSFORMER_CUDA=0 pip install -e .   never builds _C
-    MINITRANSFORMER_CUDA_ARCHS="80;90"        GPU architectures (default: sm_80 and sm_90
-                                              machine code, plus compute_90 PTX that newer GPUs
+    MINITRANSFORMER_CUDA_ARCHS="80;90"        GPU architectures (default "80;86;89;90": machine
+                                              code for A100, RTX 30 / A10, RTX 40 / L4 / L40 and
+                                              H100, plus compute_90 PTX that newer GPUs
                                               JIT-compile)
 
 The toolkit is found through CUDA_HOME (or CUDA_PATH), else through the nvcc on PATH, else at
@@ -55,8 +56,19 @@ def cuda_wanted() -> bool:
     return os.environ.get("MINITRANSFORMER_CUDA", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+# Device-code flags, shared with minitransformer/testing/resources.py, which compiles csrc/ the
+# same way to read each kernel's registers and shared memory from ptxas.
+NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+
+
+def cuda_archs() -> list[int]:
+    """The GPU architectures (compute capabilities, as 80 for sm_80) to compile for."""
+    archs = os.environ.get("MINITRANSFORMER_CUDA_ARCHS", "80;86;89;90")
+    return [int(a) for a in archs.split(";") if a.strip()]
+
+
 def gencode_flags() -> list[str]:
-    archs = [a.strip() for a in os.environ.get("MINITRANSFORMER_CUDA_ARCHS", "80;90").split(";") if a.strip()]
+    archs = cuda_archs()
     flags = []
     for arch in archs:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
@@ -100,7 +112,7 @@ def cuda_extension(cuda_home: Path) -> Extension:
         libraries=["cudart_static", "rt", "dl", "pthread"],
         extra_compile_args={
             "cxx": ["-O3", "-std=c++17", "-fvisibility=hidden"],
-            "nvcc": ["-O3", "-std=c++17", "--threads", "2", "-lineinfo", "-Xcompiler", "-fPIC",
+            "nvcc": [*NVCC_FLAGS, "--threads", "2", "-Xcompiler", "-fPIC",
                      "-Xcompiler", "-fvisibility=hidden", *gencode_flags()],
         },
         language="c++",

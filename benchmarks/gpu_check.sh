@@ -36,7 +36,8 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
 echo "python: $PY  nvcc: $(command -v nvcc || echo 'not on PATH') CUDA_HOME=${CUDA_HOME:-unset}"
 "$PY" -c "import setuptools, pybind11" || echo "WARNING: setuptools or pybind11 missing: the build will fail"
 
-# Build only for this GPU's architecture (CI builds sm_80, sm_90 and PTX): half the compile time.
+# Build only for this GPU's architecture (CI builds sm_80, sm_86, sm_89, sm_90 and PTX): a
+# quarter of the compile time.
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
 export MINITRANSFORMER_CUDA_ARCHS=${MINITRANSFORMER_CUDA_ARCHS:-${cap:-90}}
 start=$SECONDS
@@ -53,7 +54,8 @@ tests_rc=skipped
 if want kernels 30; then
     start=$SECONDS
     timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check \
-        --ignore=tests/kernels/test_emulated_kernels.py tests/kernels >"$LOGS/tests.log" 2>&1
+        --ignore=tests/kernels/test_emulated_kernels.py --ignore=tests/kernels/test_resources.py \
+        tests/kernels >"$LOGS/tests.log" 2>&1
     tests_rc=$?
     echo "tests: $((SECONDS - start)) s, exit $tests_rc"
     grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20

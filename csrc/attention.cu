@@ -41,8 +41,10 @@
 #include <cuda_pipeline.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
+#include "launch_config.cuh"
 
 namespace mt {
 namespace {
@@ -878,34 +880,89 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
 
 // ---------------------------------------------------------------------------- launchers
 
-// float32 tiles: 64 x 64 where shared memory allows; at D = 128 the forward's query tile is
-// halved to stay under the 163 KiB an A100 block may use. Backward holds more tiles at once.
-template <int D> constexpr int f32_fwd_br() { return D == 128 ? 32 : 64; }
-constexpr int f32_fwd_bc() { return 64; }
-constexpr int f32_bwd_br() { return 32; }
-template <int D> constexpr int f32_bwd_bc() { return D <= 64 ? 64 : 32; }
+// A compiled kernel of one pass and its tiles: BR query rows by BC keys. The attention kernels
+// take all their shared memory dynamically (none is static), so `smem` is all a block asks for.
+struct AttnKernel : LaunchConfig {
+    int br, bc;
+    void (*kernel)(AttnParams);
+};
 
-template <typename T, int D>
-void launch_forward(const AttnParams& p, cudaStream_t stream) {
-    if constexpr (std::is_same_v<T, float>) {
-        constexpr int BR = f32_fwd_br<D>(), BC = f32_fwd_bc();
-        auto kernel = attention_forward_f32_kernel<D, BR, BC>;
-        const size_t smem = F32FwdLayout<D, BR, BC>::bytes();
-        allow_shared_memory(kernel, smem, "attention_forward");
-        dim3 grid(ceil_div(p.T, BR), p.B * p.H);
-        kernel<<<grid, kThreads, smem, stream>>>(p);
-    } else {
-        using L = MmaFwdLayout<T, D>;
-        auto kernel = attention_forward_mma_kernel<T, D>;
-        allow_shared_memory(kernel, L::bytes(), "attention_forward");
-        dim3 grid(ceil_div(p.T, L::BR), p.B * p.H);
-        kernel<<<grid, kThreads, L::bytes(), stream>>>(p);
-    }
-    check_launch("attention_forward");
+template <int D, int BR, int BC>
+AttnKernel f32_forward() {
+    return {{instance_name("attention_forward_f32_kernel", D, BR, BC), F32FwdLayout<D, BR, BC>::bytes()},
+            BR, BC, attention_forward_f32_kernel<D, BR, BC>};
+}
+
+template <int D, int BR, int BC>
+AttnKernel f32_backward() {
+    return {{instance_name("attention_backward_f32_kernel", D, BR, BC), F32BwdLayout<D, BR, BC>::bytes()},
+            BR, BC, attention_backward_f32_kernel<D, BR, BC>};
 }
 
 template <typename T, int D>
-void launch_backward(const AttnParams& p, cudaStream_t stream) {
+AttnKernel mma_forward() {
+    using L = MmaFwdLayout<T, D>;
+    return {{instance_name("attention_forward_mma_kernel", type_name<T>(), D), L::bytes()},
+            L::BR, L::BC, attention_forward_mma_kernel<T, D>};
+}
+
+template <typename T, int D>
+AttnKernel mma_backward() {
+    using L = MmaBwdLayout<T, D>;
+    return {{instance_name("attention_backward_mma_kernel", type_name<T>(), D), L::bytes()},
+            L::BR, L::BC, attention_backward_mma_kernel<T, D>};
+}
+
+// The kernels of each pass for (T, D), in the launcher's order of preference. The float32 path
+// keeps every tile in shared memory, so for D >= 64 its tiles (BR x BC) come in two sizes: the
+// larger needs an A100's or H100's limit, the smaller fits the 99 KiB of sm_86 / sm_89.
+//
+//     D      forward          backward
+//     32     64x64  (70 KiB)  32x64  (84 KiB)
+//     64     64x64 (102 KiB)  32x64 (128 KiB)
+//            32x64  (68 KiB)  32x32  (78 KiB)
+//     128    32x64 (116 KiB)  32x32 (134 KiB)
+//            32x32  (75 KiB)  32x16  (93 KiB)
+//
+// The 16-bit kernels keep their tiles in registers and have one configuration each (at most
+// 85 KiB). The shared memory of every configuration is tested against every architecture's
+// limit by tests/kernels/test_resources.py.
+template <typename T, int D>
+const std::vector<AttnKernel>& forward_kernels() {
+    static const std::vector<AttnKernel> kernels = []() -> std::vector<AttnKernel> {
+        if constexpr (!std::is_same_v<T, float>) return {mma_forward<T, D>()};
+        else if constexpr (D == 32) return {f32_forward<D, 64, 64>()};
+        else if constexpr (D == 64) return {f32_forward<D, 64, 64>(), f32_forward<D, 32, 64>()};
+        else return {f32_forward<D, 32, 64>(), f32_forward<D, 32, 32>()};
+    }();
+    return kernels;
+}
+
+template <typename T, int D>
+const std::vector<AttnKernel>& backward_kernels() {
+    static const std::vector<AttnKernel> kernels = []() -> std::vector<AttnKernel> {
+        if constexpr (!std::is_same_v<T, float>) return {mma_backward<T, D>()};
+        else if constexpr (D == 32) return {f32_backward<D, 32, 64>()};
+        else if constexpr (D == 64) return {f32_backward<D, 32, 64>(), f32_backward<D, 32, 32>()};
+        else return {f32_backward<D, 32, 32>(), f32_backward<D, 32, 16>()};
+    }();
+    return kernels;
+}
+
+template <typename T, int D>
+void launch_forward(const AttnParams& p, size_t smem_limit, cudaStream_t stream) {
+    const AttnKernel& k = choose(forward_kernels<T, D>(), smem_limit, "attention_forward");
+    auto kernel = k.kernel;
+    allow_shared_memory(kernel, k.smem, "attention_forward");
+    dim3 grid(ceil_div(p.T, k.br), p.B * p.H);  // a block per BR queries
+    kernel<<<grid, kThreads, k.smem, stream>>>(p);
+    check_launch("attention_forward");
+}
+
+// Backward writes dQ into the float32 accumulator p.dq_accum, then casts it into dq.
+template <typename T, int D>
+void launch_backward(const AttnParams& p, void* dq, size_t smem_limit, cudaStream_t stream) {
+    const AttnKernel& k = choose(backward_kernels<T, D>(), smem_limit, "attention_backward");
     const int rows = p.B * p.H * p.T;
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, size_t(rows) * D * sizeof(float), stream),
                "attention_backward (zeroing dq)");
@@ -913,46 +970,31 @@ void launch_backward(const AttnParams& p, cudaStream_t stream) {
         static_cast<const T*>(p.o), static_cast<const T*>(p.dout), p.delta, rows);
     check_launch("attention_backward_delta");
 
-    if constexpr (std::is_same_v<T, float>) {
-        constexpr int BR = f32_bwd_br(), BC = f32_bwd_bc<D>();
-        auto kernel = attention_backward_f32_kernel<D, BR, BC>;
-        const size_t smem = F32BwdLayout<D, BR, BC>::bytes();
-        allow_shared_memory(kernel, smem, "attention_backward");
-        dim3 grid(ceil_div(p.S, BC), p.B * p.H);
-        kernel<<<grid, kThreads, smem, stream>>>(p);
-    } else {
-        using L = MmaBwdLayout<T, D>;
-        auto kernel = attention_backward_mma_kernel<T, D>;
-        allow_shared_memory(kernel, L::bytes(), "attention_backward");
-        dim3 grid(ceil_div(p.S, L::BC), p.B * p.H);
-        kernel<<<grid, kThreads, L::bytes(), stream>>>(p);
-    }
+    auto kernel = k.kernel;
+    allow_shared_memory(kernel, k.smem, "attention_backward");
+    dim3 grid(ceil_div(p.S, k.bc), p.B * p.H);  // a block per BC keys
+    kernel<<<grid, kThreads, k.smem, stream>>>(p);
     check_launch("attention_backward");
+
+    const size_t n = size_t(rows) * D;
+    const int blocks = int(std::min<size_t>((n + 255) / 256, 4096));
+    cast_from_float_kernel<T><<<blocks, 256, 0, stream>>>(p.dq_accum, static_cast<T*>(dq), n);
+    check_launch("attention_backward (dq cast)");
 }
 
-template <template <typename, int> class Launch>
-void dispatch(int dtype, int D, const AttnParams& p, cudaStream_t stream, const char* name) {
-    auto by_dim = [&](auto tag) {
-        using T = decltype(tag);
+// Calls f(T{}, std::integral_constant<int, D>{}) for a dtype code and a head dim.
+template <typename F>
+void with_type_and_dim(int dtype, int D, const char* name, F&& f) {
+    with_type(dtype, name, [&](auto tag) {
         switch (D) {
-            case 32: Launch<T, 32>::run(p, stream); return;
-            case 64: Launch<T, 64>::run(p, stream); return;
-            case 128: Launch<T, 128>::run(p, stream); return;
+            case 32: f(tag, std::integral_constant<int, 32>{}); return;
+            case 64: f(tag, std::integral_constant<int, 64>{}); return;
+            case 128: f(tag, std::integral_constant<int, 128>{}); return;
         }
         throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
                                     " is not supported (32, 64 or 128)");
-    };
-    switch (dtype) {
-        case kFloat32: by_dim(float{}); return;
-        case kFloat16: by_dim(__half{}); return;
-        case kBFloat16: by_dim(__nv_bfloat16{}); return;
-    }
-    throw std::invalid_argument(std::string(name) + ": unsupported dtype code " +
-                                std::to_string(dtype));
+    });
 }
-
-template <typename T, int D> struct Forward { static void run(const AttnParams& p, cudaStream_t s) { launch_forward<T, D>(p, s); } };
-template <typename T, int D> struct Backward { static void run(const AttnParams& p, cudaStream_t s) { launch_backward<T, D>(p, s); } };
 
 AttnParams make_params(int B, int H, int T, int S, float scale, bool causal, float dropout_p,
                        uint64_t seed, const int* kv_lens) {
@@ -975,32 +1017,37 @@ AttnParams make_params(int B, int H, int T, int S, float scale, bool causal, flo
 void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
                        const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                        float scale, bool causal, float dropout_p, uint64_t seed,
-                       cudaStream_t stream) {
+                       size_t smem_limit, cudaStream_t stream) {
     AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
     p.q = q; p.k = k; p.v = v; p.out = o; p.lse = lse;
-    dispatch<Forward>(dtype, D, p, stream, "attention_forward");
+    with_type_and_dim(dtype, D, "attention_forward", [&](auto tag, auto dim) {
+        launch_forward<decltype(tag), decltype(dim)::value>(p, smem_limit, stream);
+    });
 }
 
 void attention_backward(const void* q, const void* k, const void* v, const void* o,
                         const void* dout, const float* lse, const int* kv_lens, void* dq,
                         void* dk, void* dv, float* dq_accum, float* delta, int dtype, int B,
                         int H, int T, int S, int D, float scale, bool causal, float dropout_p,
-                        uint64_t seed, cudaStream_t stream) {
+                        uint64_t seed, size_t smem_limit, cudaStream_t stream) {
     AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
     p.q = q; p.k = k; p.v = v; p.o = o; p.dout = dout;
     p.lse = const_cast<float*>(lse);
     p.dk = dk; p.dv = dv; p.dq_accum = dq_accum; p.delta = delta;
-    dispatch<Backward>(dtype, D, p, stream, "attention_backward");
-    const size_t n = size_t(B) * H * T * D;
-    const int blocks = int(std::min<size_t>((n + 255) / 256, 4096));
-    auto cast = [&](auto tag) {
-        using T_ = decltype(tag);
-        cast_from_float_kernel<T_><<<blocks, 256, 0, stream>>>(dq_accum, static_cast<T_*>(dq), n);
-    };
-    if (dtype == kFloat32) cast(float{});
-    else if (dtype == kFloat16) cast(__half{});
-    else cast(__nv_bfloat16{});
-    check_launch("attention_backward (dq cast)");
+    with_type_and_dim(dtype, D, "attention_backward", [&](auto tag, auto dim) {
+        launch_backward<decltype(tag), decltype(dim)::value>(p, dq, smem_limit, stream);
+    });
+}
+
+std::vector<LaunchConfig> attention_configs(bool backward, int dtype, int D) {
+    std::vector<LaunchConfig> configs;
+    with_type_and_dim(dtype, D, "attention_configs", [&](auto tag, auto dim) {
+        using T = decltype(tag);
+        constexpr int d = decltype(dim)::value;
+        for (const AttnKernel& k : backward ? backward_kernels<T, d>() : forward_kernels<T, d>())
+            configs.push_back(k);
+    });
+    return configs;
 }
 
 }  // namespace mt

@@ -7,12 +7,21 @@
 // this layer checks everything it can see before any launch (required pointers present and
 // aligned, sizes positive, supported head dims, grid limits) and turns every CUDA error into a
 // RuntimeError that names the kernel. No math here.
+//
+// Attention and layernorm_backward take the device's shared memory per block (smem_limit,
+// bytes: Python reads cudaDevAttrMaxSharedMemoryPerBlockOptin) and launch the largest variant of
+// their kernel that fits it; when none does, SharedMemoryLimitError is raised before anything
+// is launched. launch_configs and launch_config report those variants (launch_config.cuh).
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "launch_config.cuh"
 
 namespace py = pybind11;
 
@@ -21,17 +30,17 @@ namespace mt {
 void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
                        const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                        float scale, bool causal, float dropout_p, uint64_t seed,
-                       cudaStream_t stream);
+                       size_t smem_limit, cudaStream_t stream);
 void attention_backward(const void* q, const void* k, const void* v, const void* o,
                         const void* dout, const float* lse, const int* kv_lens, void* dq,
                         void* dk, void* dv, float* dq_accum, float* delta, int dtype, int B,
                         int H, int T, int S, int D, float scale, bool causal, float dropout_p,
-                        uint64_t seed, cudaStream_t stream);
+                        uint64_t seed, size_t smem_limit, cudaStream_t stream);
 void layernorm_forward(const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int dtype, int N, int D, float eps, cudaStream_t stream);
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
                         const void* g, void* dx, void* dw, void* db, float* partial, int blocks,
-                        int dtype, int N, int D, cudaStream_t stream);
+                        int dtype, int N, int D, size_t smem_limit, cudaStream_t stream);
 void softmax_forward(const void* x, const uint8_t* mask, void* y, int dtype, int N, int V,
                      float scale, cudaStream_t stream);
 void softmax_backward(const void* y, const void* g, void* dx, int dtype, int N, int V,
@@ -39,6 +48,9 @@ void softmax_backward(const void* y, const void* g, void* dx, int dtype, int N, 
 void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, void* grad,
                            int dtype, int N, int V, float smoothing, bool has_ignore,
                            int64_t ignore_index, cudaStream_t stream);
+// The variants of a launcher's kernel for dtype and D, in its order of preference.
+std::vector<LaunchConfig> attention_configs(bool backward, int dtype, int D);
+std::vector<LaunchConfig> layernorm_backward_configs(int dtype, int D);
 }  // namespace mt
 
 namespace {
@@ -72,9 +84,9 @@ void check_positive(const char* fn, std::initializer_list<std::pair<const char*,
 }
 
 void check_attention(const char* fn, int dtype, int B, int H, int T, int S, int D,
-                     float dropout_p) {
+                     float dropout_p, long long smem_limit) {
     check_dtype(dtype, fn);
-    check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}});
+    check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}, {"smem_limit", smem_limit}});
     if (D != 32 && D != 64 && D != 128)
         fail(fn, "head dim " + std::to_string(D) + " is not supported (32, 64 or 128)");
     if (static_cast<long long>(B) * H > 65535)
@@ -85,35 +97,56 @@ void check_attention(const char* fn, int dtype, int B, int H, int T, int S, int 
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// The variants that `launcher` chooses from for dtype and D (the head dim, or the row width of
+// layernorm_backward), in its order of preference.
+std::vector<mt::LaunchConfig> launch_configs(const std::string& launcher, int dtype, int D) {
+    const char* fn = "launch_configs";
+    check_dtype(dtype, fn);
+    if (launcher == "attention_forward") return mt::attention_configs(false, dtype, D);
+    if (launcher == "attention_backward") return mt::attention_configs(true, dtype, D);
+    if (launcher == "layernorm_backward") {
+        check_positive(fn, {{"D", D}});
+        return mt::layernorm_backward_configs(dtype, D);
+    }
+    fail(fn, "launcher '" + launcher + "' is not attention_forward, attention_backward or "
+             "layernorm_backward (the others use no dynamic shared memory)");
+}
+
+py::dict as_dict(const mt::LaunchConfig& c) {
+    return py::dict(py::arg("kernel") = c.name, py::arg("smem") = c.smem);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "minitransformer's CUDA kernels (see csrc/ and minitransformer/kernels/)";
+    py::register_exception<mt::SharedMemoryLimitError>(m, "SharedMemoryLimitError", PyExc_RuntimeError);
 
     m.def("attention_forward",
           [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t kv_lens,
              int dtype, int B, int H, int T, int S, int D, float scale, bool causal,
-             float dropout_p, uint64_t seed, uintptr_t stream) {
+             float dropout_p, uint64_t seed, long long smem_limit, uintptr_t stream) {
               const char* fn = "attention_forward";
-              check_attention(fn, dtype, B, H, T, S, D, dropout_p);
+              check_attention(fn, dtype, B, H, T, S, D, dropout_p, smem_limit);
               mt::attention_forward(pointer(q, fn, "q", true, 16), pointer(k, fn, "k", true, 16),
                                     pointer(v, fn, "v", true, 16), pointer(o, fn, "o", true, 16),
                                     pointer<float>(lse, fn, "lse"),
                                     pointer<const int>(kv_lens, fn, "kv_lens", false), dtype, B,
-                                    H, T, S, D, scale, causal, dropout_p, seed, as_stream(stream));
+                                    H, T, S, D, scale, causal, dropout_p, seed, smem_limit,
+                                    as_stream(stream));
           },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"),
           py::arg("kv_lens"), py::arg("dtype"), py::arg("B"), py::arg("H"), py::arg("T"),
           py::arg("S"), py::arg("D"), py::arg("scale"), py::arg("causal"), py::arg("dropout_p"),
-          py::arg("seed"), py::arg("stream"));
+          py::arg("seed"), py::arg("smem_limit"), py::arg("stream"));
 
     m.def("attention_backward",
           [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t dout, uintptr_t lse,
              uintptr_t kv_lens, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t dq_accum,
              uintptr_t delta, int dtype, int B, int H, int T, int S, int D, float scale,
-             bool causal, float dropout_p, uint64_t seed, uintptr_t stream) {
+             bool causal, float dropout_p, uint64_t seed, long long smem_limit, uintptr_t stream) {
               const char* fn = "attention_backward";
-              check_attention(fn, dtype, B, H, T, S, D, dropout_p);
+              check_attention(fn, dtype, B, H, T, S, D, dropout_p, smem_limit);
               mt::attention_backward(
                   pointer(q, fn, "q", true, 16), pointer(k, fn, "k", true, 16),
                   pointer(v, fn, "v", true, 16), pointer(o, fn, "o", true, 16),
@@ -121,13 +154,35 @@ PYBIND11_MODULE(_C, m) {
                   pointer<const int>(kv_lens, fn, "kv_lens", false), pointer(dq, fn, "dq"),
                   pointer(dk, fn, "dk"), pointer(dv, fn, "dv"),
                   pointer<float>(dq_accum, fn, "dq_accum"), pointer<float>(delta, fn, "delta"),
-                  dtype, B, H, T, S, D, scale, causal, dropout_p, seed, as_stream(stream));
+                  dtype, B, H, T, S, D, scale, causal, dropout_p, seed, smem_limit,
+                  as_stream(stream));
           },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("dout"), py::arg("lse"),
           py::arg("kv_lens"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dq_accum"),
           py::arg("delta"), py::arg("dtype"), py::arg("B"), py::arg("H"), py::arg("T"),
           py::arg("S"), py::arg("D"), py::arg("scale"), py::arg("causal"), py::arg("dropout_p"),
-          py::arg("seed"), py::arg("stream"));
+          py::arg("seed"), py::arg("smem_limit"), py::arg("stream"));
+
+    m.def("launch_configs",
+          [](const std::string& launcher, int dtype, int D) {
+              py::list configs;
+              for (const mt::LaunchConfig& c : launch_configs(launcher, dtype, D)) configs.append(as_dict(c));
+              return configs;
+          },
+          "The variants of a launcher's kernel (attention_forward, attention_backward or "
+          "layernorm_backward) for dtype and D, in the order it tries them: dicts of kernel (the "
+          "instance's name) and smem (its dynamic shared memory per block, bytes).",
+          py::arg("launcher"), py::arg("dtype"), py::arg("D"));
+
+    m.def("launch_config",
+          [](const std::string& launcher, int dtype, int D, long long smem_limit) -> py::object {
+              const auto configs = launch_configs(launcher, dtype, D);
+              const mt::LaunchConfig* c = mt::first_fit(configs, size_t(std::max(smem_limit, 0LL)));
+              return c ? py::object(as_dict(*c)) : py::none();
+          },
+          "The variant that the launcher launches under smem_limit bytes of shared memory per "
+          "block, or None if none fits (then the launcher raises SharedMemoryLimitError).",
+          py::arg("launcher"), py::arg("dtype"), py::arg("D"), py::arg("smem_limit"));
 
     m.def("layernorm_forward",
           [](uintptr_t x, uintptr_t w, uintptr_t b, uintptr_t y, uintptr_t mean, uintptr_t rstd,
@@ -147,11 +202,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("layernorm_backward",
           [](uintptr_t x, uintptr_t w, uintptr_t mean, uintptr_t rstd, uintptr_t g, uintptr_t dx,
              uintptr_t dw, uintptr_t db, uintptr_t partial, int blocks, int dtype, int N, int D,
-             uintptr_t stream) {
+             long long smem_limit, uintptr_t stream) {
               const char* fn = "layernorm_backward";
               check_dtype(dtype, fn);
-              check_positive(fn, {{"N", N}, {"D", D}, {"blocks", blocks}});
-              if (D > 4096)  // 4 warps x 2 column sums x D floats of shared memory per block
+              check_positive(fn, {{"N", N}, {"D", D}, {"blocks", blocks}, {"smem_limit", smem_limit}});
+              if (D > 4096)  // LAYERNORM_MAX_D of kernels/launch.py; 2 warps' sums (16 D bytes) fit any GPU
                   fail(fn, "D = " + std::to_string(D) + " exceeds 4096, the widest row whose column "
                            "sums fit in shared memory");
               mt::layernorm_backward(
@@ -159,11 +214,13 @@ PYBIND11_MODULE(_C, m) {
                   pointer<const float>(mean, fn, "mean"), pointer<const float>(rstd, fn, "rstd"),
                   pointer(g, fn, "grad", true, 16), pointer(dx, fn, "dx", true, 16),
                   pointer(dw, fn, "dweight", false), pointer(db, fn, "dbias", false),
-                  pointer<float>(partial, fn, "partial"), blocks, dtype, N, D, as_stream(stream));
+                  pointer<float>(partial, fn, "partial"), blocks, dtype, N, D, smem_limit,
+                  as_stream(stream));
           },
           py::arg("x"), py::arg("weight"), py::arg("mean"), py::arg("rstd"), py::arg("grad"),
           py::arg("dx"), py::arg("dweight"), py::arg("dbias"), py::arg("partial"),
-          py::arg("blocks"), py::arg("dtype"), py::arg("N"), py::arg("D"), py::arg("stream"));
+          py::arg("blocks"), py::arg("dtype"), py::arg("N"), py::arg("D"), py::arg("smem_limit"),
+          py::arg("stream"));
 
     m.def("softmax_forward",
           [](uintptr_t x, uintptr_t mask, uintptr_t y, int dtype, int N, int V, float scale,

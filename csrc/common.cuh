@@ -14,12 +14,31 @@
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 namespace mt {
 
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// The C++ name of an element type, as c++filt prints it in a kernel instance's name.
+template <typename T> constexpr const char* type_name();
+template <> constexpr const char* type_name<float>() { return "float"; }
+template <> constexpr const char* type_name<__half>() { return "__half"; }
+template <> constexpr const char* type_name<__nv_bfloat16>() { return "__nv_bfloat16"; }
+
+// "kernel<a, b>", a kernel instance's name as c++filt prints it (the launchers report their
+// configurations under it, and tests/kernels/test_resources.py joins ptxas's figures on it).
+template <typename... Args>
+std::string instance_name(const char* kernel, const Args&... args) {
+    std::ostringstream name;
+    name << kernel << '<';
+    const char* separator = "";
+    ((name << separator << args, separator = ", "), ...);
+    name << '>';
+    return name.str();
+}
 
 inline const char* dtype_name(int code) {
     switch (code) {

@@ -16,13 +16,18 @@
 // dx is again one warp per row. The column sums dw, db are accumulated in shared memory, one
 // slice per warp, where every column belongs to one lane (no atomics, no bank conflicts);
 // each block sums its warps' slices into one partial row, and a second kernel sums the rows
-// over blocks: no atomics anywhere, a deterministic result.
+// over blocks: no atomics anywhere, a deterministic result. The slices take 8 D bytes per
+// warp: with 4 warps, 128 KiB at D = 4096, more than RTX 30/40, A10, L4 and L40 allow a block
+// (99 KiB); there, rows wider than 3168 run in blocks of 2 warps (launch_config.cuh).
+#include <vector>
+
 #include "common.cuh"
+#include "launch_config.cuh"
 
 namespace mt {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+constexpr int kWarpsPerBlock = 4;  // forward; backward where its shared memory allows
 
 // VEC consecutive elements moved as one 16-byte (or narrower) memory access.
 template <typename T, int VEC>
@@ -106,19 +111,19 @@ __device__ __forceinline__ int slice_slot(int c, int D) {
 }
 
 // dx per row; per-block partial column sums of g * xhat and g into partial[block] (2, D).
-template <typename T, int VEC>
+// Blocks of WARPS warps.
+template <typename T, int VEC, int WARPS>
 __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                           const float* __restrict__ mean,
                                           const float* __restrict__ rstd,
                                           const T* __restrict__ g, T* __restrict__ dx,
                                           float* __restrict__ partial, int N, int D) {
     extern __shared__ float slices[];  // per warp: [0, D) sum g * xhat, [D, 2D) sum g
-    for (int c = threadIdx.x; c < 2 * D * kWarpsPerBlock; c += blockDim.x) slices[c] = 0.f;
+    for (int c = threadIdx.x; c < 2 * D * WARPS; c += blockDim.x) slices[c] = 0.f;
     __syncthreads();
     const int lane = threadIdx.x % 32;
     float* mine = slices + (threadIdx.x / 32) * 2 * D;
-    for (int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; row < N;
-         row += gridDim.x * kWarpsPerBlock) {
+    for (int row = blockIdx.x * WARPS + threadIdx.x / 32; row < N; row += gridDim.x * WARPS) {
         const T* xr = x + size_t(row) * D;
         const T* gr = g + size_t(row) * D;
         const float mu = mean[row], rs = rstd[row];
@@ -161,7 +166,7 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __re
         const int slot = slice_slot<VEC>(c, D);
         float sw = 0.f, sb = 0.f;
         #pragma unroll
-        for (int wi = 0; wi < kWarpsPerBlock; ++wi) {
+        for (int wi = 0; wi < WARPS; ++wi) {
             sw += slices[wi * 2 * D + slot];
             sb += slices[wi * 2 * D + D + slot];
         }
@@ -193,6 +198,26 @@ void with_vec(int D, F&& f) {
     else f(std::integral_constant<int, 1>{});
 }
 
+// A compiled backward kernel and the shared memory its blocks take for rows of D.
+template <typename T, int VEC>
+struct BackwardKernel : LaunchConfig {
+    int warps;
+    void (*kernel)(const T*, const T*, const float*, const float*, const T*, T*, float*, int, int);
+};
+
+// Blocks of 4 warps, or of 2 where 4 warps' column sums do not fit (launch_config.cuh).
+template <typename T, int VEC>
+std::vector<BackwardKernel<T, VEC>> backward_kernels(int D) {
+    auto with_warps = [D](auto warps) -> BackwardKernel<T, VEC> {
+        constexpr int W = decltype(warps)::value;
+        return {{instance_name("layernorm_backward_kernel", type_name<T>(), VEC, W),
+                 2 * size_t(D) * W * sizeof(float)},
+                W, layernorm_backward_kernel<T, VEC, W>};
+    };
+    return {with_warps(std::integral_constant<int, kWarpsPerBlock>{}),
+            with_warps(std::integral_constant<int, 2>{})};
+}
+
 }  // namespace
 
 void layernorm_forward(const void* x, const void* w, const void* b, void* y, float* mean,
@@ -211,14 +236,15 @@ void layernorm_forward(const void* x, const void* w, const void* b, void* y, flo
 
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
                         const void* g, void* dx, void* dw, void* db, float* partial, int blocks,
-                        int dtype, int N, int D, cudaStream_t stream) {
+                        int dtype, int N, int D, size_t smem_limit, cudaStream_t stream) {
     with_type(dtype, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
         with_vec<T>(D, [&](auto vec) {
-            auto kernel = layernorm_backward_kernel<T, decltype(vec)::value>;
-            const size_t smem = 2 * size_t(D) * kWarpsPerBlock * sizeof(float);
-            allow_shared_memory(kernel, smem, "layernorm_backward");
-            kernel<<<blocks, 32 * kWarpsPerBlock, smem, stream>>>(
+            const auto kernels = backward_kernels<T, decltype(vec)::value>(D);
+            const auto& k = choose(kernels, smem_limit, "layernorm_backward");
+            auto kernel = k.kernel;
+            allow_shared_memory(kernel, k.smem, "layernorm_backward");
+            kernel<<<blocks, 32 * k.warps, k.smem, stream>>>(
                 static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd,
                 static_cast<const T*>(g), static_cast<T*>(dx), partial, N, D);
         });
@@ -229,6 +255,17 @@ void layernorm_backward(const void* x, const void* w, const float* mean, const f
             check_launch("layernorm_backward (weight and bias gradients)");
         }
     });
+}
+
+std::vector<LaunchConfig> layernorm_backward_configs(int dtype, int D) {
+    std::vector<LaunchConfig> configs;
+    with_type(dtype, "layernorm_backward_configs", [&](auto tag) {
+        using T = decltype(tag);
+        with_vec<T>(D, [&](auto vec) {
+            for (const auto& k : backward_kernels<T, decltype(vec)::value>(D)) configs.push_back(k);
+        });
+    });
+    return configs;
 }
 
 }  // namespace mt

@@ -139,13 +139,11 @@ class FusedAttention(Function):
 
 
 def _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale):
-    """FusedAttention on CUDA tensors when the kernel can express the call, else None:
-    (B, h, T, d_k) inputs with d_v = d_k in {32, 64, 128}, B * h <= 65535 (one grid axis), and
-    no mask, a ``KeyPadding``, or a boolean key-padding mask (B, 1, 1, S) that keeps a prefix of
-    each row."""
-    if (not kernels.enabled_for(q, k, v) or len(q.shape) != 4 or q.shape[:2] != k.shape[:2]
-            or k.shape != v.shape or q.shape[-1] not in (32, 64, 128)
-            or q.shape[0] * q.shape[1] > 65535 or 0 in q.shape or 0 in k.shape):
+    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported``: CUDA
+    tensors, (B, h, T, d_k) with d_v = d_k in {32, 64, 128}, tiles that fit the device's shared
+    memory; a refusal for shared memory warns once) and the mask is none, a ``KeyPadding``, or a
+    boolean key-padding mask (B, 1, 1, S) that keeps a prefix of each row; else None."""
+    if kernels.attention_supported(q, k, v) is not None:
         return None
     kv_lens = None
     if mask is not None:

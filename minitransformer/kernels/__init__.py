@@ -9,6 +9,9 @@ says what is missing.
     available()           the extension is built and a CUDA device is usable
     enabled()             available() and not switched off by MINITRANSFORMER_KERNELS=0
     enabled_for(*arrays)  enabled() and every array is a CuPy array of a dtype the kernels take
+    attention_supported(q, k, v)
+                          None if the fused attention takes these arrays on this device, else why
+    shared_memory_limit() the current device's shared memory per block, which picks the tiles
 
 bfloat16. CuPy has no bfloat16 dtype of its own; CuPy 14 can use ``ml_dtypes.bfloat16`` when
 ml_dtypes is installed. The launchers take bfloat16 in either form: arrays whose dtype is named
@@ -17,7 +20,8 @@ ml_dtypes is installed. The launchers take bfloat16 in either form: arrays whose
 dispatch in ``functional`` only sees float32/float16/(ml_dtypes) bfloat16 tensors.
 
 Dispatch from ``functional`` (on "cuda" tensors, when enabled): scaled_dot_product_attention
--> fused attention ((B, h, T, d_k) inputs, d_k in {32, 64, 128}, attn_mask None, a
+-> fused attention (where ``attention_supported``: (B, h, T, d_k) inputs, d_k in {32, 64, 128},
+a tile configuration that fits the device's shared memory; and attn_mask None, a
 ``functional.KeyPadding`` (its key lengths are derived once per batch), or a boolean
 key-padding mask of shape (B, 1, 1, S) whose True entries form a prefix of each row, combined
 with is_causal as needed; otherwise the composite op), layer_norm (rows up to
@@ -67,16 +71,18 @@ def enabled() -> bool:
 
 
 from .launch import (  # noqa: E402 - launch needs _C resolved above
-    LAYERNORM_MAX_D, attention_backward, attention_forward, cross_entropy_forward, dtype_code,
-    enabled_for, from_bfloat16_bits, key_lengths_from_mask, layernorm_backward, layernorm_forward,
-    loss_overwrites_logits, new_seed, set_loss_overwrites_logits, softmax_backward,
-    softmax_forward, to_bfloat16_bits,
+    ATTENTION_HEAD_DIMS, LAYERNORM_MAX_D, attention_backward, attention_forward,
+    attention_supported, cross_entropy_forward, dtype_code, enabled_for, from_bfloat16_bits,
+    key_lengths_from_mask, layernorm_backward, layernorm_forward, loss_overwrites_logits,
+    new_seed, set_loss_overwrites_logits, shared_memory_limit, softmax_backward, softmax_forward,
+    to_bfloat16_bits,
 )
 
 __all__ = [
-    "LAYERNORM_MAX_D", "attention_backward", "attention_forward", "available", "cross_entropy_forward",
-    "dtype_code", "enabled", "enabled_for", "extension_built", "from_bfloat16_bits",
-    "key_lengths_from_mask", "layernorm_backward", "layernorm_forward", "loss_overwrites_logits",
-    "new_seed", "set_loss_overwrites_logits", "softmax_backward", "softmax_forward",
+    "ATTENTION_HEAD_DIMS", "LAYERNORM_MAX_D", "attention_backward", "attention_forward",
+    "attention_supported", "available", "cross_entropy_forward", "dtype_code", "enabled",
+    "enabled_for", "extension_built", "from_bfloat16_bits", "key_lengths_from_mask",
+    "layernorm_backward", "layernorm_forward", "loss_overwrites_logits", "new_seed",
+    "set_loss_overwrites_logits", "shared_memory_limit", "softmax_backward", "softmax_forward",
     "to_bfloat16_bits", "unavailable_reason",
 ]

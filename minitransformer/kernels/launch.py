@@ -5,11 +5,21 @@ contiguous and 16-byte aligned (copying a strided view, e.g. a transposed q, whe
 allocates the outputs, and passes raw device pointers (``a.data.ptr``) and CuPy's current stream
 (``cupy.cuda.get_current_stream().ptr``) to the binding, which checks sizes again and turns CUDA
 errors into RuntimeErrors. All launches are asynchronous on that stream, like CuPy's own.
+
+Shared memory. A block may use at most the device's cudaDevAttrMaxSharedMemoryPerBlockOptin
+bytes of shared memory, and GPUs that run the same build differ: 163 KiB on an A100 (sm_80),
+99 KiB on RTX 30/40, A10, L4 and L40 (sm_86, sm_89), 227 KiB on an H100 (sm_90). The attention
+and layernorm_backward wrappers pass that limit to the binding, whose launcher takes the largest
+variant of its kernel that fits (csrc/launch_config.cuh) or raises ``_C.SharedMemoryLimitError``
+before launching anything. ``attention_supported`` tells ``functional`` beforehand, so that it
+can use the composite op instead.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -18,7 +28,8 @@ from ..tensor import Tensor
 from . import _C, enabled, unavailable_reason
 
 _FLOAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
-LAYERNORM_MAX_D = 4096  # layernorm_backward's shared memory: 4 warps x 2 x D floats
+LAYERNORM_MAX_D = 4096  # layernorm_backward's column sums: 2 x D floats per warp in shared memory
+ATTENTION_HEAD_DIMS = (32, 64, 128)
 _loss_inplace = False
 
 
@@ -127,21 +138,77 @@ def _ptr(a) -> int:
     return 0 if a is None else a.data.ptr
 
 
+@functools.cache
+def _shared_memory_limit(device_id: int) -> int:
+    return int(backend._cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+def shared_memory_limit() -> int:
+    """Bytes of shared memory one block may use on the current device (see the module doc).
+    Read once per device: CuPy's ``Device.attributes`` asks the driver for every attribute."""
+    return _shared_memory_limit(backend._cupy.cuda.Device().id)
+
+
 # --------------------------------------------------------------------------- attention
+
+
+def _attention_shape_problem(q, k, v) -> str | None:
+    """What the attention kernels cannot take about these shapes, or None."""
+    if q.ndim != 4:
+        return f"q must have shape (B, H, T, D), got {q.shape}"
+    B, H, T, D = q.shape
+    if k.ndim != 4 or k.shape[:2] != (B, H) or k.shape[3] != D or v.shape != k.shape:
+        return f"k {k.shape} and v {v.shape} must both be (B, H, S, D) = ({B}, {H}, S, {D}) for q {q.shape}"
+    if D not in ATTENTION_HEAD_DIMS:
+        return f"head dim {D} is not supported {ATTENTION_HEAD_DIMS}"
+    if B * H > 65535:
+        return f"B * H = {B * H} exceeds 65535 (the blocks along the grid's y axis)"
+    if 0 in q.shape or 0 in k.shape:
+        return f"q {q.shape} or k {k.shape} is empty"
+    return None
+
+
+@functools.cache
+def _attention_refusal(code: int, D: int, smem_limit: int) -> str | None:
+    """Why no tile configuration of the forward or backward kernel for (dtype code, D) fits
+    smem_limit bytes of shared memory per block, or None. Warns the first time (per dtype, D and
+    limit, since the answer is cached): the composite op then runs, slower and in T x S memory."""
+    for launcher in ("attention_forward", "attention_backward"):
+        if _C.launch_config(launcher, code, D, smem_limit) is None:
+            smallest = _C.launch_configs(launcher, code, D)[-1]
+            reason = (f"{smallest['kernel']} needs {smallest['smem']} bytes of shared memory per "
+                      f"block, the device allows {smem_limit}")
+            warnings.warn(f"fused attention: {reason}; scaled_dot_product_attention uses the "
+                          f"composite op instead", stacklevel=3)
+            return reason
+    return None
+
+
+def attention_supported(q, k, v) -> str | None:
+    """None when the fused attention kernels, forward and backward, can take q (B, H, T, D) and
+    k, v (B, H, S, D) (arrays or Tensors) on the current device; otherwise the reason. This is
+    the dispatch decision of ``functional.scaled_dot_product_attention`` (which also needs a mask
+    the kernels can express). A refusal for lack of shared memory warns once (see
+    ``_attention_refusal``); the others are the ordinary cases of the composite op."""
+    if not enabled():
+        return unavailable_reason() or "the kernels are switched off (MINITRANSFORMER_KERNELS=0)"
+    if not enabled_for(q, k, v):
+        return "q, k and v must be CuPy arrays of one dtype: float32, float16 or bfloat16"
+    q, k, v = (a.data if isinstance(a, Tensor) else a for a in (q, k, v))
+    problem = _attention_shape_problem(q, k, v)
+    if problem is not None:
+        return problem
+    return _attention_refusal(dtype_code(q.dtype), q.shape[3], shared_memory_limit())
 
 
 def _attention_inputs(cupy, fn, q, k, v, kv_lens):
     q, k, v = (_device_array(cupy, a, fn, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     code = _float_code(fn, q=q, k=k, v=v)
-    if q.ndim != 4:
-        raise ValueError(f"{fn}: q must have shape (B, H, T, D), got {q.shape}")
+    problem = _attention_shape_problem(q, k, v)
+    if problem is not None:
+        raise ValueError(f"{fn}: {problem}")
     B, H, T, D = q.shape
-    S = k.shape[2] if k.ndim == 4 else -1
-    if k.shape != (B, H, S, D) or v.shape != k.shape:
-        raise ValueError(f"{fn}: k {k.shape} and v {v.shape} must both be (B, H, S, D) = "
-                         f"({B}, {H}, S, {D}) for q {q.shape}")
-    if D not in (32, 64, 128):
-        raise ValueError(f"{fn}: head dim {D} is not supported (32, 64 or 128)")
+    S = k.shape[2]
     lens = None
     if kv_lens is not None:
         lens = cupy.ascontiguousarray(cupy.asarray(kv_lens), dtype=cupy.int32)
@@ -153,6 +220,7 @@ def _attention_inputs(cupy, fn, q, k, v, kv_lens):
 def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
                       dropout_p: float = 0.0, seed: int = 0):
     """Fused attention. q (B, H, T, D), k and v (B, H, S, D), kv_lens (B,) ints or None.
+    Raises ``_C.SharedMemoryLimitError`` where ``attention_supported`` gives a shared-memory reason.
 
     Returns ``(o, lse)``: o like q, lse (B, H, T) float32 (-inf for a query that sees no key).
     See csrc/attention.cu and reference.attention_forward for the algorithm.
@@ -165,7 +233,7 @@ def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float 
     lse = cupy.empty((B, H, T), dtype=cupy.float32)
     _C.attention_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, lse.data.ptr, _ptr(lens),
                          code, B, H, T, S, D, scale, bool(causal), float(dropout_p),
-                         int(seed) % 2**64, _stream(cupy))
+                         int(seed) % 2**64, shared_memory_limit(), _stream(cupy))
     return o, lse
 
 
@@ -190,7 +258,8 @@ def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False
     _C.attention_backward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, dout.data.ptr,
                           lse.data.ptr, _ptr(lens), dq.data.ptr, dk.data.ptr, dv.data.ptr,
                           dq_accum.data.ptr, delta.data.ptr, code, B, H, T, S, D, scale,
-                          bool(causal), float(dropout_p), int(seed) % 2**64, _stream(cupy))
+                          bool(causal), float(dropout_p), int(seed) % 2**64,
+                          shared_memory_limit(), _stream(cupy))
     return dq, dk, dv
 
 
@@ -259,7 +328,7 @@ def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bi
     db = cupy.empty(D, dtype=x.dtype) if bias_grad else None
     _C.layernorm_backward(x.data.ptr, _ptr(weight), mean.data.ptr, rstd.data.ptr, grad.data.ptr,
                           dx.data.ptr, _ptr(dw), _ptr(db), partial.data.ptr, blocks, code, N, D,
-                          _stream(cupy))
+                          shared_memory_limit(), _stream(cupy))
     return dx, dw, db
 
 

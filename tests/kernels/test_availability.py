@@ -49,7 +49,7 @@ def test_binding_rejects_bad_arguments_before_touching_the_gpu():
     from minitransformer import _C
 
     ok = dict(q=256, k=256, v=256, o=256, lse=256, kv_lens=0, dtype=0, B=1, H=1, T=8, S=8, D=64,
-              scale=0.125, causal=False, dropout_p=0.0, seed=0, stream=0)
+              scale=0.125, causal=False, dropout_p=0.0, seed=0, smem_limit=232448, stream=0)
     cases = [
         (dict(D=48), "head dim 48"),
         (dict(q=0), "q is required"),
@@ -58,19 +58,25 @@ def test_binding_rejects_bad_arguments_before_touching_the_gpu():
         (dict(T=0), "T must be positive"),
         (dict(B=300, H=300), "exceeds 65535"),
         (dict(dropout_p=1.0), "dropout_p"),
+        (dict(smem_limit=0), "smem_limit must be positive"),
     ]
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
             _C.attention_forward(**{**ok, **change})
+    # A device whose blocks cannot hold any tile configuration: refused before the launch.
+    with pytest.raises(_C.SharedMemoryLimitError, match="attention_forward: attention_forward_f32_kernel<64, "):
+        _C.attention_forward(**{**ok, "smem_limit": 48 * 1024})
     with pytest.raises(ValueError, match="label smoothing"):
         _C.cross_entropy_forward(logits=256, target=256, loss=256, grad=0, dtype=0, N=1, V=5,
                                  smoothing=1.5, has_ignore=False, ignore_index=0, stream=0)
     with pytest.raises(ValueError, match="blocks must be positive"):
         _C.layernorm_backward(x=256, weight=0, mean=256, rstd=256, grad=256, dx=256, dweight=0,
-                              dbias=0, partial=256, blocks=0, dtype=0, N=4, D=8, stream=0)
+                              dbias=0, partial=256, blocks=0, dtype=0, N=4, D=8, smem_limit=232448,
+                              stream=0)
     with pytest.raises(ValueError, match="exceeds 4096"):
         _C.layernorm_backward(x=256, weight=0, mean=256, rstd=256, grad=256, dx=256, dweight=0,
-                              dbias=0, partial=256, blocks=1, dtype=0, N=4, D=4097, stream=0)
+                              dbias=0, partial=256, blocks=1, dtype=0, N=4, D=4097,
+                              smem_limit=232448, stream=0)
 
 
 def test_bfloat16_bits_round_to_nearest_even():
