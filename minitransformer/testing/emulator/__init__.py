@@ -102,8 +102,21 @@ def unavailable_reason(sanitize: str | None = None) -> str | None:
         return "no CUDA toolkit headers (cuda_fp16.h) found"
     if importlib.util.find_spec("pybind11") is None:
         return "pybind11 is not installed"
-    if sanitize is not None and not _runtime(sanitize).is_absolute():
-        return f"g++ has no {_RUNTIME[sanitize]} (the {sanitize} sanitizer's runtime)"
+    if sanitize is not None:
+        if not _runtime(sanitize).is_absolute():
+            return f"g++ has no {_RUNTIME[sanitize]} (the {sanitize} sanitizer's runtime)"
+        return _runtime_failure(sanitize)
+    return None
+
+
+@functools.cache
+def _runtime_failure(sanitize: str) -> str | None:
+    """Why Python does not start with the runtime preloaded, if it does not (an older TSan,
+    for one, cannot map its shadow memory under a kernel's wider address randomisation)."""
+    probe = subprocess.run([sys.executable, "-c", ""], capture_output=True, text=True,
+                           env=dict(os.environ, **sanitizer_environment(sanitize)))
+    if probe.returncode:
+        return f"Python does not start under {_RUNTIME[sanitize]}: {probe.stderr.strip()[-500:]}"
     return None
 
 
