@@ -15,7 +15,7 @@
 //                        the warp's slots, the lanes meet, each reads what it needs. They
 //                        exchange registers and order no memory, as on the GPU (where only
 //                        barriers and fences do)
-//   shared memory        dynamic: one exactly sized heap buffer per launch; static: one global
+//   shared memory        dynamic: one exactly sized heap buffer per launch; static: one heap
 //                        array per declaration (and template instantiation). Both are filled
 //                        with 0xFF bytes, a NaN in every float type, at the start of every
 //                        block, so that a read of shared memory the block has not written
@@ -31,8 +31,8 @@
 //
 // The compilers' sanitizers (the build's `sanitize` variants) check the kernels in this model:
 //   AddressSanitizer     accesses past the end of a global buffer (which the caller allocates
-//                        exactly), of dynamic shared memory (exactly sized here) or of a
-//                        static shared array (a global, with redzones around it); with
+//                        exactly), of dynamic shared memory or of a static shared array
+//                        (each on the heap, exactly sized, with redzones around it); with
 //                        UndefinedBehaviorSanitizer, misaligned typed accesses (a uint4 load
 //                        from an address not 16-byte aligned), indices past fixed-size arrays,
 //                        signed overflow, bad shifts.
@@ -227,42 +227,45 @@ inline std::vector<Region>& static_shared_regions() {
     return regions;
 }
 
-// The storage of one static __shared__ declaration: a global array, so that ASan surrounds it
-// with redzones. Site, a local class at the declaration, makes each declaration (in each
-// template instantiation) its own array. Blocks run one at a time, so one array serves all.
+template <typename Array>
+Array* new_static_shared() {
+    Array* array = new Array[1];
+    static_shared_regions().push_back({array, sizeof(Array)});
+    return array;
+}
+
+// The storage of one static __shared__ declaration, allocated and registered as the module
+// loads. On the heap, so that ASan has redzones around it (it gives none to the globals of
+// templates, which the linker merges). Site, a local class at the declaration, makes each
+// declaration (in each template instantiation) its own array; blocks run one at a time, so
+// one array serves them all.
 template <typename Site, typename Array>
 struct StaticShared {
-    static inline Array storage;
-    static inline const bool registered =
-        (static_shared_regions().push_back({&storage, sizeof(Array)}), true);
-
-    static Array& array() {
-        (void)registered;  // instantiates the registration, which runs when the module loads
-        return storage;
-    }
+    static inline Array* const storage = new_static_shared<Array>();
+    static Array& array() { return *storage; }
 };
 
-// The dynamic shared memory of a launch: exactly `bytes`, so that ASan flags the first byte
-// past it, and 128-byte aligned as the kernels' carving assumes.
-class DynamicShared {
+// A launch's shared memory: its dynamic buffer, exactly `bytes` (so that ASan flags the first
+// byte past it) and 128-byte aligned as the kernels' carving assumes, and the static arrays.
+class SharedMemory {
   public:
-    explicit DynamicShared(size_t bytes) : bytes_(bytes) {
-        if (bytes > 0 && posix_memalign(reinterpret_cast<void**>(&data_), 128, bytes) != 0)
+    explicit SharedMemory(size_t bytes) : bytes_(bytes) {
+        if (bytes > 0 && posix_memalign(reinterpret_cast<void**>(&dynamic_), 128, bytes) != 0)
             throw std::bad_alloc();
     }
-    ~DynamicShared() { std::free(data_); }
-    DynamicShared(const DynamicShared&) = delete;
-    DynamicShared& operator=(const DynamicShared&) = delete;
+    ~SharedMemory() { std::free(dynamic_); }
+    SharedMemory(const SharedMemory&) = delete;
+    SharedMemory& operator=(const SharedMemory&) = delete;
 
-    unsigned char* data() const { return data_; }
+    unsigned char* dynamic() const { return dynamic_; }
 
     void poison() const {
-        if (data_) std::memset(data_, kPoison, bytes_);
+        if (dynamic_) std::memset(dynamic_, kPoison, bytes_);
         for (const Region& r : static_shared_regions()) std::memset(r.address, kPoison, r.bytes);
     }
 
   private:
-    unsigned char* data_ = nullptr;
+    unsigned char* dynamic_ = nullptr;
     size_t bytes_;
 };
 
@@ -282,7 +285,7 @@ struct Launcher {
         std::tuple<std::decay_t<KArgs>...> packed(std::forward<Args>(args)...);
         const int threads = int(block.x * block.y * block.z);
         const unsigned blocks = grid.x * grid.y * grid.z;
-        DynamicShared shared(smem);
+        SharedMemory shared(smem);
         std::unique_ptr<Block> state;
         OrderedBarrier boundary(threads);
         auto run = [&](int t) {
@@ -295,7 +298,7 @@ struct Launcher {
                 const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
                 Warp* warp = state->warps[t / 32].get();
                 ts = ThreadState{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(), warp,
-                                 shared.data()};
+                                 shared.dynamic()};
                 std::apply(kernel, packed);
                 // An exited thread no longer holds up its block's or warp's barriers.
                 state->barrier.arrive_and_drop();
