@@ -59,7 +59,9 @@ _RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 
 # kernel<<<grid, block, smem, stream>>>(  ->  mt_emu::launch(kernel, grid, block, smem, stream)(
 _LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^;{}]*?>)?)\s*<<<(.*?)>>>\s*\(", re.S)
+# extern __shared__ T name[];  ->  T* name = the launch's dynamic shared memory
 _DYNAMIC_SMEM = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w[\w ]*?) (\w+)\[\];")
+# __shared__ T name[N];  ->  struct name_site; auto& name = mt_emu::StaticShared<name_site, T[N]>::array();
 _STATIC_SMEM = re.compile(r"(?<!extern )__shared__ (\w[\w:<>, ]*?) (\w+)((?:\[[^\]]+\])+);")
 
 
@@ -86,6 +88,7 @@ def _compiler_version() -> str:
     return subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True).stdout
 
 
+@functools.cache
 def _runtime(sanitize: str) -> Path:
     """The g++ sanitizer runtime library (a bare file name when g++ has none)."""
     name = _RUNTIME[sanitize]
@@ -111,8 +114,8 @@ def unavailable_reason(sanitize: str | None = None) -> str | None:
 
 @functools.cache
 def _runtime_failure(sanitize: str) -> str | None:
-    """Why Python does not start with the runtime preloaded, if it does not (an older TSan,
-    for one, cannot map its shadow memory under a kernel's wider address randomisation)."""
+    """Why Python does not start with the runtime preloaded, if it does not (TSan, for one, can
+    fail to map its shadow memory under some kernels' address randomisation)."""
     probe = subprocess.run([sys.executable, "-c", ""], capture_output=True, text=True,
                            env=dict(os.environ, **sanitizer_environment(sanitize)))
     if probe.returncode:

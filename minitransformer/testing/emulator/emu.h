@@ -66,6 +66,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef __SANITIZE_THREAD__  // the ThreadSanitizer runtime's annotation interface
@@ -339,7 +340,7 @@ void warp_collective(Post&& post, Read&& read) {
     }
     w.barrier.arrive_and_wait();
     Unobserved hidden;
-    read(const_cast<const Warp::Slots&>(slots));
+    read(std::as_const(slots));
 }
 
 // Lane `src`'s v, for every lane.
