@@ -2,12 +2,31 @@
 
 The result has the same functions as ``minitransformer._C``, taking host pointers (NumPy's
 ``a.ctypes.data``) where the real one takes device pointers, so a test can drive the very
-binding checks, launchers and kernels that run on the GPU. The build (about a minute on two
-cores) is cached in the temp directory under a hash of the sources.
+binding checks, launchers and kernels that run on the GPU. emu.h says how CUDA is emulated.
+
+Variants, chosen by ``compile_variant(sanitize, mutations)``:
+
+    sanitize=None       plain, -O2; ``build()`` compiles and imports it
+    sanitize="address"  AddressSanitizer with UndefinedBehaviorSanitizer: out-of-bounds and
+                        misaligned accesses of global buffers and shared memory, indices past
+                        fixed-size arrays, other undefined behaviour
+    sanitize="thread"   ThreadSanitizer: races between the threads of a block
+    mutations           planted bugs, textual edits of csrc/ before the build: a test that a
+                        check flags them shows that it sees bugs in the real kernels
+
+Every variant poisons shared memory at every block start (emu.h), so a read of shared memory
+before the block wrote it turns results into NaN. A sanitized module loads only in a process
+whose sanitizer runtime was loaded first (Python is not built with it): run it in a fresh
+process with ``sanitizer_environment(sanitize)``.
+
+Builds are cached in the temp directory one object file at a time, under a hash of what its
+compilation reads (source, headers, emu.h, flags, compiler): a planted bug recompiles only the
+files it changes, and bindings.cpp, host code, is compiled once, plain, for every variant.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -18,17 +37,44 @@ import sys
 import sysconfig
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CSRC = ROOT / "csrc"
 EMU_H = Path(__file__).with_name("emu.h")
+CACHE = Path(tempfile.gettempdir()) / "minitransformer_emu_cache"
+
+SANITIZERS = ("address", "thread")
+# Sanitized builds: -O1 as the sanitizers' manuals advise, line tables for the reports, and
+# memcpy/memset left as calls that the runtime intercepts (g++ inlines small ones, and TSan
+# does not check inlined copies: it missed every cp.async tile write).
+_FLAGS = {
+    None: ["-O2"],
+    "address": ["-O1", "-g1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                "-fno-sanitize-recover=all", "-fno-builtin-memcpy", "-fno-builtin-memset"],
+    "thread": ["-O1", "-g1", "-fsanitize=thread", "-fno-builtin-memcpy", "-fno-builtin-memset"],
+}
+_RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 
 # kernel<<<grid, block, smem, stream>>>(  ->  mt_emu::launch(kernel, grid, block, smem, stream)(
 _LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^;{}]*?>)?)\s*<<<(.*?)>>>\s*\(", re.S)
+# extern __shared__ T name[];  ->  T* name = the launch's dynamic shared memory
 _DYNAMIC_SMEM = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w[\w ]*?) (\w+)\[\];")
+# __shared__ T name[N];  ->  struct name_site; auto& name = mt_emu::StaticShared<name_site, T[N]>::array();
+_STATIC_SMEM = re.compile(r"(?<!extern )__shared__ (\w[\w:<>, ]*?) (\w+)((?:\[[^\]]+\])+);")
 
 
+@dataclass(frozen=True)
+class Mutation:
+    """A planted bug: ``old``, which must occur exactly once in csrc/``file``, becomes ``new``."""
+
+    file: str
+    old: str
+    new: str
+
+
+@functools.cache
 def _cuda_include() -> Path | None:
     spec = importlib.util.spec_from_file_location("minitransformer_setup", ROOT / "setup.py")
     setup_module = importlib.util.module_from_spec(spec)
@@ -37,7 +83,20 @@ def _cuda_include() -> Path | None:
     return None if home is None else home / "include"
 
 
-def unavailable_reason() -> str | None:
+@functools.cache
+def _compiler_version() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True).stdout
+
+
+@functools.cache
+def _runtime(sanitize: str) -> Path:
+    """The g++ sanitizer runtime library (a bare file name when g++ has none)."""
+    name = _RUNTIME[sanitize]
+    found = subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True)
+    return Path(found.stdout.strip() or name)
+
+
+def unavailable_reason(sanitize: str | None = None) -> str | None:
     if not CSRC.is_dir():
         return f"{CSRC} not found: the emulator compiles csrc/ of a source checkout"
     if shutil.which("g++") is None:
@@ -46,52 +105,133 @@ def unavailable_reason() -> str | None:
         return "no CUDA toolkit headers (cuda_fp16.h) found"
     if importlib.util.find_spec("pybind11") is None:
         return "pybind11 is not installed"
+    if sanitize is not None:
+        if not _runtime(sanitize).is_absolute():
+            return f"g++ has no {_RUNTIME[sanitize]} (the {sanitize} sanitizer's runtime)"
+        return _runtime_failure(sanitize)
+    return None
+
+
+@functools.cache
+def _runtime_failure(sanitize: str) -> str | None:
+    """Why Python does not start with the runtime preloaded, if it does not (TSan, for one, can
+    fail to map its shadow memory under some kernels' address randomisation)."""
+    probe = subprocess.run([sys.executable, "-c", ""], capture_output=True, text=True,
+                           env=dict(os.environ, **sanitizer_environment(sanitize)))
+    if probe.returncode:
+        return f"Python does not start under {_RUNTIME[sanitize]}: {probe.stderr.strip()[-500:]}"
     return None
 
 
 def translate(source: str) -> str:
     source = source.replace("#include <cuda_pipeline.h>", "")  # emu.h provides the primitives
     source = _LAUNCH.sub(r"mt_emu::launch(\1, \2)(", source)
-    return _DYNAMIC_SMEM.sub(r"\1* \2 = reinterpret_cast<\1*>(mt_emu::dynamic_smem());", source)
+    source = _DYNAMIC_SMEM.sub(r"\1* \2 = reinterpret_cast<\1*>(mt_emu::dynamic_smem());", source)
+    return _STATIC_SMEM.sub(r"struct \2_site; auto& \2 = mt_emu::StaticShared<\2_site, \1\3>::array();",
+                            source)
 
 
-def build():
-    """Compile (or reuse) the emulated extension and return the imported module."""
+def _sources(mutations) -> dict[str, str]:
+    """What the build compiles, by file name: csrc/'s files with the mutations applied, the CUDA
+    ones translated (x.cu becoming x_cu.cpp, on which emu.h is force-included)."""
+    sources = {p.name: p.read_text() for p in sorted(CSRC.iterdir()) if p.suffix in (".cu", ".cuh", ".cpp")}
+    for m in mutations:
+        count = sources[m.file].count(m.old)
+        if count != 1:
+            raise ValueError(f"{m} matches {count} places in csrc/{m.file}, not one")
+        sources[m.file] = sources[m.file].replace(m.old, m.new)
+    translated = {}
+    for name, text in sources.items():
+        if name.endswith((".cu", ".cuh")):  # line for line: reports name csrc/'s lines
+            text = f'#line 1 "{CSRC / name}"\n{translate(text)}'
+        translated[name.removesuffix(".cu") + "_cu.cpp" if name.endswith(".cu") else name] = text
+    return translated
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if result.returncode:
+        raise RuntimeError(f"emulated build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}")
+
+
+def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
+    """Compile (or reuse) a variant of the emulated extension; returns its module's path."""
     import pybind11
 
-    sources = sorted(CSRC.glob("*.cu")) + sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.cuh"))
-    digest = hashlib.sha256()
-    for path in [*sources, EMU_H, Path(__file__)]:
-        digest.update(path.read_bytes())
-    out = Path(tempfile.gettempdir()) / f"minitransformer_emu_{digest.hexdigest()[:16]}"
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    module_path = out / f"_C{suffix}"
-    if not module_path.exists():
-        work = out / f"build-{os.getpid()}"  # concurrent test runs never share object files
-        work.mkdir(parents=True, exist_ok=True)
-        flags = ["g++", "-std=c++20", "-O2", "-fPIC", "-pthread", "-w",
-                 f"-I{_cuda_include()}", f"-I{CSRC}", f"-I{pybind11.get_include()}",
-                 f"-I{sysconfig.get_paths()['include']}"]
-        jobs = []
-        for path in sources:
-            if path.suffix == ".cuh":
-                continue
-            cpp = work / (path.stem + ("_cu.cpp" if path.suffix == ".cu" else ".cpp"))
-            cpp.write_text(translate(path.read_text()) if path.suffix == ".cu" else path.read_text())
-            extra = ["-include", str(EMU_H)] if path.suffix == ".cu" else []
-            jobs.append([*flags, *extra, "-c", str(cpp), "-o", str(cpp.with_suffix(".o"))])
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), jobs))
-        for cmd, result in zip(jobs, results):
-            if result.returncode:
-                raise RuntimeError(f"emulated build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}")
-        objects = [str(Path(cmd[-1])) for cmd in jobs]
-        tmp = work / module_path.name
-        subprocess.run(["g++", "-shared", "-pthread", *objects, "-o", str(tmp)], check=True)
-        tmp.rename(module_path)  # atomic: a concurrent run never loads half a file
-        shutil.rmtree(work)
-    spec = importlib.util.spec_from_file_location("minitransformer_emulated._C", module_path)
+    sources = _sources(mutations)
+    common = ["g++", "-std=c++20", "-fPIC", "-pthread", "-w", f"-I{_cuda_include()}",
+              f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    headers = [text for name, text in sources.items() if name.endswith(".cuh")]
+    commands, objects = {}, {}
+    for name, text in sources.items():
+        if name.endswith("_cu.cpp"):  # kernels: the variant's flags, and emu.h ahead of the source
+            flags = [*common, *_FLAGS[sanitize], "-include", str(EMU_H)]
+            key = _digest(_compiler_version(), *flags, EMU_H.read_text(), *headers, text)
+        elif name.endswith(".cpp"):  # bindings.cpp, host code: plain in every variant, built once
+            flags = [*common, *_FLAGS[None]]
+            key = _digest(_compiler_version(), *flags, text)
+        else:
+            continue
+        objects[name] = CACHE / "objects" / f"{key}.o"
+        commands[name] = [*flags, "-c", name, "-o", f"{name}.o"]
+    missing = [name for name, obj in objects.items() if not obj.exists()]
+    if missing:
+        (CACHE / "objects").mkdir(parents=True, exist_ok=True)
+        # The translated headers sit beside the sources, where `#include "common.cuh"` looks first.
+        work = Path(tempfile.mkdtemp(dir=CACHE))
+        try:
+            for name, text in sources.items():
+                (work / name).write_text(text)
+            with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+                list(pool.map(lambda name: _run(commands[name], work), missing))
+            for name in missing:  # atomic: a concurrent build never reads half a file
+                (work / f"{name}.o").rename(objects[name])
+        finally:
+            shutil.rmtree(work)
+    linked = sorted(str(obj) for obj in objects.values())
+    module = CACHE / _digest(*linked, *_FLAGS[sanitize]) / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not module.exists():
+        module.parent.mkdir(parents=True, exist_ok=True)
+        partial = module.with_name(f"{module.name}.{os.getpid()}")
+        _run(["g++", "-shared", "-pthread", *_FLAGS[sanitize], *linked, "-o", str(partial)])
+        partial.rename(module)
+    return module
+
+
+def load(path: Path):
+    """Import the module at ``path`` (a sanitized one only where its runtime is loaded)."""
+    spec = importlib.util.spec_from_file_location("minitransformer_emulated._C", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules.setdefault("minitransformer_emulated._C", module)
     return module
+
+
+def build():
+    """Compile (or reuse) the plain emulated extension and return the imported module."""
+    return load(compile_variant())
+
+
+def sanitizer_environment(sanitize: str) -> dict[str, str]:
+    """Variables to add to the environment of a process that loads a ``sanitize`` variant."""
+    options = {
+        # The runtime must initialise before anything it instruments: Python is not built with it.
+        "LD_PRELOAD": str(_runtime(sanitize)),
+        # OpenBLAS's worker threads synchronise out of TSan's sight: it reports races in dgemm.
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    if sanitize == "address":  # every report ends the run; Python's own leaks are no concern
+        options["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1"
+        options["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    else:
+        options["TSAN_OPTIONS"] = "halt_on_error=1"
+    return options

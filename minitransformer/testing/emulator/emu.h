@@ -1,66 +1,280 @@
 // Just enough of CUDA to run csrc/'s kernels on the CPU, so that their indexing, masking,
 // synchronisation and arithmetic can be tested on a machine without a GPU.
 //
-// Force-included (g++ -include emu.h) ahead of the kernel sources, which build.py copies after
+// Force-included (g++ -include emu.h) ahead of the kernel sources, which the build copies after
 // textual rewrites: `kernel<<<grid, block, smem, stream>>>(args)` becomes
 // `mt_emu::launch(kernel, grid, block, smem, stream)(args)`, the dynamic shared-memory
-// declaration becomes a pointer to a per-block buffer, and <cuda_pipeline.h> is replaced by
-// the synchronous cp.async below (so the emulation cannot see a missing wait).
+// declaration becomes a pointer to the launch's buffer, a static `__shared__ T name[N];`
+// becomes a reference to a StaticShared array, and <cuda_pipeline.h> is replaced by the
+// synchronous cp.async below (so the emulation cannot see a missing wait).
 //
-// Model: blocks run one after another; the threads of a block are real std::threads.
-//   __syncthreads        a std::barrier over the block's threads
-//   __shfl_*_sync        every lane posts its value in the warp's slots, a barrier over the
-//                        warp, read the partner's slot, a second barrier
-//   __shared__ (static)  `static`: one copy, and only one block runs at a time
-//   atomicAdd            under a mutex
+// Model: blocks run one after another, each thread of a block on an OS thread of its own.
+//   __syncthreads        an OrderedBarrier over the block's threads: whatever any of them did
+//                        before it happens before whatever any does after it
+//   warp collectives     __shfl_*_sync, mma.sync, ldmatrix: every lane posts its registers in
+//                        the warp's slots, the lanes meet, each reads what it needs. They
+//                        exchange registers and order no memory, as on the GPU (where only
+//                        barriers and fences do)
+//   shared memory        dynamic: one exactly sized heap buffer per launch; static: one heap
+//                        array per declaration (and template instantiation). Both are filled
+//                        with 0xFF bytes, a NaN in every float type, at the start of every
+//                        block, so that a read of shared memory the block has not written
+//                        shows up as NaN in the results (compute-sanitizer's initcheck)
+//   atomicAdd            a relaxed atomic addition: atomic, and ordering nothing else
 //   ldmatrix.x4.trans    every lane posts its row address; each reads its column pairs
-//   mma.sync m16n8k16    every lane posts its registers, each rebuilds A and B from the PTX
-//                        ISA's fragment layout and computes its own four outputs in float32
-//                        (the tensor cores' products of 16-bit inputs are exact, and they
-//                        accumulate in float32 too)
+//   mma.sync m16n8k16    every lane posts its registers; each gathers the rows of A and the
+//                        columns of B that its four outputs need, by the PTX ISA's fragment
+//                        layout, and computes them in float32 (the tensor cores' products of
+//                        16-bit inputs are exact, and they accumulate in float32 too)
+//   misaligned cp.async or ldmatrix addresses abort, as the hardware faults on them.
 // Functions map to the C library's (more exact than the GPU's approximate exp).
+//
+// The compilers' sanitizers (the build's `sanitize` variants) check the kernels in this model:
+//   AddressSanitizer     accesses past the end of a global buffer (which the caller allocates
+//                        exactly), of dynamic shared memory or of a static shared array
+//                        (each on the heap, exactly sized, with redzones around it); with
+//                        UndefinedBehaviorSanitizer, misaligned typed accesses (a uint4 load
+//                        from an address not 16-byte aligned), indices past fixed-size arrays,
+//                        signed overflow, bad shifts.
+//   ThreadSanitizer      races between the threads of a block: two accesses to one location,
+//                        one a write, with no barrier between them, in shared or global memory,
+//                        also between lanes of a warp. TSan must see no order where the GPU has
+//                        none: the emulator's own locking and slots are hidden from it
+//                        (Unobserved), and the order a barrier does create is told to it by a
+//                        release and an acquire (publish, subscribe).
+// What they cannot see: races between blocks (the blocks run one after another, ordered);
+// a missing or too weak cp.async wait (copies complete at once); overruns that land in other
+// valid memory (from one shared-memory array carved out of the dynamic buffer into the next,
+// or from one row of a global tensor into the next); races and reads of unwritten memory on
+// paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf
+// with a larger value, a branch not taken).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#ifdef __SANITIZE_THREAD__  // the ThreadSanitizer runtime's annotation interface
+extern "C" {
+void __tsan_acquire(void* address);
+void __tsan_release(void* address);
+void AnnotateIgnoreReadsBegin(const char* file, int line);
+void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
+void AnnotateIgnoreSyncBegin(const char* file, int line);
+void AnnotateIgnoreSyncEnd(const char* file, int line);
+}
+#endif
 
 namespace mt_emu {
 
+// ---------------------------------------------------------------------------- TSan's view
+
+#ifdef __SANITIZE_THREAD__
+// While one lives, TSan neither checks this thread's memory accesses nor takes its locks as
+// ordering anything: for the emulator's bookkeeping, which is no part of the kernel.
+struct Unobserved {
+    Unobserved() {
+        AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+        AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    }
+    ~Unobserved() {
+        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+        AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+        AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    }
+};
+// publish(a) then subscribe(a) in another thread: what the first did before publishing happens
+// before what the second does after subscribing.
+inline void publish(void* address) { __tsan_release(address); }
+inline void subscribe(void* address) { __tsan_acquire(address); }
+#else
+struct Unobserved {
+    Unobserved() {}
+};
+inline void publish(void*) {}
+inline void subscribe(void*) {}
+#endif
+
+// ---------------------------------------------------------------------------- barriers
+
+// std::barrier, counting its phases, and Unobserved: meeting here orders no memory in TSan's
+// eyes. (Observed, it would order far too much: it waits on a process-wide pool of atomics,
+// through which TSan sees order between unrelated threads, and misses their races.)
+class Barrier {
+  public:
+    explicit Barrier(int threads) : barrier_(threads, Advance{&phase_}) {}
+
+    // The phase that the caller's next arrival belongs to (it cannot end before then).
+    unsigned phase() const {
+        Unobserved hidden;
+        return phase_;
+    }
+
+    void arrive_and_wait() {
+        Unobserved hidden;
+        barrier_.arrive_and_wait();
+    }
+
+    // An exited thread: it arrives at the current phase and is not waited for again.
+    void arrive_and_drop() {
+        Unobserved hidden;
+        barrier_.arrive_and_drop();
+    }
+
+  private:
+    struct Advance {
+        unsigned* phase;
+        void operator()() noexcept { ++*phase; }
+    };
+    unsigned phase_ = 0;
+    std::barrier<Advance> barrier_;
+};
+
+// A barrier that orders memory: whatever a thread did before arriving happens before whatever
+// any of them does after leaving (__syncthreads, and the boundaries between blocks). TSan
+// learns it from a release and an acquire on published[phase % 2]: a thread that runs ahead
+// into the next phase publishes to the other byte, which a slow thread still leaving this
+// phase does not acquire (that would hide races between the two).
+class OrderedBarrier {
+  public:
+    explicit OrderedBarrier(int threads) : barrier_(threads) {}
+
+    void arrive_and_wait() {
+        char* phase = &published_[barrier_.phase() % 2];
+        publish(phase);
+        barrier_.arrive_and_wait();
+        subscribe(phase);
+    }
+
+    // What an exited thread wrote is visible after the phase it leaves in.
+    void arrive_and_drop() {
+        publish(&published_[barrier_.phase() % 2]);
+        barrier_.arrive_and_drop();
+    }
+
+  private:
+    Barrier barrier_;
+    char published_[2];
+};
+
+// Warp collectives exchange registers through slots: a lane posts its values to slots[k % 2]
+// for its k-th collective, the lanes meet, each reads what it needs. Alternating two sets
+// makes one meeting per collective enough: a lane posts to a set again only after the next
+// meeting, which every lane reaches after its reads.
 struct Warp {
     explicit Warp(int lanes) : barrier(lanes) {}
-    std::barrier<> barrier;
-    float slot[32];
-    uint32_t mma_a[32][4], mma_b[32][2];
-    const void* rows[32];
+    Barrier barrier;
+    struct Slots {
+        float value[32];
+        uint32_t mma_a[32][4], mma_b[32][2];
+        const void* row[32];
+    } slots[2];
+};
+
+// A block's barriers, new for every block (exited threads drop out of them).
+struct Block {
+    explicit Block(int threads) : barrier(threads) {
+        for (int w = 0; w < (threads + 31) / 32; ++w)
+            warps.push_back(std::make_unique<Warp>(std::min(32, threads - 32 * w)));
+    }
+    OrderedBarrier barrier;
+    std::vector<std::unique_ptr<Warp>> warps;
 };
 
 struct ThreadState {
-    uint3 thread, block;
+    uint3 thread, block_index;
     dim3 block_dim, grid_dim;
-    std::barrier<>* block_barrier;
+    Block* block;
     Warp* warp;
     unsigned char* smem;
 };
 inline thread_local ThreadState ts;
-inline std::mutex atomic_mutex;
 
 inline unsigned char* dynamic_smem() { return ts.smem; }
 inline int lane() { return int(ts.thread.x % 32); }
 
+// ---------------------------------------------------------------------------- shared memory
+
+// Every block starts with its shared memory full of 0xFF bytes: NaN as float32, float16 and
+// bfloat16 alike, so that reading what the block never wrote poisons the results.
+constexpr int kPoison = 0xFF;
+
+struct Region {
+    void* address;
+    size_t bytes;
+};
+
+// The static __shared__ arrays of every kernel in the module, registered as the module loads.
+inline std::vector<Region>& static_shared_regions() {
+    static std::vector<Region> regions;
+    return regions;
+}
+
+template <typename Array>
+Array* new_static_shared() {
+    Array* array = new Array[1];
+    static_shared_regions().push_back({array, sizeof(Array)});
+    return array;
+}
+
+// The storage of one static __shared__ declaration, allocated and registered as the module
+// loads. On the heap, so that ASan has redzones around it (it gives none to the globals of
+// templates, which the linker merges). Site, a local class at the declaration, makes each
+// declaration (in each template instantiation) its own array; blocks run one at a time, so
+// one array serves them all.
+template <typename Site, typename Array>
+struct StaticShared {
+    static inline Array* const storage = new_static_shared<Array>();
+    static Array& array() { return *storage; }
+};
+
+// A launch's shared memory: its dynamic buffer, exactly `bytes` (so that ASan flags the first
+// byte past it) and 128-byte aligned as the kernels' carving assumes, and the static arrays.
+class SharedMemory {
+  public:
+    explicit SharedMemory(size_t bytes) : bytes_(bytes) {
+        if (bytes > 0 && posix_memalign(reinterpret_cast<void**>(&dynamic_), 128, bytes) != 0)
+            throw std::bad_alloc();
+    }
+    ~SharedMemory() { std::free(dynamic_); }
+    SharedMemory(const SharedMemory&) = delete;
+    SharedMemory& operator=(const SharedMemory&) = delete;
+
+    unsigned char* dynamic() const { return dynamic_; }
+
+    void poison() const {
+        if (dynamic_) std::memset(dynamic_, kPoison, bytes_);
+        for (const Region& r : static_shared_regions()) std::memset(r.address, kPoison, r.bytes);
+    }
+
+  private:
+    unsigned char* dynamic_ = nullptr;
+    size_t bytes_;
+};
+
+// ---------------------------------------------------------------------------- launches
+
+// One OS thread per CUDA thread of a block, for the whole launch (creating them anew for every
+// block costs more than most blocks): they run the blocks one after another, thread 0
+// preparing each between two boundaries.
 template <typename... KArgs>
 struct Launcher {
     void (*kernel)(KArgs...);
@@ -71,28 +285,31 @@ struct Launcher {
     void operator()(Args&&... args) const {
         std::tuple<std::decay_t<KArgs>...> packed(std::forward<Args>(args)...);
         const int threads = int(block.x * block.y * block.z);
-        std::vector<unsigned char> smem_buffer(smem + 128);
-        unsigned char* aligned = smem_buffer.data() + (128 - uintptr_t(smem_buffer.data()) % 128) % 128;
-        for (unsigned bz = 0; bz < grid.z; ++bz)
-            for (unsigned by = 0; by < grid.y; ++by)
-                for (unsigned bx = 0; bx < grid.x; ++bx) {
-                    std::barrier<> block_barrier(threads);
-                    std::vector<std::unique_ptr<Warp>> warps;
-                    for (int w = 0; w < (threads + 31) / 32; ++w)
-                        warps.push_back(std::make_unique<Warp>(std::min(32, threads - 32 * w)));
-                    std::vector<std::thread> pool;
-                    for (int t = 0; t < threads; ++t) {
-                        pool.emplace_back([&, t] {
-                            ts = ThreadState{uint3{unsigned(t), 0, 0}, uint3{bx, by, bz}, block, grid,
-                                             &block_barrier, warps[t / 32].get(), aligned};
-                            std::apply(kernel, packed);
-                            // An exited thread no longer holds up its block's or warp's barriers.
-                            block_barrier.arrive_and_drop();
-                            warps[t / 32]->barrier.arrive_and_drop();
-                        });
-                    }
-                    for (auto& th : pool) th.join();
+        const unsigned blocks = grid.x * grid.y * grid.z;
+        SharedMemory shared(smem);
+        std::unique_ptr<Block> state;
+        OrderedBarrier boundary(threads);
+        auto run = [&](int t) {
+            for (unsigned b = 0; b < blocks; ++b) {
+                if (t == 0) {
+                    shared.poison();
+                    state = std::make_unique<Block>(threads);
                 }
+                boundary.arrive_and_wait();
+                const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
+                Warp* warp = state->warps[t / 32].get();
+                ts = ThreadState{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(), warp,
+                                 shared.dynamic()};
+                std::apply(kernel, packed);
+                // An exited thread no longer holds up its block's or warp's barriers.
+                state->barrier.arrive_and_drop();
+                warp->barrier.arrive_and_drop();
+                boundary.arrive_and_wait();
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
+        for (auto& th : pool) th.join();
     }
 };
 
@@ -101,14 +318,48 @@ Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
     return {kernel, grid, block, smem};
 }
 
+// The GPU faults on a misaligned address (cudaErrorMisalignedAddress); so does the emulation.
+inline void require_aligned(const void* address, size_t alignment, const char* what) {
+    if (uintptr_t(address) % alignment != 0) {
+        std::fprintf(stderr, "%s address %p is not %zu-byte aligned\n", what, address, alignment);
+        std::abort();
+    }
+}
+
+// ---------------------------------------------------------------------------- warp collectives
+
+// One collective of the calling lane: post(slots) writes its registers, the lanes meet,
+// read(slots) reads theirs. The slots pass unobserved: registers are no shared memory.
+template <typename Post, typename Read>
+void warp_collective(Post&& post, Read&& read) {
+    Warp& w = *ts.warp;
+    Warp::Slots& slots = w.slots[w.barrier.phase() % 2];
+    {
+        Unobserved hidden;
+        post(slots);
+    }
+    w.barrier.arrive_and_wait();
+    Unobserved hidden;
+    read(std::as_const(slots));
+}
+
+// Lane `src`'s v, for every lane.
+inline float shuffle(float v, int src) {
+    float r;
+    warp_collective([&](Warp::Slots& s) { s.value[lane()] = v; },
+                    [&](const Warp::Slots& s) { r = s.value[src]; });
+    return r;
+}
+
 }  // namespace mt_emu
 
 #define threadIdx (mt_emu::ts.thread)
-#define blockIdx (mt_emu::ts.block)
+#define blockIdx (mt_emu::ts.block_index)
 #define blockDim (mt_emu::ts.block_dim)
 #define gridDim (mt_emu::ts.grid_dim)
+// Left undefined: the build rewrites every __shared__ declaration, and one it missed must not
+// compile as something else.
 #undef __shared__
-#define __shared__ static
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 
@@ -118,28 +369,17 @@ Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 #define cudaFuncSetAttribute(...) cudaSuccess
 #define cudaMemsetAsync(ptr, value, bytes, stream) (std::memset((ptr), (value), (bytes)), cudaSuccess)
 
-inline void __syncthreads() { mt_emu::ts.block_barrier->arrive_and_wait(); }
+inline void __syncthreads() { mt_emu::ts.block->barrier.arrive_and_wait(); }
 
-inline float __shfl_sync(unsigned, float v, int src) {
-    mt_emu::Warp& w = *mt_emu::ts.warp;
-    w.slot[mt_emu::lane()] = v;
-    w.barrier.arrive_and_wait();
-    float r = w.slot[src];
-    w.barrier.arrive_and_wait();
-    return r;
-}
-
-inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
-    mt_emu::Warp& w = *mt_emu::ts.warp;
-    w.slot[mt_emu::lane()] = v;
-    w.barrier.arrive_and_wait();
-    float r = w.slot[mt_emu::lane() ^ offset];
-    w.barrier.arrive_and_wait();
-    return r;
+inline float __shfl_sync(unsigned, float v, int src) { return mt_emu::shuffle(v, src); }
+inline float __shfl_xor_sync(unsigned, float v, int offset) {
+    return mt_emu::shuffle(v, mt_emu::lane() ^ offset);
 }
 
 // cp.async, done at once: copy size - zfill bytes, zero the rest. Waits have nothing to wait for.
 inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
+    mt_emu::require_aligned(dst, size, "cp.async destination");
+    if (zfill < size) mt_emu::require_aligned(src, size, "cp.async source");
     std::memcpy(dst, src, size - zfill);
     std::memset(static_cast<char*>(dst) + size - zfill, 0, zfill);
 }
@@ -147,10 +387,7 @@ inline void __pipeline_commit() {}
 inline void __pipeline_wait_prior(size_t) {}
 
 inline float atomicAdd(float* address, float value) {
-    std::lock_guard<std::mutex> lock(mt_emu::atomic_mutex);
-    float old = *address;
-    *address = old + value;
-    return old;
+    return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
 }
 
 // CUDA's device-side integer min and max.
@@ -166,62 +403,57 @@ inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // a[3] A[g+8][2t+8..]; b[0] B[2t..][g], b[1] B[2t+8..][g]; d D[g][2t..], D[g+8][2t..]).
 #define MT_EMULATED_MMA 1
 
-inline float as_float(__half x) { return __half2float(x); }
-inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
+// Element `which` (0 low, 1 high) of two 16-bit values of type T packed in a register.
 template <typename T>
 float unpack_half(uint32_t bits, int which) {
-    uint16_t h = uint16_t(which ? bits >> 16 : bits & 0xffffu);
-    T value;
-    std::memcpy(&value, &h, 2);
-    return as_float(value);
+    return float(std::bit_cast<T>(uint16_t(which ? bits >> 16 : bits & 0xffffu)));
 }
 
 template <typename T>
 void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    mt_emu::Warp& w = *mt_emu::ts.warp;
-    const int me = mt_emu::lane();
-    std::memcpy(w.mma_a[me], a, sizeof(a));
-    std::memcpy(w.mma_b[me], b, sizeof(b));
-    w.barrier.arrive_and_wait();
-    float A[16][16], B[16][8];
-    for (int l = 0; l < 32; ++l) {
-        const int g = l / 4, t = l % 4;
-        for (int e = 0; e < 2; ++e) {
-            A[g][2 * t + e] = unpack_half<T>(w.mma_a[l][0], e);
-            A[g + 8][2 * t + e] = unpack_half<T>(w.mma_a[l][1], e);
-            A[g][2 * t + 8 + e] = unpack_half<T>(w.mma_a[l][2], e);
-            A[g + 8][2 * t + 8 + e] = unpack_half<T>(w.mma_a[l][3], e);
-            B[2 * t + e][g] = unpack_half<T>(w.mma_b[l][0], e);
-            B[2 * t + 8 + e][g] = unpack_half<T>(w.mma_b[l][1], e);
-        }
-    }
-    w.barrier.arrive_and_wait();  // the slots are free for the next product
-    const int g = me / 4, t = me % 4;
+    const int me = mt_emu::lane(), g = me / 4, t = me % 4;
+    // This lane's outputs D[g][2t + c] and D[g + 8][2t + c] need rows g and g + 8 of A, which
+    // lanes 4 g + u hold, and columns 2t + c of B, which lanes 4 (2t + c) + u hold (u < 4).
+    float A[2][16], B[2][16];  // A[h][k] = A[g + 8h][k], B[c][k] = B[k][2t + c]
+    mt_emu::warp_collective(
+        [&](mt_emu::Warp::Slots& s) {
+            for (int i = 0; i < 4; ++i) s.mma_a[me][i] = a[i];
+            for (int i = 0; i < 2; ++i) s.mma_b[me][i] = b[i];
+        },
+        [&](const mt_emu::Warp::Slots& s) {
+            for (int u = 0; u < 4; ++u)
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t* ra = s.mma_a[4 * g + u];
+                    A[0][2 * u + e] = unpack_half<T>(ra[0], e);
+                    A[1][2 * u + e] = unpack_half<T>(ra[1], e);
+                    A[0][2 * u + 8 + e] = unpack_half<T>(ra[2], e);
+                    A[1][2 * u + 8 + e] = unpack_half<T>(ra[3], e);
+                    for (int c = 0; c < 2; ++c) {
+                        const uint32_t* rb = s.mma_b[4 * (2 * t + c) + u];
+                        B[c][2 * u + e] = unpack_half<T>(rb[0], e);
+                        B[c][2 * u + 8 + e] = unpack_half<T>(rb[1], e);
+                    }
+                }
+        });
     for (int e = 0; e < 4; ++e) {
-        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
         float acc = d[e];
-        for (int kk = 0; kk < 16; ++kk) acc += A[row][kk] * B[kk][col];
+        for (int k = 0; k < 16; ++k) acc += A[e / 2][k] * B[e % 2][k];
         d[e] = acc;
     }
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l gives row l % 8 of 8x8 tile l / 8;
-// r[i] of lane 4 g + t = (tile i)[2t][g] | (tile i)[2t + 1][g] << 16.
+// r[i] of lane 4 g + t = (tile i)[2t][g] | (tile i)[2t + 1][g] << 16. The rows' addresses
+// pass between lanes unobserved; the reads of shared memory are the lane's own, and checked.
 inline void emulated_ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-    if (uintptr_t(row) % 16 != 0) {
-        std::fprintf(stderr, "ldmatrix row address %p is not 16-byte aligned\n", row);
-        std::abort();
-    }
-    mt_emu::Warp& w = *mt_emu::ts.warp;
-    const int me = mt_emu::lane();
-    w.rows[me] = row;
-    w.barrier.arrive_and_wait();
-    const int g = me / 4, t = me % 4;
-    for (int i = 0; i < 4; ++i) {
-        const uint16_t* r0 = static_cast<const uint16_t*>(w.rows[8 * i + 2 * t]);
-        const uint16_t* r1 = static_cast<const uint16_t*>(w.rows[8 * i + 2 * t + 1]);
-        r[i] = uint32_t(r0[g]) | (uint32_t(r1[g]) << 16);
-    }
-    w.barrier.arrive_and_wait();
+    mt_emu::require_aligned(row, 16, "ldmatrix row");
+    const int me = mt_emu::lane(), g = me / 4, t = me % 4;
+    const uint16_t* pairs[4][2];
+    mt_emu::warp_collective([&](mt_emu::Warp::Slots& s) { s.row[me] = row; },
+                            [&](const mt_emu::Warp::Slots& s) {
+                                for (int i = 0; i < 4; ++i)
+                                    for (int k = 0; k < 2; ++k)
+                                        pairs[i][k] = static_cast<const uint16_t*>(s.row[8 * i + 2 * t + k]);
+                            });
+    for (int i = 0; i < 4; ++i) r[i] = uint32_t(pairs[i][0][g]) | (uint32_t(pairs[i][1][g]) << 16);
 }

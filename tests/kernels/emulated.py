@@ -1,0 +1,185 @@
+"""The emulated kernels (minitransformer.testing.emulator) driven with NumPy arrays, each call
+checked against the float64 formulas. Shared by test_emulated_kernels.py, which draws shapes,
+and sanitized_run.py, which runs fixed ones under the sanitizers.
+
+Arrays handed to a kernel stand in for device allocations: exactly sized, so that an access
+one element past the end falls in AddressSanitizer's redzone, and 16-byte aligned, as the
+bindings require. Outputs start as 0xFF bytes (NaN), so an element a kernel never writes
+shows up as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from minitransformer.kernels import reference as R
+from minitransformer.testing import emulator
+from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
+
+import formulas
+from formulas import check, naive_attention, rounder, to_f32
+
+DTYPES = ["float32", "float16", "bfloat16"]
+CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+# The shared memory per block of each architecture the kernels are built for: the launchers
+# choose their kernels' variants by it (csrc/launch_config.cuh). The largest is the default.
+LIMITS = sorted(set(SHARED_MEMORY_PER_BLOCK.values()))
+
+
+def require_emulator(sanitize: str | None = None) -> None:
+    """Skip (the module, where called at import) where this machine cannot build the variant;
+    but fail if MT_REQUIRE_EMULATOR is set: CI has nvcc's headers and g++, and there a skip
+    would hide the only CPU test of csrc/."""
+    reason = emulator.unavailable_reason(sanitize)
+    if reason is None:
+        return
+    if os.environ.get("MT_REQUIRE_EMULATOR"):
+        pytest.fail(f"MT_REQUIRE_EMULATOR is set but the emulated kernels cannot be built: {reason}",
+                    pytrace=False)
+    pytest.skip(f"cannot build the emulated kernels: {reason}", allow_module_level=True)
+
+
+def ptr(a) -> int:
+    return 0 if a is None else a.ctypes.data
+
+
+def device_empty(shape, dtype):
+    """An exactly sized, 16-byte aligned array of 0xFF bytes (NaN in every float type)."""
+    a = np.empty(shape, dtype)  # malloc'ed, and malloc aligns to 16 bytes on 64-bit Linux
+    if a.ctypes.data % 16:
+        raise RuntimeError(f"np.empty gave an array at {a.ctypes.data:#x}, not 16-byte aligned")
+    a.view(np.uint8)[...] = 0xFF
+    return a
+
+
+def device_copy(a):
+    """``a`` in a device_empty array."""
+    out = device_empty(np.shape(a), np.asarray(a).dtype)
+    out[...] = a
+    return out
+
+
+def randn(rng, shape, dtype, scale=1.0):
+    a, a64 = formulas.randn(rng, shape, dtype, np, scale)
+    return device_copy(a), a64
+
+
+def attention(C, q, k, v, do, lens, causal, dtype, dropout_p=0.0, seed=0, smem_limit=LIMITS[-1]):
+    """Forward then backward: (o, lse, dq, dk, dv)."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    scale = 1 / math.sqrt(D)
+    lens = None if lens is None else device_copy(np.asarray(lens, dtype=np.int32))
+    o, lse = device_empty(q.shape, q.dtype), device_empty((B, H, T), np.float32)
+    C.attention_forward(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), ptr(lens), CODE[dtype], B, H, T,
+                        S, D, scale, causal, dropout_p, seed, smem_limit, 0)
+    dq, dk, dv = (device_empty(a.shape, a.dtype) for a in (q, k, v))
+    acc, delta = device_empty((B, H, T, D), np.float32), device_empty((B, H, T), np.float32)
+    C.attention_backward(ptr(q), ptr(k), ptr(v), ptr(o), ptr(do), ptr(lse), ptr(lens), ptr(dq),
+                         ptr(dk), ptr(dv), ptr(acc), ptr(delta), CODE[dtype], B, H, T, S, D,
+                         scale, causal, dropout_p, seed, smem_limit, 0)
+    return o, lse, dq, dk, dv
+
+
+def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, smem_limit=LIMITS[-1]):
+    """Forward and backward against the formulas; with dropout, against the NumPy twin with the
+    same seed (float32: its Philox bits agree exactly; 16-bit: the naive implementation uses
+    the twin's dropout factors)."""
+    rng = np.random.default_rng(seed)
+    (q, q64), (k, k64), (v, v64), (do, do64) = (
+        randn(rng, s, dtype) for s in ((B, H, T, D), (B, H, S, D), (B, H, S, D), (B, H, T, D)))
+    drop_seed = int(rng.integers(0, 2**63 - 1))
+    o, lse, dq, dk, dv = attention(C, q, k, v, do, lens, causal, dtype, dropout_p, drop_seed, smem_limit)
+    z = None
+    if dropout_p:
+        o_r, lse_r = R.attention_forward(q64, k64, v64, lens, causal, dropout_p=dropout_p, seed=drop_seed)
+        refs = (o_r, *R.attention_backward(q64, k64, v64, o_r, lse_r, do64, lens, causal,
+                                           dropout_p=dropout_p, seed=drop_seed))
+        bh = (np.arange(B)[:, None] * H + np.arange(H))[:, :, None, None]
+        z = R.dropout_factor(bh, np.arange(T)[:, None], np.arange(S)[None, :], dropout_p, drop_seed)
+    else:
+        o_r, lse_r, dq_r, dk_r, dv_r = formulas.attention(q64, k64, v64, lens, causal, dout=do64)
+        refs = (o_r, dq_r, dk_r, dv_r)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_r))
+    finite = np.isfinite(lse_r)
+    np.testing.assert_allclose(lse[finite], lse_r[finite], rtol=1e-4, atol=1e-4)
+    naive = [None] * 4
+    if dtype != "float32":
+        naive = naive_attention(*(to_f32(a) for a in (q, k, v, do)), lens, causal, rounder(dtype), z)
+    for name, got, ref, nv in zip(["attention"] + ["attention_grad"] * 3, (o, dq, dk, dv), refs, naive):
+        check(name, dtype, got, ref, nv)
+
+
+def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1]):
+    rng = np.random.default_rng(seed)
+    (x, x64), (g, g64) = randn(rng, (N, D), dtype), randn(rng, (N, D), dtype)
+    (w, w64), (b, b64) = (randn(rng, (D,), dtype) if affine else (None, None) for _ in range(2))
+    y, dx = device_empty(x.shape, x.dtype), device_empty(x.shape, x.dtype)
+    mean, rstd = device_empty(N, np.float32), device_empty(N, np.float32)
+    dw, db = device_empty(D, x.dtype), device_empty(D, x.dtype)
+    blocks = 3
+    partial = device_empty((blocks, 2, D), np.float32)
+    C.layernorm_forward(ptr(x), ptr(w), ptr(b), ptr(y), ptr(mean), ptr(rstd), CODE[dtype], N, D, 1e-5, 0)
+    C.layernorm_backward(ptr(x), ptr(w), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(dw), ptr(db),
+                         ptr(partial), blocks, CODE[dtype], N, D, smem_limit, 0)
+    y_r, dx_r, dw_r, db_r = formulas.layer_norm(x64, w64, b64, 1e-5, g=g64)
+    np.testing.assert_allclose(mean, x64.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(x64.var(1) + 1e-5), rtol=1e-4)
+    naive = [None] * 4
+    if dtype != "float32":
+        ones, zeros = np.ones(D, np.float32), np.zeros(D, np.float32)
+        naive = formulas.naive_layernorm(to_f32(x), ones if w is None else to_f32(w),
+                                         zeros if b is None else to_f32(b), to_f32(g), 1e-5, rounder(dtype))
+    for got, ref, nv in zip((y, dx, dw, db), (y_r, dx_r, dw_r, db_r), naive):
+        check("layernorm", dtype, got, ref, nv)
+
+
+def check_softmax(C, dtype, N, V, masked, scale, seed):
+    """Forward and backward; row 0 fully masked (when masked), the last row all -inf."""
+    rng = np.random.default_rng(seed)
+    (x, x64), (g, g64) = randn(rng, (N, V), dtype, scale=4.0), randn(rng, (N, V), dtype)
+    mask = None
+    if masked:
+        mask = rng.random((N, V)) < 0.8
+        mask[0] = False  # a fully masked row
+    # A row with no finite entry: zeros, as the composite op gives (not NaN).
+    x[-1], x64[-1] = formulas.to_kernel(np.full(V, -np.inf, np.float32), dtype), -np.inf
+    y, dx = device_empty(x.shape, x.dtype), device_empty(x.shape, x.dtype)
+    mask_bytes = None if mask is None else device_copy(mask.view(np.uint8))
+    C.softmax_forward(ptr(x), ptr(mask_bytes), ptr(y), CODE[dtype], N, V, scale, 0)
+    C.softmax_backward(ptr(y), ptr(g), ptr(dx), CODE[dtype], N, V, scale, 0)
+    y64 = formulas.host64(y)
+    y_r = formulas.softmax(x64, mask, scale)
+    dx_r = scale * y64 * (g64 - (g64 * y64).sum(axis=1, keepdims=True))
+    naive = [None, None]
+    if dtype != "float32":
+        rnd = rounder(dtype)
+        naive = [formulas.naive_softmax(to_f32(x), mask, scale, rnd),
+                 formulas.naive_softmax_backward(to_f32(y), to_f32(g), scale, rnd)]
+    check("softmax", dtype, y, y_r, naive[0])
+    check("softmax", dtype, dx, dx_r, naive[1])
+    assert (y64[-1] == 0).all()
+    if masked:
+        assert (y64[0] == 0).all()
+
+
+def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, seed):
+    rng = np.random.default_rng(seed)
+    z, z64 = randn(rng, (N, V), dtype, scale=3.0)
+    t, ignore = formulas.targets(rng, N, V, use_ignore)
+    target = device_copy(t.astype(np.int64))
+    loss = device_empty(N, np.float32)
+    zf = to_f32(z)  # before the kernel may overwrite z
+    grad = z if inplace else device_empty(z.shape, z.dtype)
+    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), ptr(grad), CODE[dtype], N, V, eps,
+                            ignore is not None, ignore if ignore is not None else 0, 0)
+    loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
+    naive = [None, None]
+    if dtype != "float32":
+        naive = formulas.naive_cross_entropy(zf, t, eps, ignore, rounder(dtype))
+    check("cross_entropy", dtype, loss.astype(np.float64), loss_r, naive[0])
+    check("cross_entropy", dtype, grad, grad_r, naive[1])

@@ -1,0 +1,70 @@
+"""Runs named kernel cases against a build of the emulated kernels, in a process of its own:
+
+    python sanitized_run.py MODULE CASE...
+
+MODULE is a variant from minitransformer.testing.emulator.compile_variant; a sanitized one
+loads only with its runtime preloaded (emulator.sanitizer_environment), which is why
+test_sanitizers.py runs this file instead of importing the module. A sanitizer's report ends
+the process with its own message; a result that disagrees with the formulas ends it with
+"MISMATCH" and exit status 1. Each case's name goes to stderr before it runs, so that a report
+says which case it came from.
+
+The cases are fixed shapes that reach every path of every kernel: for attention, several
+query and key tiles with a ragged last one (every double-buffered shared-memory tile is
+refilled), T > S and T < S, causal and not, padded keys and a batch entry with none, dropout;
+for the row kernels, rows taken by warps and by whole blocks, blocks with rows to spare,
+vectorised and scalar loads. Each dtype runs every case.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import emulated
+from emulated import DTYPES
+
+# name -> (check, arguments after the module and dtype); every name gets a -<dtype> suffix.
+_SHAPES = {
+    # D = 64: 3 x 3 tiles of 64 (the forward's K/V buffers and the backward's Q/dO buffers are
+    # refilled), both ragged.
+    "attention-tiles": (emulated.check_attention, dict(B=1, H=2, T=150, S=140, D=64, lens=None,
+                                                       causal=False)),
+    # D = 128 (other tile sizes; 3 key tiles again), causal with T > S (the first 30 queries
+    # see no key), and a batch entry with no keys at all.
+    "attention-causal": (emulated.check_attention, dict(B=2, H=1, T=160, S=130, D=128,
+                                                        lens=[130, 0], causal=True)),
+    # D = 32, causal with T < S, padded keys, dropout.
+    "attention-dropout": (emulated.check_attention, dict(B=2, H=1, T=40, S=200, D=32,
+                                                         lens=[200, 130], causal=True,
+                                                         dropout_p=0.2)),
+    # 13 rows: the last block has idle warps, and the backward's 3 blocks loop twice.
+    "layernorm-vector": (emulated.check_layernorm, dict(N=13, D=104, affine=True)),
+    "layernorm-scalar": (emulated.check_layernorm, dict(N=6, D=1030, affine=False)),
+    "softmax-warp": (emulated.check_softmax, dict(N=6, V=33, masked=True, scale=0.125)),
+    "softmax-block": (emulated.check_softmax, dict(N=3, V=3000, masked=False, scale=1.0)),
+    "cross_entropy-warp": (emulated.check_cross_entropy, dict(N=6, V=5, eps=0.0, use_ignore=False,
+                                                              inplace=False)),
+    "cross_entropy-block": (emulated.check_cross_entropy, dict(N=7, V=1025, eps=0.1,
+                                                               use_ignore=True, inplace=True)),
+}
+CASES = {f"{name}-{dtype}": functools.partial(check, dtype=dtype, seed=0, **args)
+         for name, (check, args) in _SHAPES.items() for dtype in DTYPES}
+
+
+def main(module_path: str, names: list[str]) -> int:
+    from minitransformer.testing import emulator
+
+    C = emulator.load(module_path)
+    for name in names:
+        print(f"case {name}", file=sys.stderr, flush=True)
+        try:
+            CASES[name](C)
+        except AssertionError as e:
+            print(f"MISMATCH in case {name}: {e}", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -1,0 +1,127 @@
+"""The emulated kernels under the compilers' sanitizers, and planted bugs that each must flag.
+
+Three checks (emu.h says how each works, and what it cannot see):
+  AddressSanitizer + UndefinedBehaviorSanitizer   accesses past the end of global buffers,
+      dynamic and static shared memory; misaligned accesses; indices past fixed-size arrays
+  ThreadSanitizer   races between the threads of a block, on shared and global memory
+  poisoned shared memory (every variant)   reads of shared memory the block has not written
+      turn the results into NaN
+
+Every kernel, forward and backward, in every dtype, runs clean under each sanitizer on the
+fixed shapes of sanitized_run.py, and matches the formulas there. A check that cannot fail
+is no check: for each, bugs planted in the real csrc/ (textual mutations before the build)
+must be flagged. The planted bugs of one check share a build, each in a kernel that the
+others leave alone, so that each case sees only its own bug.
+
+Sanitized modules load only in a process whose sanitizer runtime came first, so every run
+here is a subprocess running sanitized_run.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import emulated
+import sanitized_run
+from minitransformer.testing import emulator
+from minitransformer.testing.emulator import Mutation
+
+emulated.require_emulator()
+
+DRIVER = Path(sanitized_run.__file__)
+KERNELS = ["attention", "layernorm", "softmax", "cross_entropy"]
+
+
+@dataclass(frozen=True)
+class Planted:
+    why: str             # what the bug is (the test's id)
+    case: str            # a sanitized_run case that reaches it
+    mutation: Mutation
+    report: str          # a pattern that the run's output must match
+
+
+RACE = "WARNING: ThreadSanitizer: data race"
+OVERFLOW = "AddressSanitizer: heap-buffer-overflow"
+NAN = "nan location mismatch"  # the formulas' numbers where the kernel gave NaN
+
+PLANTED = {
+    "thread": [
+        Planted("no-barrier-before-kv-refill", "attention-tiles-float16", Mutation(
+            "attention.cu",
+            "        __syncthreads();  // every warp is done with this buffer before it is refilled\n",
+            ""), RACE),
+        Planted("no-barrier-before-f32-kv-reload", "attention-tiles-float32", Mutation(
+            "attention.cu", "sV, L::LDT, sO, L::LDO);\n        __syncthreads();\n",
+            "sV, L::LDT, sO, L::LDO);\n"), RACE),
+        Planted("no-barrier-after-static-smem-write", "softmax-block-float32", Mutation(
+            "common.cuh", "        if (lane == 0) part[warp] = v;\n        __syncthreads();\n",
+            "        if (lane == 0) part[warp] = v;\n"), RACE),
+    ],
+    "address": [
+        Planted("cp-async-reads-a-row-past-the-end", "attention-tiles-float16", Mutation(
+            "attention.cu", "const bool ok = r < valid;\n        __pipeline_memcpy_async",
+            "const bool ok = r <= valid;\n        __pipeline_memcpy_async"), OVERFLOW),
+        Planted("zeroes-a-row-past-dynamic-smem", "attention-tiles-float32", Mutation(
+            "attention.cu", "zero_tile<BR, D>(sO, L::LDO);", "zero_tile<BR + 1, D>(sO, L::LDO);"),
+            OVERFLOW),
+        Planted("reads-past-a-static-smem-array", "softmax-block-float32", Mutation(
+            "common.cuh", "v = lane < THREADS / 32 ? part[lane] : 0.f;",
+            "v = lane <= THREADS / 32 ? part[lane] : 0.f;"), "runtime error: index 8 out of bounds"),
+        Planted("vector-loads-of-unaligned-rows", "layernorm-scalar-float16", Mutation(
+            "layernorm.cu", "if (D % kVec == 0)", "if (D % 2 == 0)"),
+            "runtime error: .* misaligned address"),
+    ],
+    None: [  # caught by the poisoned shared memory of every variant
+        Planted("output-accumulator-never-zeroed", "attention-tiles-float32", Mutation(
+            "attention.cu", "    zero_tile<BR, D>(sO, L::LDO);\n", ""), NAN),
+        Planted("static-smem-written-by-block-0-only", "softmax-block-float32", Mutation(
+            "common.cuh", "if (lane == 0) part[warp] = v;",
+            "if (lane == 0 && blockIdx.x == 0) part[warp] = v;"), NAN),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def variants():
+    """Builds, on first use: (sanitize, planted bugs) -> module path."""
+    built = {}
+
+    def variant(sanitize, planted=()):
+        emulated.require_emulator(sanitize)
+        key = (sanitize, tuple(planted))
+        if key not in built:
+            built[key] = emulator.compile_variant(sanitize, [p.mutation for p in planted])
+        return built[key]
+
+    return variant
+
+
+def run(module: Path, sanitize: str | None, cases: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(emulator.ROOT))  # this checkout's minitransformer
+    if sanitize:
+        env.update(emulator.sanitizer_environment(sanitize))
+    return subprocess.run([sys.executable, str(DRIVER), str(module), *cases], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("sanitize", emulator.SANITIZERS)
+def test_kernels_are_clean(variants, sanitize, kernel):
+    cases = [name for name in sanitized_run.CASES if name.startswith(f"{kernel}-")]
+    result = run(variants(sanitize), sanitize, cases)
+    assert result.returncode == 0, result.stderr[-6000:]
+
+
+@pytest.mark.parametrize("sanitize, planted", [
+    pytest.param(sanitize, planted, id=f"{sanitize or 'poison'}-{planted.why}")
+    for sanitize, bugs in PLANTED.items() for planted in bugs])
+def test_planted_bug_is_flagged(variants, sanitize, planted):
+    result = run(variants(sanitize, PLANTED[sanitize]), sanitize, [planted.case])
+    assert result.returncode != 0 and re.search(planted.report, result.stderr), result.stderr[-6000:]
