@@ -104,7 +104,10 @@ def variants():
 
 
 def run(module: Path, sanitize: str | None, cases: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(emulator.ROOT))  # this checkout's minitransformer
+    # This checkout's minitransformer, without its emulated cuda device: that would load the
+    # plain build beside the sanitized one, and the kernels' template instantiations (vague
+    # linkage, bound process-wide) then ran uninstrumented: a planted overrun went unreported.
+    env = dict(os.environ, PYTHONPATH=str(emulator.ROOT), MT_EMULATE_CUDA="0")
     if sanitize:
         env.update(emulator.sanitizer_environment(sanitize))
     return subprocess.run([sys.executable, str(DRIVER), str(module), *cases], env=env,
