@@ -55,6 +55,7 @@ if want kernels 30; then
     start=$SECONDS
     timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check \
         --ignore=tests/kernels/test_emulated_kernels.py --ignore=tests/kernels/test_resources.py \
+        --ignore=tests/kernels/test_sanitizers.py \
         tests/kernels >"$LOGS/tests.log" 2>&1
     tests_rc=$?
     echo "tests: $((SECONDS - start)) s, exit $tests_rc"
@@ -99,14 +100,16 @@ print(f'reseed + first cuda draw: median {statistics.median(ms[2:]):.2f} ms')" >
 fi
 
 # The "cuda" cases of the rest of the suite (autograd, every functional op's CuPy composite,
-# modules, Adam, decoding, mixed precision), 10 examples per property. -k "devices" adds the
-# cross-device tests, whose names do not say cuda.
+# modules, Adam, decoding, mixed precision, training steps and fused ops against the CPU in
+# test_device_parity.py), 10 examples per property. -k "devices" and "through_F" add the
+# cross-device tests whose names do not say cuda.
 suite_rc=skipped
 if want suite 60; then
     start=$SECONDS
     timeout "$(limit 180)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_suite \
         tests/functional tests/nn tests/optim tests/test_autograd.py tests/test_tensor.py \
-        tests/test_decoding.py tests/test_amp.py -k "cuda or devices" >"$LOGS/suite.log" 2>&1
+        tests/test_decoding.py tests/test_amp.py tests/test_device_parity.py \
+        -k "cuda or devices or through_F" >"$LOGS/suite.log" 2>&1
     suite_rc=$?
     echo "suite (cuda cases): $((SECONDS - start)) s, exit $suite_rc"
     grep -E "^(FAILED|ERROR)" "$LOGS/suite.log" | head -n 20
