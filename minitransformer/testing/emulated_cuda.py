@@ -42,7 +42,11 @@ import types
 import weakref
 
 import numpy as np
-from numpy.lib.array_utils import byte_bounds
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy 1.x
+    byte_bounds = np.byte_bounds
 
 BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUDA=1): NumPy "
           "behind CuPy's interface, csrc/ compiled with g++; nothing here measures a GPU")
@@ -58,7 +62,8 @@ _ATTRIBUTES = {"MaxSharedMemoryPerBlockOptin": 232448, "MultiProcessorCount": 13
 def configure(*, max_shared_memory_per_block_optin: int | None = None,
               multiprocessor_count: int | None = None) -> dict:
     """Change what the emulated device reports (to test choices made from it); returns the
-    previous values, which ``configure(**previous)`` restores."""
+    previous values, which ``configure(**previous)`` restores. The launch layer reads the
+    shared-memory limit once per process: configure it before the first kernel launch."""
     keys = {"max_shared_memory_per_block_optin": "MaxSharedMemoryPerBlockOptin",
             "multiprocessor_count": "MultiProcessorCount"}
     given = {"max_shared_memory_per_block_optin": max_shared_memory_per_block_optin,
@@ -85,7 +90,7 @@ class Stream:
     _ids = itertools.count(1)
     null: "Stream"
 
-    def __init__(self, null: bool = False, non_blocking: bool = False, ptr: int | None = None) -> None:
+    def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
         self.ptr = 0 if null else 0x5000 + 16 * next(Stream._ids)
         self.non_blocking = non_blocking and not null
         self.clock = 0
@@ -122,6 +127,7 @@ class Stream:
         event.record(self)
         return event
 
+    @property
     def done(self) -> bool:
         return True
 
@@ -281,10 +287,6 @@ def get_default_memory_pool() -> MemoryPool:
     return _default_pool
 
 
-def get_default_pinned_memory_pool() -> MemoryPool:
-    return _default_pool
-
-
 class OutOfMemoryError(MemoryError):
     pass
 
@@ -299,20 +301,22 @@ class MemoryPointer:
         self.ptr, self.device_id = ptr, 0
 
 
-def _unwrap(x, allow_host: bool = False):
-    """Raw NumPy arrays for an op. A NumPy array among the operands is CuPy's TypeError
-    (unless ``allow_host``: indices and values that CuPy copies to the device itself)."""
+def _unwrap(x, allow_host: bool = False, reads: bool = True):
+    """Raw NumPy arrays for an op, each a use of its data (unless not ``reads``: an op such as
+    empty_like takes only the shape). A NumPy array among the operands is CuPy's TypeError
+    (unless ``allow_host``: indices, which CuPy copies to the device itself)."""
     if isinstance(x, ndarray):
-        _use(x._a)
+        if reads:
+            _use(x._a)
         return x._a
     if isinstance(x, np.ndarray):
         if not allow_host:
             raise TypeError(f"Unsupported type {type(x)}")
         return x
     if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(i, allow_host) for i in x)
+        return type(x)(_unwrap(i, allow_host, reads) for i in x)
     if isinstance(x, dict):
-        return {k: _unwrap(v, allow_host) for k, v in x.items()}
+        return {k: _unwrap(v, allow_host, reads) for k, v in x.items()}
     return x
 
 
@@ -333,13 +337,13 @@ def _wrap(r):
     return r
 
 
-def _device_op(f, writes_first: bool = False):
+def _device_op(f, writes_first: bool = False, reads: bool = True):
     """``f`` on device arrays: operands unwrapped and checked, results wrapped. ``out=`` and,
     with ``writes_first``, the first argument are written."""
     @functools.wraps(f)
     def op(*args, **kwargs):
         out = kwargs.get("out")
-        raw_args, raw_kwargs = _unwrap(args), _unwrap(kwargs)
+        raw_args, raw_kwargs = _unwrap(args, reads=reads), _unwrap(kwargs, reads=reads)
         for target in ([args[0]] if writes_first and args else []) + list(out if isinstance(out, tuple) else [out]):
             if isinstance(target, ndarray):
                 _use(target._a, write=True)
@@ -481,7 +485,9 @@ class ndarray:
         return _wrap(r)
 
     def __setitem__(self, key, value):
-        raw_key, raw_value = _unwrap(key, allow_host=True), _unwrap(value, allow_host=True)
+        if not isinstance(value, ndarray) and np.ndim(value) != 0:  # CuPy's own refusal
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        raw_key, raw_value = _unwrap(key, allow_host=True), _unwrap(value)
         region = self._a[raw_key]  # a slice writes only its bytes; a scatter, say, anywhere
         _use(region if isinstance(region, np.ndarray) and np.may_share_memory(region, self._a)
              else self._a, write=True)
@@ -546,10 +552,6 @@ class Device:
     def attributes(self) -> dict:
         return dict(_ATTRIBUTES)
 
-    @property
-    def compute_capability(self) -> str:
-        return f"{_ATTRIBUTES['ComputeCapabilityMajor']}{_ATTRIBUTES['ComputeCapabilityMinor']}"
-
     def __enter__(self):
         return self
 
@@ -577,12 +579,6 @@ class _Runtime(types.ModuleType):
                 "sharedMemPerBlockOptin": _ATTRIBUTES["MaxSharedMemoryPerBlockOptin"],
                 "major": _ATTRIBUTES["ComputeCapabilityMajor"],
                 "minor": _ATTRIBUTES["ComputeCapabilityMinor"]}
-
-    def deviceSynchronize(self) -> None:
-        Device().synchronize()
-
-    def getDevice(self) -> int:
-        return 0
 
 
 runtime = _Runtime("cupy.cuda.runtime")
@@ -641,7 +637,7 @@ class _ArrayModule(types.ModuleType):
         if isinstance(value, types.ModuleType):
             value = _ArrayModule(f"{self.__name__}.{name}", value)
         elif callable(value) and not isinstance(value, type):
-            value = _device_op(value, writes_first=name in _WRITES_FIRST)
+            value = _device_op(value, writes_first=name in _WRITES_FIRST, reads=not name.endswith("_like"))
         setattr(self, name, value)  # resolved once
         return value
 
@@ -665,7 +661,6 @@ def _build_modules(nccl_module) -> dict[str, types.ModuleType]:
     cuda = _module("cupy.cuda", Device=Device, Stream=Stream, Event=Event,
                    get_current_stream=get_current_stream, get_elapsed_time=get_elapsed_time,
                    is_available=lambda: True, runtime=runtime, nccl=nccl_module,
-                   get_device_id=lambda: 0, MemoryPool=MemoryPool,
                    memory=_module("cupy.cuda.memory", OutOfMemoryError=OutOfMemoryError,
                                   MemoryPointer=MemoryPointer))
     random = _module("cupy.random", np.random.default_rng(), Generator=Generator,
@@ -679,12 +674,65 @@ def _build_modules(nccl_module) -> dict[str, types.ModuleType]:
                    asnumpy=asnumpy, asarray=_creation(np.asarray), array=_creation(np.array),
                    ascontiguousarray=_creation(np.ascontiguousarray),
                    get_default_memory_pool=get_default_memory_pool,
-                   get_default_pinned_memory_pool=get_default_pinned_memory_pool,
                    EMULATED=True, __version__="14.0.0+emulated")
     cupyx = _module("cupyx", scatter_add=_scatter_add)
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime,
             "cupy.cuda.memory": cuda.memory, "cupy.cuda.nccl": nccl_module,
             "cupy.random": random, "cupy.testing": testing, "cupyx": cupyx}
+
+
+# The bindings of csrc/bindings.cpp take their arrays as raw addresses, first in their argument
+# lists, and the stream last: how many addresses lead each, and which of them it writes.
+_KERNEL_ARRAYS = {
+    "attention_forward": (6, {3, 4}),  # q k v | o lse | kv_lens
+    "attention_backward": (12, {7, 8, 9, 10, 11}),  # q k v o dout lse kv_lens | dq dk dv dq_accum delta
+    "layernorm_forward": (6, {3, 4, 5}),  # x w b | y mean rstd
+    "layernorm_backward": (9, {5, 6, 7, 8}),  # x w mean rstd grad | dx dw db partial
+    "softmax_forward": (3, {2}),  # x mask | y
+    "softmax_backward": (3, {2}),  # y grad | dx
+    "cross_entropy_forward": (4, {2, 3}),  # logits target | loss grad (may be the logits)
+}
+
+
+def _use_address(address: int, stream: Stream, write: bool) -> None:
+    """A kernel's use of the array at ``address``: the rest of its allocation from there."""
+    for record in _allocations.values():
+        root = record.ref()
+        if root is not None and record.address <= address < record.address + max(record.nbytes, 1):
+            _use(root.reshape(-1).view(np.uint8)[address - record.address:], write, stream)
+            return
+    raise ValueError(f"a kernel was given {address:#x}, which is in no array of the emulated device")
+
+
+class _OrderedKernels(types.ModuleType):
+    """The emulated ``_C``, whose launches are uses of their arrays on the launch's stream:
+    each array must be ordered after its last write on another stream, and the outputs are
+    written on this one."""
+
+    def __init__(self, kernels) -> None:
+        super().__init__("minitransformer._C")
+        self._kernels = kernels
+
+    def __getattr__(self, name):
+        value = getattr(self._kernels, name)
+        if name not in _KERNEL_ARRAYS:
+            return value
+        count, outputs = _KERNEL_ARRAYS[name]
+
+        @functools.wraps(value)
+        def launch(*args, **kwargs):
+            result = value(*args, **kwargs)  # first: a call the binding refuses uses nothing
+            if kwargs:  # by keyword: a test of the binding's checks, not the launch layer's call
+                return result
+            stream = stream_from_ptr(args[-1])
+            for address in args[:count]:
+                if address:
+                    _use_address(address, stream, write=False)
+            for i in outputs:
+                if args[i]:
+                    _use_address(args[i], stream, write=True)
+            return result
+        return launch
 
 
 _installed: types.ModuleType | None = None
@@ -703,7 +751,7 @@ def install() -> types.ModuleType:
 
     reason = emulator.unavailable_reason()
     if reason is None:
-        sys.modules["minitransformer._C"] = emulator.build()
+        sys.modules["minitransformer._C"] = _OrderedKernels(emulator.build())
         print(BANNER, file=sys.stderr)
     elif os.environ.get("MT_REQUIRE_EMULATOR"):
         raise RuntimeError(f"MT_EMULATE_CUDA=1 and MT_REQUIRE_EMULATOR=1, but the emulated "

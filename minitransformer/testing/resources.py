@@ -18,7 +18,6 @@ in the temp directory under a hash of the sources, the flags and the compiler.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -29,14 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CSRC = ROOT / "csrc"
+from .emulator import CSRC, setup_module
 
 # cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture, bytes (CUDA C++ Programming
 # Guide, "Technical Specifications per Compute Capability"). An architecture added to setup.py
 # needs its figure here.
 SHARED_MEMORY_PER_BLOCK = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
-MAX_REGISTERS_PER_THREAD = 255  # every architecture; also what a 128-thread block may use
 
 
 @dataclass(frozen=True)
@@ -49,24 +46,16 @@ class Usage:
     static_smem: int    # bytes of __shared__ arrays in the kernel's code
 
 
-def _setup():
-    """setup.py as a module (it defines helpers; setup() runs only as __main__)."""
-    spec = importlib.util.spec_from_file_location("minitransformer_setup", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def architectures() -> list[int]:
     """The architectures setup.py compiles for (MINITRANSFORMER_CUDA_ARCHS, or its default)."""
-    return _setup().cuda_archs()
+    return setup_module().cuda_archs()
 
 
 def unavailable_reason() -> str | None:
     """Why the kernels cannot be compiled here (None when they can)."""
     if not CSRC.is_dir():
         return f"{CSRC} not found: the resource table compiles csrc/ of a source checkout"
-    if _setup().find_cuda_home() is None:
+    if setup_module().find_cuda_home() is None:
         return "no CUDA toolkit (nvcc) found"
     if shutil.which("c++filt") is None:
         return "c++filt (binutils) is not installed"
@@ -124,7 +113,7 @@ def _compile(nvcc: str, flags: list[str], source: Path, arch: int, out: Path) ->
 def kernel_usage() -> dict[int, dict[str, Usage]]:
     """Architecture -> kernel instance name -> Usage, for every kernel in csrc/ and every
     architecture setup.py builds for. Compiles (about a minute) or reuses the cached result."""
-    setup = _setup()
+    setup = setup_module()
     nvcc = str(setup.find_cuda_home() / "bin" / "nvcc")
     archs, flags = setup.cuda_archs(), setup.NVCC_FLAGS
     sources = sorted(CSRC.glob("*.cu"))

@@ -22,8 +22,16 @@ from minitransformer import backend
 # kernel's (exp2 of z log2 e), whose rounding differs from the composite op's by ~1e-6 more.
 TOLERANCE = {"cpu": dict(rtol=1e-5, atol=1e-6), "cuda": dict(rtol=1e-4, atol=1e-5)}
 RTOL, ATOL = TOLERANCE["cpu"]["rtol"], TOLERANCE["cpu"]["atol"]
+
+
+def _a_gpu_per_rank() -> bool:
+    """Two ranks on "cuda" need two GPUs (NCCL refuses two ranks on one), or the emulation."""
+    return backend.has_cuda() and (backend.is_emulated("cuda")
+                                   or backend._cupy.cuda.runtime.getDeviceCount() >= 2)
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not backend.has_cuda(), reason="no CUDA device (CuPy with a GPU, or MT_EMULATE_CUDA=1)"))]
+    not _a_gpu_per_rank(), reason="two ranks need two GPUs, or the emulated device (MT_EMULATE_CUDA=1)"))]
 
 
 def fresh_seed() -> int:

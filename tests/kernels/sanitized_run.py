@@ -21,8 +21,13 @@ from __future__ import annotations
 import functools
 import sys
 
-import emulated
-from emulated import DTYPES
+if __name__ == "__main__":  # not when test_sanitizers.py imports this file for CASES
+    # The driver needs NumPy only: no CuPy (a real one would load its CUDA libraries under the
+    # sanitizer's runtime) and no emulated device (test_sanitizers.py sets MT_EMULATE_CUDA=0).
+    sys.modules["cupy"] = None
+
+import emulated  # noqa: E402
+from emulated import DTYPES  # noqa: E402
 
 # name -> (check, arguments after the module and dtype); every name gets a -<dtype> suffix.
 _SHAPES = {

@@ -9,9 +9,10 @@ emulator's build): see minitransformer/testing/resources.py. Checked per archite
 - every kernel's static plus dynamic shared memory fits the architecture's
   cudaDevAttrMaxSharedMemoryPerBlockOptin; for a kernel built in several variants, the one its
   launcher takes there, and every launcher has one that fits;
-- at most 255 registers per thread (the most a 128-thread block may use each).
+- no spills but the known ones (KNOWN_SPILLS, reported as warnings): ptxas caps a thread at 255
+  registers and spills the rest to local memory, so a spill is how register pressure shows.
 
-Spills cost speed, not correctness: they are reported as warnings. The whole table is printed.
+The whole table is printed.
 
 Needs nvcc (with c++filt) and the emulator (g++, pybind11). Where they are missing the module is
 skipped, unless MT_REQUIRE_NVCC=1 is set (CI sets it): then it fails, so that a CI machine that
@@ -35,6 +36,14 @@ if _REASON:
     pytest.skip(f"cannot compile the kernels for the resource gates: {_REASON}", allow_module_level=True)
 
 ARCHS = resources.architectures()
+# ptxas never gives a thread more than 255 registers: it spills to local memory instead, so the
+# spills are the register check. These were seen with nvcc 13.0 (benchmarks/RESULTS.md) and are
+# reported as warnings; any other spill fails.
+KNOWN_SPILLS = {
+    (80, "attention_backward_f32_kernel<64, 32, 64>"),
+    (90, "attention_backward_mma_kernel<__half, 128>"),
+    (90, "attention_backward_mma_kernel<__nv_bfloat16, 128>"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +82,17 @@ def test_every_kernel_fits(C, rows, arch):
     limit = resources.SHARED_MEMORY_PER_BLOCK[arch]
     problems = []
     for r in (r for r in rows if r.arch == arch):
-        if r.usage.registers > resources.MAX_REGISTERS_PER_THREAD:
-            problems.append(f"{r.kernel} uses {r.usage.registers} registers per thread")
         if r.launched is not False and not r.fits:  # a kernel without variants, or the one launched
             problems.append(f"{r.kernel} needs {r.usage.static_smem} + {r.dynamic_smem} bytes of "
                             f"shared memory per block")
         if r.usage.spill_stores or r.usage.spill_loads:
-            warnings.warn(f"sm_{arch}: {r.kernel} spills ({r.usage.registers} registers, "
-                          f"{r.usage.spill_stores} B stored, {r.usage.spill_loads} B loaded)")
+            spill = (f"{r.kernel} spills ({r.usage.registers} registers, {r.usage.spill_stores} B "
+                     f"stored, {r.usage.spill_loads} B loaded)")
+            if (arch, r.kernel) in KNOWN_SPILLS:
+                warnings.warn(f"sm_{arch}: {spill}")
+            else:
+                problems.append(f"{spill}: a new spill (local memory traffic in the kernel's "
+                                f"loop); if it is accepted, add it to KNOWN_SPILLS")
     for launch in resources.launches(C):
         if C.launch_config(launch.launcher, launch.dtype, launch.D, limit) is None:
             problems.append(f"{launch.launcher} has no variant that fits (dtype {launch.dtype}, "

@@ -75,11 +75,17 @@ class Mutation:
 
 
 @functools.cache
-def _cuda_include() -> Path | None:
+def setup_module():
+    """setup.py as a module, for its helpers (it calls setup() only as __main__)."""
     spec = importlib.util.spec_from_file_location("minitransformer_setup", ROOT / "setup.py")
-    setup_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(setup_module)  # defines helpers only; setup() runs as __main__
-    home = setup_module.find_cuda_home()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _cuda_include() -> Path | None:
+    home = setup_module().find_cuda_home()
     return None if home is None else home / "include"
 
 
@@ -177,7 +183,7 @@ def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
             key = _digest(_compiler_version(), *flags, EMU_H.read_text(), *headers, text)
         elif name.endswith(".cpp"):  # bindings.cpp, host code: plain in every variant, built once
             flags = [*common, *_FLAGS[None]]
-            key = _digest(_compiler_version(), *flags, text)
+            key = _digest(_compiler_version(), *flags, *headers, text)  # it includes launch_config.cuh
         else:
             continue
         objects[name] = CACHE / "objects" / f"{key}.o"
