@@ -248,19 +248,27 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
         record.writes = kept + [(low, high, stream, stream._tick())]
 
 
-def device_buffer(address: int, count: int, dtype, stream: Stream, write: bool) -> np.ndarray:
-    """``count`` elements of ``dtype`` at a raw device address, as a NumPy view, used on
-    ``stream`` (for the NCCL stand-in, which like NCCL receives raw pointers)."""
-    nbytes = count * np.dtype(dtype).itemsize
+def _bytes_at(address: int) -> tuple[np.ndarray, int]:
+    """The live allocation holding a raw device address, as flat bytes, and the address's
+    offset in it (kernels and NCCL, as on a GPU, receive raw addresses)."""
     for record in _allocations.values():
         root = record.ref()
-        if (root is not None and root.flags.c_contiguous and record.address <= address
-                and address + nbytes <= record.address + record.nbytes):
-            start = address - record.address
-            view = root.reshape(-1).view(np.uint8)[start:start + nbytes].view(dtype)
-            _use(view, write, stream)
-            return view
-    raise ValueError(f"{nbytes} bytes at {address:#x} are not inside one array of the emulated device")
+        if (root is not None and root.flags.c_contiguous
+                and record.address <= address < record.address + max(record.nbytes, 1)):
+            return root.reshape(-1).view(np.uint8), address - record.address
+    raise ValueError(f"{address:#x} is in no array of the emulated device")
+
+
+def device_buffer(address: int, count: int, dtype, stream: Stream, write: bool) -> np.ndarray:
+    """``count`` elements of ``dtype`` at a raw device address, as a NumPy view, used on
+    ``stream`` (for the NCCL stand-in)."""
+    data, start = _bytes_at(address)
+    nbytes = count * np.dtype(dtype).itemsize
+    view = data[start:start + nbytes]
+    if view.nbytes != nbytes:
+        raise ValueError(f"{nbytes} bytes at {address:#x} run past the end of their array")
+    _use(view, write, stream)
+    return view.view(dtype)
 
 
 class MemoryPool:
@@ -288,7 +296,8 @@ def get_default_memory_pool() -> MemoryPool:
 
 
 class OutOfMemoryError(MemoryError):
-    pass
+    """Never raised (the emulation has no memory limit); here so that code catching CuPy's
+    ``cupy.cuda.memory.OutOfMemoryError``, as benchmarks/attn.py does, runs unchanged."""
 
 
 # --------------------------------------------------------------------------- arrays
@@ -542,7 +551,7 @@ class Device:
                                f"(there is {runtime.getDeviceCount()})")
 
     def use(self) -> None:
-        pass
+        """Make this the current device: there is only one (``runtime.getDeviceCount()``)."""
 
     def synchronize(self) -> None:
         for stream in list(_streams.values()):
@@ -696,12 +705,8 @@ _KERNEL_ARRAYS = {
 
 def _use_address(address: int, stream: Stream, write: bool) -> None:
     """A kernel's use of the array at ``address``: the rest of its allocation from there."""
-    for record in _allocations.values():
-        root = record.ref()
-        if root is not None and record.address <= address < record.address + max(record.nbytes, 1):
-            _use(root.reshape(-1).view(np.uint8)[address - record.address:], write, stream)
-            return
-    raise ValueError(f"a kernel was given {address:#x}, which is in no array of the emulated device")
+    data, start = _bytes_at(address)
+    _use(data[start:], write, stream)
 
 
 class _OrderedKernels(types.ModuleType):

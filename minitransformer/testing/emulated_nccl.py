@@ -14,6 +14,7 @@ which for two ranks rounds the same.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -30,16 +31,15 @@ def _dtypes() -> dict[int, np.dtype]:
     types_ = {NCCL_INT8: np.int8, NCCL_UINT8: np.uint8, NCCL_INT32: np.int32, NCCL_UINT32: np.uint32,
               NCCL_INT64: np.int64, NCCL_UINT64: np.uint64, NCCL_FLOAT16: np.float16,
               NCCL_FLOAT32: np.float32, NCCL_FLOAT64: np.float64}
-    try:
+    if importlib.util.find_spec("ml_dtypes") is not None:  # bfloat16, as for the package itself
         import ml_dtypes
+
         types_[NCCL_BFLOAT16] = ml_dtypes.bfloat16
-    except ImportError:
-        pass
     return {code: np.dtype(t) for code, t in types_.items()}
 
 
 class NcclError(RuntimeError):
-    pass
+    """What an NCCL call returned instead of ncclSuccess (its message names the code)."""
 
 
 def get_unique_id() -> bytes:

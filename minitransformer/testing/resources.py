@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .emulator import CSRC, setup_module
+from . import emulator
+from .emulator import CSRC, cuda_home, setup_module
 
 # cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture, bytes (CUDA C++ Programming
 # Guide, "Technical Specifications per Compute Capability"). An architecture added to setup.py
@@ -55,7 +56,7 @@ def unavailable_reason() -> str | None:
     """Why the kernels cannot be compiled here (None when they can)."""
     if not CSRC.is_dir():
         return f"{CSRC} not found: the resource table compiles csrc/ of a source checkout"
-    if setup_module().find_cuda_home() is None:
+    if cuda_home() is None:
         return "no CUDA toolkit (nvcc) found"
     if shutil.which("c++filt") is None:
         return "c++filt (binutils) is not installed"
@@ -114,7 +115,7 @@ def kernel_usage() -> dict[int, dict[str, Usage]]:
     """Architecture -> kernel instance name -> Usage, for every kernel in csrc/ and every
     architecture setup.py builds for. Compiles (about a minute) or reuses the cached result."""
     setup = setup_module()
-    nvcc = str(setup.find_cuda_home() / "bin" / "nvcc")
+    nvcc = str(cuda_home() / "bin" / "nvcc")
     archs, flags = setup.cuda_archs(), setup.NVCC_FLAGS
     sources = sorted(CSRC.glob("*.cu"))
     digest = hashlib.sha256(json.dumps([archs, flags]).encode())
@@ -229,8 +230,6 @@ def table(rows: list[Row]) -> str:
 
 
 if __name__ == "__main__":
-    from . import emulator
-
     for reason in (unavailable_reason(), emulator.unavailable_reason()):
         if reason:
             raise SystemExit(f"cannot build the table: {reason}")

@@ -84,9 +84,13 @@ def setup_module():
 
 
 @functools.cache
+def cuda_home() -> Path | None:
+    """setup.py's CUDA toolkit root, asked once (finding it may run ``nvcc --dryrun``)."""
+    return setup_module().find_cuda_home()
+
+
 def _cuda_include() -> Path | None:
-    home = setup_module().find_cuda_home()
-    return None if home is None else home / "include"
+    return None if cuda_home() is None else cuda_home() / "include"
 
 
 @functools.cache
