@@ -146,7 +146,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- data
 
 
-def load_data(args, preset: Preset, world):
+def load_data(args, preset: Preset, world, with_test: bool = True):
+    """(train, val, test, tokenizer); test is None unless ``with_test``."""
     from minitransformer.data.download import ensure_dataset
 
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
@@ -159,9 +160,11 @@ def load_data(args, preset: Preset, world):
     val = data.load_corpus(preset.corpus, data_dir, "val")
     if args.limit_val:
         val = val.subset(range(min(args.limit_val, len(val))))
-    test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
-    if args.limit_test:
-        test = test.subset(range(min(args.limit_test, len(test))))
+    test = None
+    if with_test:
+        test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
+        if args.limit_test:
+            test = test.subset(range(min(args.limit_test, len(test))))
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
@@ -477,14 +480,20 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
         os.remove(old)
 
 
-def finish(run: Run, test, step: int, train_seconds: float) -> dict:
-    args, model = run.args, run.model
-    paths = checkpoints(args.out_dir)[-average_last(args):]
-    averaged = average_checkpoints(paths)
-    model.load_state_dict(averaged.model)
-    save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,
+def average(run: Run, step: int) -> list[str]:
+    """Load the mean of the last checkpoints into the model and save it as averaged.npz
+    (section 6.1); returns their paths."""
+    paths = checkpoints(run.args.out_dir)[-average_last(run.args):]
+    run.model.load_state_dict(average_checkpoints(paths).model)
+    save_checkpoint(os.path.join(run.args.out_dir, "averaged.npz"), run.model,
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
                            "tokenizer": os.path.basename(run.tok.path)})
+    return paths
+
+
+def finish(run: Run, test, step: int, train_seconds: float) -> dict:
+    args, model = run.args, run.model
+    paths = average(run, step)
     start = time.perf_counter()
     with run.autocast():
         hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)

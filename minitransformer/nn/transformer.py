@@ -56,6 +56,8 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
+        if any(size is not None and size < 1 for size in (self.d_k, self.d_v)):
+            raise ValueError(f"d_k={self.d_k} and d_v={self.d_v} must be at least 1")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise ValueError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
 
