@@ -143,7 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bleu-sample", type=int, default=20, help="validation sentences beam-searched at each "
                    "checkpoint (the row's score always uses them all)")
     p.add_argument("--seed", type=int, default=1)
-    for flag, field in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--heads", "h"), ("--layers", "num_encoder_layers")):
+    for flag, field in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--heads", "h"),
+                        ("--layers", "num_encoder_layers")):
         p.add_argument(flag, type=int, default=PRESET.model[field], help=f"the base row's {field}")
     for flag in ("--warmup", "--lr-factor", "--max-tokens", "--vocab-size", "--limit-train", "--limit-val"):
         p.add_argument(flag, type=float if flag == "--lr-factor" else int, help="as in train_wmt.py")
@@ -159,17 +160,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def settings(cfg: nn.TransformerConfig) -> dict:
+    """A model's Table 3 columns."""
+    return dict(N=cfg.num_encoder_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, h=cfg.h,
+                d_k=cfg.d_k or cfg.d_model // cfg.h, d_v=cfg.d_v or cfg.d_model // cfg.h, P_drop=cfg.dropout,
+                eps_ls=cfg.label_smoothing, positions="learned" if cfg.learned_positions else "sinusoid")
+
+
 def print_rows(args) -> None:
     for row in table_rows(args.base):
-        cfg = row_config(args.base, row, vocab_size=1)
-        print(f"{row.name:5} {GROUPS.get(row.group, 'base'):31} {describe(row):24} N={cfg.num_encoder_layers} "
-              f"d_model={cfg.d_model} d_ff={cfg.d_ff} h={cfg.h} d_k={head_sizes(cfg)[0]} d_v={head_sizes(cfg)[1]} "
-              f"P_drop={cfg.dropout} eps_ls={cfg.label_smoothing} "
-              f"positions={'learned' if cfg.learned_positions else 'sinusoid'}")
-
-
-def head_sizes(cfg: nn.TransformerConfig) -> tuple[int, int]:
-    return cfg.d_k or cfg.d_model // cfg.h, cfg.d_v or cfg.d_model // cfg.h
+        columns = settings(row_config(args.base, row, vocab_size=1))
+        print(f"{row.name:5} {GROUPS.get(row.group, 'base'):31} {describe(row):24} "
+              + " ".join(f"{k}={v}" for k, v in columns.items()))
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -218,10 +220,7 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     _, ppl = evaluate_loss(run.model, run.val_batches)
     hyps = translate(run.model, tok, val.src, "cpu", run_args.beam, run_args.alpha, progress=progress)
     bleu, signature = train_wmt.bleu(hyps, val.tgt)
-    d_k, d_v = head_sizes(cfg)
-    result = dict(row=row.name, group=row.group, changes=row.changes, N=cfg.num_encoder_layers, d_model=cfg.d_model,
-                  d_ff=cfg.d_ff, h=cfg.h, d_k=d_k, d_v=d_v, P_drop=cfg.dropout, eps_ls=cfg.label_smoothing,
-                  positions="learned" if cfg.learned_positions else "sinusoid", steps=step,
+    result = dict(row=row.name, group=row.group, changes=row.changes, **settings(cfg), steps=step,
                   params=run.model.num_parameters(), dev_ppl=ppl, dev_bleu=bleu, signature=signature,
                   dev_sentences=len(val), averaged=[os.path.basename(p) for p in averaged],
                   train_minutes=seconds / 60, steps_per_s=step / max(seconds, 1e-9), rank=rank)

@@ -43,7 +43,8 @@ def test_rows_named_by_group_or_name_and_refused_with_one_line(capsys):
     assert [r.name for r in ablations.select("D", rows)] == ["base", "D1", "D2", "D3", "D4"]  # base comes along
     a = {r.name: r.changes for r in rows if r.group == "A"}
     assert a == {"A1": {"h": 1}, "A2": {"h": 2}, "A3": {"h": 8}, "A4": {"h": 16}}  # d_k = d_v = d_model / h
-    assert ablations.head_sizes(ablations.row_config(ablations.PRESET.model, rows[1], 100)) == (256, 256)
+    a1 = ablations.settings(ablations.row_config(ablations.PRESET.model, rows[1], 100))
+    assert (a1["h"], a1["d_k"], a1["d_v"]) == (1, 256, 256)
     assert {r.name: r.changes for r in rows if r.group == "B"}["B1"] == {"d_k": 32, "d_v": 64}
 
     with pytest.raises(SystemExit) as unknown:
