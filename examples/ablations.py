@@ -331,11 +331,12 @@ def plot(results: list[dict], png_path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 0.55 * len(rows) + 3), 4))
     for ax, key, title in ((axes[0], "dev_bleu", "dev BLEU (higher is better)"),
                            (axes[1], "dev_ppl", "dev perplexity (lower is better)")):
-        ax.bar(x, [r[key] for r in rows], color=colors)
-        ax.axhline(base[key], color="k", lw=1, ls="--", label=f"base: {base[key]:.2f}")
+        # Points, not bars from zero: the rows differ by a few percent of their values.
+        ax.scatter(x, [r[key] for r in rows], c=colors, s=40, zorder=2)
+        ax.axhline(base[key], color="k", lw=1, ls="--", zorder=1)
         ax.set_xticks(x, [r["row"] for r in rows], rotation=90 if len(rows) > 12 else 0)
-        ax.set_title(title)
-        ax.legend(loc="lower right" if key == "dev_bleu" else "upper right")
+        ax.set_title(f"{title}\ndashed: the base row, {base[key]:.2f}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
