@@ -45,6 +45,7 @@
 
 #include "common.cuh"
 #include "launch_config.cuh"
+#include "limits.cuh"
 
 namespace mt {
 namespace {
@@ -982,22 +983,28 @@ void launch_backward(const AttnParams& p, void* dq, size_t smem_limit, cudaStrea
     check_launch("attention_backward (dq cast)");
 }
 
+// Calls f(std::integral_constant<int, D>{}) if D is one of Ds; false if it is none.
+template <typename F, int... Ds>
+bool with_head_dim(int D, F&& f, limits::IntList<Ds...>) {
+    return ((D == Ds && (f(std::integral_constant<int, Ds>{}), true)) || ...);
+}
+
 // Calls f(T{}, std::integral_constant<int, D>{}) for a dtype code and a head dim.
 template <typename F>
 void with_type_and_dim(int dtype, int D, const char* name, F&& f) {
     with_type(dtype, name, [&](auto tag) {
-        switch (D) {
-            case 32: f(tag, std::integral_constant<int, 32>{}); return;
-            case 64: f(tag, std::integral_constant<int, 64>{}); return;
-            case 128: f(tag, std::integral_constant<int, 128>{}); return;
-        }
-        throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
-                                    " is not supported (32, 64 or 128)");
+        if (!with_head_dim(D, [&](auto dim) { f(tag, dim); }, limits::AttentionHeadDims{}))
+            throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
+                                        " is not supported (see csrc/limits.cuh)");
     });
 }
 
 AttnParams make_params(int B, int H, int T, int S, float scale, bool causal, float dropout_p,
                        uint64_t seed, const int* kv_lens) {
+    if (static_cast<long long>(B) * H > limits::kMaxGridY)
+        throw std::invalid_argument("attention: B * H = " + std::to_string(static_cast<long long>(B) * H) +
+                                    " exceeds " + std::to_string(limits::kMaxGridY) +
+                                    ", the blocks a grid may have along y");
     AttnParams p{};
     p.B = B; p.H = H; p.T = T; p.S = S;
     p.scale = scale;

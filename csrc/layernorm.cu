@@ -23,6 +23,7 @@
 
 #include "common.cuh"
 #include "launch_config.cuh"
+#include "limits.cuh"
 
 namespace mt {
 namespace {
@@ -237,6 +238,10 @@ void layernorm_forward(const void* x, const void* w, const void* b, void* y, flo
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
                         const void* g, void* dx, void* dw, void* db, float* partial, int blocks,
                         int dtype, int N, int D, size_t smem_limit, cudaStream_t stream) {
+    if (D > limits::kLayernormMaxD)
+        throw std::invalid_argument("layernorm_backward: D = " + std::to_string(D) + " exceeds " +
+                                    std::to_string(limits::kLayernormMaxD) +
+                                    ", the widest row whose column sums fit in shared memory");
     with_type(dtype, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
         with_vec<T>(D, [&](auto vec) {

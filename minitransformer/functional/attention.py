@@ -139,11 +139,10 @@ class FusedAttention(Function):
 
 
 def _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale):
-    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported``: CUDA
-    tensors, (B, h, T, d_k) with d_v = d_k in {32, 64, 128}, tiles that fit the device's shared
-    memory; a refusal for shared memory warns once) and the mask is none, a ``KeyPadding``, or a
-    boolean key-padding mask (B, 1, 1, S) that keeps a prefix of each row; else None."""
-    if kernels.attention_supported(q, k, v) is not None:
+    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported`` decides)
+    and the mask is one they can express: none, a ``KeyMask``, or a boolean key-padding mask
+    (B, 1, 1, S) that keeps a prefix of each row; else None."""
+    if kernels.attention_supported(q.data, k.data, v.data) is not None:
         return None
     kv_lens = None
     if mask is not None:

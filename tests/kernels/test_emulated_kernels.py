@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 import emulated
 from emulated import CODE, DTYPES, LIMITS, device_empty, ptr
 from formulas import seeds
-from minitransformer.kernels import LAYERNORM_MAX_D
 from minitransformer.testing import emulator
 from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
 
@@ -45,17 +44,18 @@ def C():
 
 
 @st.composite
-def attention_case(draw):
+def attention_case(draw, head_dims):
     B, H = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     T, S = draw(st.integers(1, 300)), draw(st.integers(1, 300))
     lens = draw(st.none() | st.lists(st.integers(0, S), min_size=B, max_size=B))
-    return B, H, T, S, draw(st.sampled_from([32, 64, 128])), lens, draw(st.booleans())
+    return B, H, T, S, draw(st.sampled_from(head_dims)), lens, draw(st.booleans())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
-@given(case=attention_case(), limit=st.sampled_from(LIMITS), seed=seeds)
-def test_attention_kernels(C, dtype, case, limit, seed):
+@given(data=st.data(), limit=st.sampled_from(LIMITS), seed=seeds)
+def test_attention_kernels(C, dtype, data, limit, seed):
+    case = data.draw(attention_case(C.limits()["attention_head_dims"]))  # every dim csrc/limits.cuh names
     emulated.check_attention(C, dtype, *case, seed, smem_limit=limit)
 
 
@@ -69,9 +69,10 @@ def test_attention_dropout_uses_the_twins_mask(C, dtype, causal, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
-@given(N=st.integers(1, 12), D=st.sampled_from([1, 7, 64, 100, 1030, LAYERNORM_MAX_D]),
+@given(N=st.integers(1, 12), D=st.sampled_from([1, 7, 64, 100, 1030, "widest"]),
        affine=st.booleans(), limit=st.sampled_from(LIMITS), seed=seeds)
 def test_layernorm_kernels(C, dtype, N, D, affine, limit, seed):
+    D = C.limits()["layernorm_max_d"] if D == "widest" else D
     emulated.check_layernorm(C, dtype, N, D, affine, seed, smem_limit=limit)
 
 
