@@ -27,7 +27,6 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.attention import KeyPadding
 from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
@@ -50,15 +49,15 @@ def length_penalty(length: int, alpha: float) -> float:
 def _prepare(model, src):
     src = src if isinstance(src, Tensor) else Tensor(np.asarray(src))
     lengths = backend.to_device((src.data != model.config.pad_id).sum(axis=1), "cpu")
-    pad_mask = KeyPadding(model.src_pad_mask(src))  # shared by every layer and step
-    return src, lengths, pad_mask, model.encode(src, pad_mask)
+    src_mask = model.src_key_mask(src)  # shared by every layer and step
+    return src, lengths, src_mask, model.encode(src, src_mask)
 
 
-def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: int, xp):
+def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
     """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
 
     PAD and BOS are never valid outputs, so they get probability 0."""
-    states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, pad_mask, cache, offset=t)
+    states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
     logits = model.project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
     return log_softmax_array(logits)
@@ -73,7 +72,7 @@ def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
 
 def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     cfg = model.config
-    src, lengths, pad_mask, memory = _prepare(model, src)
+    src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
     max_out = lengths + max_len_extra  # tokens, EOS included
@@ -82,7 +81,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -107,7 +106,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
 
 def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[list[int], float]]:
     cfg = model.config
-    src, lengths, pad_mask, memory = _prepare(model, src)
+    src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
     max_out = lengths + max_len_extra  # tokens, EOS included
@@ -115,7 +114,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * k + beam.
     rows = xp.asarray(np.repeat(np.arange(n), k))
     memory = Tensor(memory.data[rows])
-    pad_mask = KeyPadding(pad_mask.pad[rows])
+    src_mask = src_mask.select(rows)
     cache = model.new_cache()
     active = np.arange(n)  # sentence id of each slot still in the batch
     tokens = np.full((n * k, 0), cfg.bos_id, dtype=np.int64)  # generated so far, per row
@@ -124,7 +123,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
 
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(scores), cfg.bos_id)
-        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)  # (slots*k, V)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)  # (slots*k, V)
         vocab = logp.shape[-1]
         at_max = np.repeat(t + 1 >= max_out[active], k)
         if at_max.any():  # the last allowed position: only EOS may follow
@@ -171,7 +170,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         dev_index = xp.asarray(index)  # surviving beams of the sentences still running
         model.reorder_cache(cache, dev_index)
         memory = Tensor(memory.data[dev_index])
-        pad_mask = KeyPadding(pad_mask.pad[dev_index])
+        src_mask = src_mask.select(dev_index)
 
     results = []
     for sid, hyps in enumerate(finished):

@@ -8,7 +8,7 @@ One concept a file, each op's backward right under its forward:
     matmul       matmul linear
     softmax      softmax log_softmax
     layernorm    layer_norm
-    attention    scaled_dot_product_attention attention_weights KeyPadding
+    attention    scaled_dot_product_attention attention_weights KeyMask
     loss         cross_entropy
 
 Importing it also gives ``Tensor`` its operators and op methods (see the end of this file).
@@ -18,7 +18,7 @@ import numpy as _np
 
 from ..tensor import Tensor as _Tensor
 from ..tensor import as_shape as _as_shape
-from .attention import KeyPadding, attention_weights, scaled_dot_product_attention
+from .attention import KeyMask, attention_weights, scaled_dot_product_attention
 from .elementwise import (
     add, cast, compare, div, dropout, exp, log, masked_fill, mul, neg, pow, relu, sqrt, sub,
     to_device, where,
@@ -31,7 +31,7 @@ from .shape import concat, embedding, getitem, permute, reshape, stack, transpos
 from .softmax import log_softmax, softmax
 
 __all__ = [
-    "KeyPadding", "add", "attention_weights", "cast", "compare", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
+    "KeyMask", "add", "attention_weights", "cast", "compare", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
     "getitem", "layer_norm", "linear", "log", "log_softmax", "masked_fill", "matmul", "max",
     "mean", "mul", "neg", "permute", "pow", "relu", "reshape", "scaled_dot_product_attention",
     "softmax", "sqrt", "stack", "sub", "sum", "to_device", "transpose", "where",
