@@ -74,9 +74,11 @@ PAPER_STEPS = {"wmt14-base": 100_000, "wmt14-big": 300_000}
 
 @dataclass
 class Run:
-    """What validation and checkpointing need of a training run, in one place."""
+    """A training run's parts: what the loop, validation and checkpointing need, in one place."""
     args: argparse.Namespace
+    world: distributed.World
     model: nn.Transformer
+    ddp: distributed.DistributedDataParallel | None  # None: one rank
     optimizer: Adam
     schedule: WarmupInverseSqrtSchedule
     scaler: GradScaler | None  # fp16 only
@@ -90,6 +92,15 @@ class Run:
     def autocast(self):
         """The block in which the model computes in ``amp_dtype`` (nothing for fp32)."""
         return autocast(self.model, self.amp_dtype)
+
+
+@dataclass
+class Budget:
+    """When training stops, and how often it validates and saves a checkpoint."""
+    epochs: int
+    max_steps: float  # math.inf: no limit
+    seconds: float  # math.inf: no limit; the time trained before a resume counts
+    eval_every: int
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -135,7 +146,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- data
 
 
-def load_data(args, preset: Preset, world):
+def load_data(args, preset: Preset, world, with_test: bool = True):
+    """(train, val, test, tokenizer); test is None unless ``with_test``."""
     from minitransformer.data.download import ensure_dataset
 
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
@@ -148,9 +160,11 @@ def load_data(args, preset: Preset, world):
     val = data.load_corpus(preset.corpus, data_dir, "val")
     if args.limit_val:
         val = val.subset(range(min(args.limit_val, len(val))))
-    test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
-    if args.limit_test:
-        test = test.subset(range(min(args.limit_test, len(test))))
+    test = None
+    if with_test:
+        test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
+        if args.limit_test:
+            test = test.subset(range(min(args.limit_test, len(test))))
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
@@ -239,17 +253,24 @@ def main(argv=None) -> dict:
     preset = PRESETS[args.preset]
     world = distributed.init(args.device)
     os.makedirs(args.out_dir, exist_ok=True)
-    mt.manual_seed(args.seed + world.rank)  # dropout differs per rank; init is broadcast from rank 0
     train, val, test, tok = load_data(args, preset, world)
+    run = prepare(args, preset, world, train, val, tok)
+    step, history_s = start_or_resume(run)
+    step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
+    if not world.is_main:
+        return {}
+    return finish(run, test, step, train_seconds)
 
+
+def prepare(args, preset: Preset, world, train, val, tok) -> Run:
+    """The model (seeded by ``args.seed``), optimiser, schedule, batches and log of a run."""
+    mt.manual_seed(args.seed + world.rank)  # dropout differs per rank; init is broadcast from rank 0
     model = build(args, preset, tok).to(args.device)
-    cfg = model.config
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = WarmupInverseSqrtSchedule(optimizer, cfg.d_model, args.warmup or preset.warmup,
+    schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, args.warmup or preset.warmup,
                                          args.lr_factor or preset.lr_factor)
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
-    scaler = scaler_for(amp_dtype)
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
                                 max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
@@ -257,8 +278,6 @@ def main(argv=None) -> dict:
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
                                               shuffle=False).iter_epoch(0)]
-    log_path = os.path.join(args.out_dir, "train.jsonl")
-    run = Run(args, model, optimizer, schedule, scaler, amp_dtype, batcher, tok, val, val_batches, log_path)
     if world.is_main:
         log.info("%s: %d training pairs (%d dropped as too long), vocabulary %d, %d steps per epoch",
                  args.preset, len(train), batcher.num_dropped, tok.vocab_size, batcher.steps_per_epoch(0))
@@ -266,83 +285,90 @@ def main(argv=None) -> dict:
         if amp_dtype and args.device == "cpu":
             log.warning("--precision %s on the CPU is slow (NumPy has no 16-bit GEMM); it is meant "
                         "for GPUs", args.precision)
+    return Run(args, world, model, ddp, optimizer, schedule, scaler_for(amp_dtype), amp_dtype, batcher, tok, val,
+               val_batches, os.path.join(args.out_dir, "train.jsonl"))
 
-    step, history_s = 0, 0.0
+
+def start_or_resume(run: Run) -> tuple[int, float]:
+    """(step, seconds trained): (0, 0) for a new run, else what ``--resume`` restores from last.npz
+    (model, optimiser, schedule, loss scale, the batcher's place in the data)."""
+    args = run.args
     last_path = os.path.join(args.out_dir, "last.npz")
     if args.resume:
         ckpt = load_checkpoint(last_path)
-        check_resume(args, ckpt, tok, last_path)
-        restore(ckpt, model, optimizer, schedule, scaler=scaler)
-        batcher.load_state_dict(ckpt.extra["batcher"])
-        step, history_s = ckpt.extra["step"], ckpt.extra["train_seconds"]
-        if world.is_main:
-            log.info("resumed from %s at step %d, epoch %d", last_path, step, batcher.position[0])
-            truncate_log(log_path, step)
-    elif os.path.exists(last_path) or checkpoints(args.out_dir):
+        check_resume(args, ckpt, run.tok, last_path)
+        restore(ckpt, run.model, run.optimizer, run.schedule, scaler=run.scaler)
+        run.batcher.load_state_dict(ckpt.extra["batcher"])
+        step = ckpt.extra["step"]
+        if run.world.is_main:
+            log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
+            truncate_log(run.log_path, step)
+        return step, ckpt.extra["train_seconds"]
+    if os.path.exists(last_path) or checkpoints(args.out_dir):
         raise SystemExit(f"{args.out_dir} holds checkpoints of an earlier run: pass --resume to continue "
                          f"it, or choose another --out-dir")
-    elif world.is_main and os.path.exists(log_path):
-        os.remove(log_path)  # a fresh run starts a fresh log
+    if run.world.is_main and os.path.exists(run.log_path):
+        os.remove(run.log_path)  # a fresh run starts a fresh log
+    return 0, 0.0
 
-    epochs = args.epochs or preset.epochs
-    max_steps = args.max_steps or (PAPER_STEPS.get(args.preset) or math.inf)
-    eval_every = args.eval_every or batcher.steps_per_epoch(0)
-    budget_min = args.time_budget or preset.time_budget
-    budget = budget_min * 60 if budget_min else math.inf
-    if world.is_main and history_s >= budget:
+
+def training_budget(args, preset: Preset, batcher: data.TokenBatcher) -> Budget:
+    """The flags' limits, or the preset's; validation about once an epoch unless --eval-every."""
+    minutes = args.time_budget or preset.time_budget
+    return Budget(epochs=args.epochs or preset.epochs,
+                  max_steps=args.max_steps or (PAPER_STEPS.get(args.preset) or math.inf),
+                  seconds=minutes * 60 if minutes else math.inf,
+                  eval_every=args.eval_every or batcher.steps_per_epoch(0))
+
+
+def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[int, float]:
+    """Train from ``step`` until the budget is spent; returns (steps, seconds trained).
+
+    Every step draws its dropout masks from ``step_seed``, so a resumed run repeats an
+    uninterrupted one. Rank 0 logs every ``--log-every`` steps, and validates and saves a
+    checkpoint every ``budget.eval_every`` steps and when training stops (the other ranks wait).
+    ``--max-skipped`` steps in a row skipped for a non-finite loss or gradient end the run with
+    an error: it has diverged. ``history_s`` (seconds trained before a resume) counts against
+    the time budget.
+    """
+    args, world = run.args, run.world
+    if world.is_main and history_s >= budget.seconds:
         log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
-                    "to train it further", budget_min)
-    progress = None
-    if world.is_main and not args.no_progress:
-        from tqdm import tqdm
-
-        total = min(max_steps, epochs * batcher.steps_per_epoch(0))
-        progress = tqdm(total=None if math.isinf(total) else int(total), initial=step, unit="step",
-                        dynamic_ncols=True)
-
+                    "to train it further", budget.seconds / 60)
+    progress = progress_bar(run, step, budget)
     start = time.perf_counter() - history_s
-    tokens_since, window_start = 0, time.perf_counter()
-    stop_reason = "epochs"
-    skipped_in_a_row = 0
-    for batch in batcher:
-        if batch.epoch >= epochs or step >= max_steps:  # also a resumed run that had finished
+    rate = TokenRate()
+    stop_reason, skipped_in_a_row = "epochs", 0
+    for batch in run.batcher:
+        if batch.epoch >= budget.epochs or step >= budget.max_steps:  # also a resumed run that had finished
             # Not trained on: put it back, so that a checkpoint taken now resumes with it.
-            batcher.position = (batch.epoch, batch.step)
+            run.batcher.position = (batch.epoch, batch.step)
             break
         mt.manual_seed(step_seed(args.seed, step, world.rank))
-        result = train_step(model, optimizer, schedule, mt.tensor(batch.src, device=args.device),
-                            mt.tensor(batch.tgt_in, device=args.device), mt.tensor(batch.tgt_out, device=args.device),
-                            label_smoothing=cfg.label_smoothing, ddp=ddp, amp_dtype=amp_dtype, scaler=scaler)
+        src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        result = train_step(run.model, run.optimizer, run.schedule, src, tgt_in, tgt_out,
+                            label_smoothing=run.model.config.label_smoothing, ddp=run.ddp,
+                            amp_dtype=run.amp_dtype, scaler=run.scaler)
         step += 1
-        tokens_since += result.num_tokens
+        rate.add(result.num_tokens)
         if result.skipped and world.is_main:
             log.warning("step %d skipped: %s (loss %s)", step, result.skipped, result.loss)
         skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
         if skipped_in_a_row >= args.max_skipped:  # the same on every rank: they all skip together
             raise SystemExit(f"{skipped_in_a_row} steps in a row skipped (last: {result.skipped} at step "
-                             f"{step}): the run has diverged. Its last checkpoint is {last_path}; lower "
-                             f"--lr-factor or raise --warmup and start a new run")
+                             f"{step}): the run has diverged. Its last checkpoint is "
+                             f"{os.path.join(args.out_dir, 'last.npz')}; lower --lr-factor or raise --warmup "
+                             f"and start a new run")
         if world.is_main and (step % args.log_every == 0 or step == 1):
-            elapsed = time.perf_counter() - window_start
-            record = dict(kind="train", step=step, epoch=batch.epoch, loss=result.loss, ppl=result.ppl,
-                          lr=result.lr, grad_norm=result.grad_norm, tokens_per_s=tokens_since / max(elapsed, 1e-9),
-                          seconds=time.perf_counter() - start)
-            if scaler is not None:
-                record["loss_scale"] = scaler.scale_value
-            with open(log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            tokens_since, window_start = 0, time.perf_counter()
-            if progress is not None:
-                progress.set_postfix(loss=f"{result.loss:.3f}", ppl=f"{result.ppl:.1f}", lr=f"{result.lr:.1e}",
-                                     tok_s=f"{record['tokens_per_s']:.0f}", epoch=batch.epoch)
+            log_step(run, step, batch.epoch, result, rate.read(), time.perf_counter() - start, progress)
         if progress is not None:
             progress.update(1)
 
-        out_of_time = time.perf_counter() - start >= budget
+        out_of_time = time.perf_counter() - start >= budget.seconds
         if world.world_size > 1:  # one rank's clock must not stop it alone: agree
             out_of_time = bool(world.comm.all_reduce_scalar(int(out_of_time), "max"))
-        done = step >= max_steps or out_of_time
-        if step % eval_every == 0 or done:
+        done = step >= budget.max_steps or out_of_time
+        if step % budget.eval_every == 0 or done:
             if world.is_main:
                 validate_and_save(run, step, time.perf_counter() - start)
             world.comm.barrier()
@@ -351,14 +377,52 @@ def main(argv=None) -> dict:
             break
     if progress is not None:
         progress.close()
-    train_seconds = time.perf_counter() - start
-    if not world.is_main:
-        return {}
-    saved = checkpoints(args.out_dir)
-    if not saved or checkpoint_step(saved[-1]) != step:
-        validate_and_save(run, step, train_seconds)
-    log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, train_seconds / 60)
-    return finish(run, test, step, train_seconds)
+    seconds = time.perf_counter() - start
+    if world.is_main:
+        saved = checkpoints(args.out_dir)
+        if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
+            validate_and_save(run, step, seconds)
+        log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
+    return step, seconds
+
+
+class TokenRate:
+    """Target tokens per second since the last reading."""
+
+    def __init__(self) -> None:
+        self.tokens, self.since = 0, time.perf_counter()
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def read(self) -> float:
+        now = time.perf_counter()
+        rate = self.tokens / max(now - self.since, 1e-9)
+        self.tokens, self.since = 0, now
+        return rate
+
+
+def progress_bar(run: Run, step: int, budget: Budget):
+    """A tqdm bar of the steps on rank 0 (None elsewhere, or with --no-progress)."""
+    if not run.world.is_main or run.args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    total = min(budget.max_steps, budget.epochs * run.batcher.steps_per_epoch(0))
+    return tqdm(total=None if math.isinf(total) else int(total), initial=step, unit="step", dynamic_ncols=True)
+
+
+def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, seconds: float, progress) -> None:
+    """One line of train.jsonl, and the progress bar's figures."""
+    record = dict(kind="train", step=step, epoch=epoch, loss=result.loss, ppl=result.ppl, lr=result.lr,
+                  grad_norm=result.grad_norm, tokens_per_s=tokens_per_s, seconds=seconds)
+    if run.scaler is not None:
+        record["loss_scale"] = run.scaler.scale_value
+    with open(run.log_path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if progress is not None:
+        progress.set_postfix(loss=f"{result.loss:.3f}", ppl=f"{result.ppl:.1f}", lr=f"{result.lr:.1e}",
+                             tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
 def check_resume(args, ckpt, tok, path: str) -> None:
@@ -416,14 +480,20 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
         os.remove(old)
 
 
-def finish(run: Run, test, step: int, train_seconds: float) -> dict:
-    args, model = run.args, run.model
-    paths = checkpoints(args.out_dir)[-average_last(args):]
-    averaged = average_checkpoints(paths)
-    model.load_state_dict(averaged.model)
-    save_checkpoint(os.path.join(args.out_dir, "averaged.npz"), model,
+def average(run: Run, step: int) -> list[str]:
+    """Load the mean of the last checkpoints into the model and save it as averaged.npz
+    (section 6.1); returns their paths."""
+    paths = checkpoints(run.args.out_dir)[-average_last(run.args):]
+    run.model.load_state_dict(average_checkpoints(paths).model)
+    save_checkpoint(os.path.join(run.args.out_dir, "averaged.npz"), run.model,
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
                            "tokenizer": os.path.basename(run.tok.path)})
+    return paths
+
+
+def finish(run: Run, test, step: int, train_seconds: float) -> dict:
+    args, model = run.args, run.model
+    paths = average(run, step)
     start = time.perf_counter()
     with run.autocast():
         hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)

@@ -9,9 +9,9 @@ from minitransformer.functional.softmax import log_softmax_array
 CFG = dict(vocab_size=13, d_model=16, d_ff=32, h=2, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
 
 
-def model(device="cpu", seed=0):
+def model(device="cpu", seed=0, **overrides):
     mt.manual_seed(seed)
-    m = nn.Transformer(nn.TransformerConfig(**CFG)).to(device)
+    m = nn.Transformer(nn.TransformerConfig(**{**CFG, **overrides})).to(device)
     # Sharpen the output distribution so that decoding is not a coin toss between ties.
     m.src_embed.weight.data *= 4
     return m.eval()
@@ -26,8 +26,9 @@ def sources(seed=0, n=4, max_len=6):
     return src
 
 
-def test_incremental_logits_equal_full_recompute(device):
-    m = model(device)
+@pytest.mark.parametrize("sizes", [{}, {"d_k": 3, "d_v": 5}])
+def test_incremental_logits_equal_full_recompute(device, sizes):
+    m = model(device, **sizes)
     src = mt.tensor(sources(), device=device)
     prefix = np.random.default_rng(1).integers(4, 13, (4, 6))
     prefix[:, 0] = 2
@@ -38,7 +39,9 @@ def test_incremental_logits_equal_full_recompute(device):
     for t in range(prefix.shape[1]):
         step = m.project(m.decode(mt.tensor(prefix[:, t: t + 1], device=device), memory, src_mask, cache, offset=t))
         np.testing.assert_allclose(step.numpy()[:, 0], full[:, t], rtol=1e-4, atol=1e-5)
-    assert cache[0]["self"]["k"].shape == (4, 2, 6, 8)  # (B, h, T, d_k): the prefix was cached
+    d_k, d_v = sizes.get("d_k", 8), sizes.get("d_v", 8)
+    assert cache[0]["self"]["k"].shape == (4, 2, 6, d_k)  # (B, h, T, d_k): the prefix was cached
+    assert cache[0]["self"]["v"].shape == (4, 2, 6, d_v)
 
 
 def test_greedy_takes_the_argmax_of_a_full_recompute():

@@ -4,8 +4,9 @@
     head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i),     d_k = d_v = d_model / h
 
 The h per-head projections W^Q_i (d_model x d_k) are stored side by side as one d_model x
-d_model matrix, so projecting once and reshaping (B, T, d_model) -> (B, h, T, d_k) gives
-every head at once.
+h·d_k matrix, so projecting once and reshaping (B, T, h·d_k) -> (B, h, T, d_k) gives every head
+at once. ``d_k`` and ``d_v`` may be set apart from d_model / h, as Table 3 varies them (row B:
+a smaller d_k alone); W^O is then h·d_v x d_model.
 
 Incremental decoding passes a ``cache`` dict per attention layer:
   * self-attention appends this step's keys and values to ``cache["k"]``/``cache["v"]``, so
@@ -23,22 +24,24 @@ from .module import Module
 
 
 class MultiHeadAttention(Module):
-    def __init__(self, d_model: int, h: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, h: int, dropout: float = 0.0, d_k: int | None = None,
+                 d_v: int | None = None) -> None:
         super().__init__()
-        if d_model % h:
-            raise ValueError(f"d_model={d_model} is not divisible by h={h}")
-        self.d_model, self.h, self.d_k = d_model, h, d_model // h
+        if (d_k is None or d_v is None) and d_model % h:
+            raise ValueError(f"d_model={d_model} is not divisible by h={h} (or give d_k and d_v)")
+        self.d_model, self.h = d_model, h
+        self.d_k, self.d_v = d_k or d_model // h, d_v or d_model // h
         self.attn_dropout = dropout  # on the attention weights: a named deviation, 0 in the paper
         self.keep_weights = False  # True: each forward stores its probabilities in last_weights
         self.last_weights = None
-        self.q_proj = Linear(d_model, d_model)
-        self.k_proj = Linear(d_model, d_model)
-        self.v_proj = Linear(d_model, d_model)
-        self.out_proj = Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, h * self.d_k)
+        self.k_proj = Linear(d_model, h * self.d_k)
+        self.v_proj = Linear(d_model, h * self.d_v)
+        self.out_proj = Linear(h * self.d_v, d_model)
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.reshape(b, t, self.h, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+        b, t, width = x.shape
+        return x.reshape(b, t, self.h, width // self.h).transpose(1, 2)  # (B, h, T, d_k or d_v)
 
     def _project_kv(self, key: Tensor, value: Tensor, cache, static_kv: bool):
         if cache is not None and static_kv and "k" in cache:
@@ -70,7 +73,7 @@ class MultiHeadAttention(Module):
         p = self.attn_dropout if self.training else 0.0
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=is_causal, dropout_p=p)
         b, _, t, _ = heads.shape
-        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.d_model))  # Concat(heads) W^O
+        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.h * self.d_v))  # Concat(heads) W^O
         if need_weights or self.keep_weights:
             weights = F.attention_weights(q, k, key_mask, is_causal)  # (B, h, T, S)
             if self.keep_weights:
@@ -80,7 +83,7 @@ class MultiHeadAttention(Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, h={self.h}"
+        return f"d_model={self.d_model}, h={self.h}, d_k={self.d_k}, d_v={self.d_v}"
 
 
 def reorder_cache(cache: dict, index) -> None:

@@ -37,6 +37,8 @@ class TransformerConfig:
     d_model: int = 512
     d_ff: int = 2048
     h: int = 8
+    d_k: int | None = None  # per head, for queries and keys; None: d_model / h (Table 3 row B varies it)
+    d_v: int | None = None  # per head, for values; None: d_model / h
     num_encoder_layers: int = 6  # N
     num_decoder_layers: int = 6
     dropout: float = 0.1  # P_drop
@@ -52,8 +54,10 @@ class TransformerConfig:
     max_len: int = 1024  # rows of the learned position table; the sinusoid grows past it
 
     def __post_init__(self) -> None:
-        if self.d_model % self.h:
-            raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
+            raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
+        if any(size is not None and size < 1 for size in (self.d_k, self.d_v)):
+            raise ValueError(f"d_k={self.d_k} and d_v={self.d_v} must be at least 1")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise ValueError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
 
@@ -107,7 +111,7 @@ class _Residual(Module):
 class EncoderLayer(Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout, cfg.d_k, cfg.d_v)
         self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
         self.sub1 = _Residual(cfg)
         self.sub2 = _Residual(cfg)
@@ -120,8 +124,8 @@ class EncoderLayer(Module):
 class DecoderLayer(Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout, cfg.d_k, cfg.d_v)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout, cfg.d_k, cfg.d_v)
         self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
         self.sub1 = _Residual(cfg)
         self.sub2 = _Residual(cfg)
@@ -230,7 +234,8 @@ class Transformer(Module):
 def expected_num_parameters(cfg: TransformerConfig) -> int:
     """The parameter count from the architecture alone (section 3), to check the modules by."""
     d, f = cfg.d_model, cfg.d_ff
-    attn = 4 * (d * d + d)
+    qk, v = cfg.h * (cfg.d_k or d // cfg.h), cfg.h * (cfg.d_v or d // cfg.h)  # h·d_k, h·d_v
+    attn = 2 * (d * qk + qk) + (d * v + v) + (v * d + d)  # W^Q, W^K, W^V, W^O with biases
     ffn = d * f + f + f * d + d
     norm = 2 * d
     enc = cfg.num_encoder_layers * (attn + ffn + 2 * norm)

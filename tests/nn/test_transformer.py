@@ -33,7 +33,8 @@ def test_paper_presets_parameter_counts(preset, expected):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"share_embeddings": False, "tgt_vocab_size": 19},
-                                       {"norm_first": True}, {"learned_positions": True, "max_len": 32}])
+                                       {"norm_first": True}, {"learned_positions": True, "max_len": 32},
+                                       {"d_k": 2, "d_v": 6}, {"h": 3, "d_k": 4, "d_v": 5}])
 def test_module_count_equals_formula(overrides):
     cfg = nn.TransformerConfig(**{**SMALL, **overrides})
     assert nn.Transformer(cfg).num_parameters() == nn.expected_num_parameters(cfg)
@@ -122,3 +123,41 @@ def test_whole_model_gradient_in_float64():
         return F.cross_entropy(m(src, tgt), tgt, 0.1, 0)
 
     gradcheck(loss, [w, emb], atol=1e-6)
+
+
+def test_key_and_value_sizes_apart_from_d_model_over_h():
+    """Table 3 row (B): a smaller d_k with d_v kept; h need not divide d_model then."""
+    mha = nn.MultiHeadAttention(16, 4, d_k=2, d_v=6)
+    assert mha.q_proj.weight.shape == mha.k_proj.weight.shape == (16, 8)  # d_model x h·d_k
+    assert mha.v_proj.weight.shape == (16, 24) and mha.out_proj.weight.shape == (24, 16)
+    x = mt.randn(2, 5, 16)
+    out, w = mha(x, x, x, need_weights=True)
+    assert out.shape == (2, 5, 16) and w.shape == (2, 4, 5, 5)
+    assert nn.MultiHeadAttention(15, 4, d_k=3, d_v=3).q_proj.weight.shape == (15, 12)
+    with pytest.raises(ValueError, match="not divisible by h=4"):
+        nn.MultiHeadAttention(15, 4)
+    with pytest.raises(ValueError, match="divisible by h=3"):
+        nn.TransformerConfig(**{**SMALL, "h": 3})
+
+
+def test_explicit_d_model_over_h_is_the_default_model():
+    default, explicit = small_model(), small_model(d_k=4, d_v=4)
+    src, tgt = random_batch()
+    np.testing.assert_array_equal(default.eval()(src, tgt).numpy(), explicit.eval()(src, tgt).numpy())
+
+
+def test_gradient_with_d_k_apart_from_d_v_and_learned_positions():
+    """Finite differences through heads of unequal key and value sizes (the scale is
+    1/sqrt(d_k)) and through the learned position table of row (E)."""
+    m = small_model(d_model=8, d_ff=8, h=2, d_k=3, d_v=5, num_encoder_layers=1, num_decoder_layers=1,
+                    dropout=0.0, learned_positions=True, max_len=4)
+    for p in m.parameters():
+        p.data = p.data.astype(np.float64)
+    src, tgt = random_batch(b=2, s=3, t=3)
+    attn = m.decoder.layers[0].cross_attn
+    tensors = [attn.q_proj.weight, attn.v_proj.weight, attn.out_proj.weight, m.positions.weight]
+
+    def loss(*_):
+        return F.cross_entropy(m(src, tgt), tgt, 0.1, 0)
+
+    gradcheck(loss, tensors, atol=1e-6)
