@@ -53,8 +53,10 @@ echo "build: $((SECONDS - start)) s (sm_$MINITRANSFORMER_CUDA_ARCHS)"
 tests_rc=skipped
 if want kernels 30; then
     start=$SECONDS
+    # The twins and the kernels on the GPU; not the emulated kernels (the tests that take the
+    # fixture C are marked emulator), the sanitizers, or ptxas's resource figures.
     timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check \
-        --ignore=tests/kernels/test_emulated_kernels.py --ignore=tests/kernels/test_resources.py \
+        -m "not emulator" --ignore=tests/kernels/test_resources.py \
         --ignore=tests/kernels/test_sanitizers.py \
         tests/kernels >"$LOGS/tests.log" 2>&1
     tests_rc=$?

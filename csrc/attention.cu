@@ -38,6 +38,10 @@
 //                        mma.sync inputs.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
+//
+// NumPy twin   minitransformer/kernels/reference/attention.py
+// tests        tests/kernels/test_attention.py: the twin against the formula, these kernels in
+//              the CPU emulator and on the device against float64.
 #include <cuda_pipeline.h>
 
 #include <type_traits>

@@ -19,6 +19,10 @@
 // over blocks: no atomics anywhere, a deterministic result. The slices take 8 D bytes per
 // warp: with 4 warps, 128 KiB at D = 4096, more than RTX 30/40, A10, L4 and L40 allow a block
 // (99 KiB); there, rows wider than 3168 run in blocks of 2 warps (launch_config.cuh).
+//
+// NumPy twin   minitransformer/kernels/reference/layernorm.py
+// tests        tests/kernels/test_layernorm.py: the twin against the formula, these kernels in
+//              the CPU emulator and on the device against float64.
 #include <vector>
 
 #include "common.cuh"
