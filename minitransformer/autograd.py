@@ -23,6 +23,9 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
    Each leaf's ``.grad`` owns its memory, so an optimiser may update it in place.
 4. Unless ``retain_graph=True``, each context drops its inputs and saved arrays as soon as it
    has been used, so the graph of one training step is freed before the next one starts.
+5. Whoever registered with ``add_walk_observer`` hears of each context as the walk finishes it:
+   data-parallel training learns there that a parameter's gradient is complete, and starts
+   all-reducing it while the walk goes on (distributed/grad_hooks.py). The walk knows no more.
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
     if root._ctx is None:
         _accumulate(root, grad)
         return
-    order = _topological_order(root._ctx)
+    order = _topological_order(root._ctx)  # iterative, each context once (step 1 above)
     node_done = _walk_observer(order)  # None unless something listens (DDP's gradient hooks)
     grads = {id(root._ctx): grad}  # context -> gradient of its output, summed over its uses
     for node in order:
@@ -200,7 +203,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             node.free()
 
 
-Tensor.backward = backward
+Tensor.backward = backward  # tensor.py imports nothing above backend; autograd gives it backward()
 
 
 def _seed_gradient(root: Tensor, grad):
