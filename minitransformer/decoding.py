@@ -22,6 +22,8 @@ greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 
 import numpy as np
 
@@ -30,6 +32,8 @@ from .autograd import no_grad
 from .functional.attention import KeyPadding
 from .functional.softmax import log_softmax_array
 from .tensor import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -184,27 +188,67 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
 
 
 def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,
-              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False) -> list[str]:
+              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False, first_line: int = 1
+              ) -> list[str]:
     """Beam-search raw sentences in length-sorted batches of about ``max_tokens`` source
-    tokens; returns detokenized translations in the input order.
+    tokens; returns one detokenized translation per sentence, in the input order.
 
     ``tokenizer`` is a ``data.Tokenizer``; sources get the EOS the model was trained with.
+    What the model cannot read is not decoded, since it would only invent a sentence: an
+    empty (or whitespace-only) sentence gives "", and so does one of which the vocabulary
+    knows no character (all <unk>), with a warning. A sentence longer than the model's
+    positions (``config.max_len`` tokens with EOS, or ``max_tokens`` if smaller) is split
+    after each . ! or ? and translated part by part; a part still too long is truncated.
+    Warnings call sentence i "line first_line + i", its line in the file it came from.
     """
     from .data import TokenBatcher  # the data layer needs nothing from the model
 
     if not sentences:
         return []
-    batcher = TokenBatcher(tokenizer.encode(sentences), max_tokens=max_tokens, shuffle=False)
-    out: list[str] = [""] * len(sentences)
+    limit = min(model.config.max_len, max_tokens) - 1  # pieces, EOS not counted
+    owners, parts = [], []  # sentence index of each part to decode, and its piece ids
+    for i, (text, ids) in enumerate(zip(sentences, tokenizer.encode(sentences))):
+        if not ids:  # empty, or only whitespace
+            continue
+        if tokenizer.knows_nothing_of(ids):
+            logger.warning("line %d: the vocabulary knows none of its characters; left untranslated",
+                           first_line + i)
+            continue
+        pieces = [ids] if len(ids) <= limit else _split(text, tokenizer, limit, first_line + i)
+        owners += [i] * len(pieces)
+        parts += pieces
+    if not parts:
+        return [""] * len(sentences)
+    batcher = TokenBatcher(parts, max_tokens=max_tokens, shuffle=False)
     batches = batcher.epoch_batches(0)
     if progress:
         from tqdm import tqdm
 
         batches = tqdm(batches, desc="translate", unit="batch", leave=False)
+    texts: list[str] = [""] * len(parts)
     for indices in batches:
         batch = batcher.make_batch(indices)
         hyps = beam_search(model, Tensor(backend.to_device(batch.src, device)), beam_size, alpha)
-        for i, text in zip(batch.indices, tokenizer.decode(hyps)):
-            out[i] = text
-    return out
+        for j, text in zip(batch.indices, tokenizer.decode(hyps)):
+            texts[j] = text
+    out: list[list[str]] = [[] for _ in sentences]
+    for owner, text in zip(owners, texts):
+        out[owner].append(text)
+    return [" ".join(t) for t in out]
 
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _split(text: str, tokenizer, limit: int, line: int) -> list[list[int]]:
+    """Piece ids of ``text`` cut after each sentence end, each part at most ``limit`` long."""
+    parts = [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+    cut = sum(len(p) > limit for p in parts)
+    if len(parts) == 1:
+        what = f"truncated to {limit} tokens"
+    else:
+        what = f"translated in {len(parts)} parts cut at sentence ends"
+        what += f", {cut} of them truncated to {limit} tokens" if cut else ""
+    logger.warning("line %d: %d tokens, more than the model's %d positions: %s", line,
+                   sum(map(len, parts)), limit + 1, what)
+    return [p[:limit] for p in parts]
