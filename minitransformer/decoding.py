@@ -31,6 +31,7 @@ from . import backend
 from .autograd import no_grad
 from .functional.attention import KeyPadding
 from .functional.softmax import log_softmax_array
+from .nn.attention import reorder_cache
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -110,72 +111,37 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
 
 
 def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[list[int], float]]:
-    cfg = model.config
+    eos = model.config.eos_id
     src, lengths, pad_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
-    n = src.shape[0]
     max_out = lengths + max_len_extra  # tokens, EOS included
-
-    # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * k + beam.
-    rows = xp.asarray(np.repeat(np.arange(n), k))
-    memory = Tensor(memory.data[rows])
-    pad_mask = KeyPadding(pad_mask.pad[rows])
     cache = model.new_cache()
-    active = np.arange(n)  # sentence id of each slot still in the batch
-    tokens = np.full((n * k, 0), cfg.bos_id, dtype=np.int64)  # generated so far, per row
-    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
+    # Every beam starts from the same BOS, so the first step decodes one row per sentence.
+    width = 1
+    active = np.arange(len(lengths))  # sentence id of each slot still in the batch
+    tokens = np.zeros((len(active), 0), np.int64)  # generated so far, per row
+    scores = np.zeros(len(active))  # log P(tokens | src), per row
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in active]
 
     for t in range(int(max_out.max())):
-        last = tokens[:, -1] if t else np.full(len(scores), cfg.bos_id)
-        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)  # (slots*k, V)
-        vocab = logp.shape[-1]
-        at_max = np.repeat(t + 1 >= max_out[active], k)
-        if at_max.any():  # the last allowed position: only EOS may follow
-            forced = xp.asarray(np.flatnonzero(at_max))
-            eos_logp = logp[forced, cfg.eos_id].copy()
-            logp[forced] = -np.inf
-            logp[forced, cfg.eos_id] = eos_logp
-        cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(len(active), k * vocab)
-        top = xp.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k]
-        top_scores = xp.take_along_axis(cand, top, axis=1)
-        order = xp.argsort(-top_scores, axis=1, kind="stable")
-        top = backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu")
-        top_scores = backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu")
-
-        keep_slots, keep_rows, keep_words, keep_scores = [], [], [], []
-        for slot, sid in enumerate(active):
-            live = []
-            for rank in range(2 * k):
-                beam, word = divmod(int(top[slot, rank]), vocab)
-                score = float(top_scores[slot, rank])
-                if score == -np.inf:
-                    break
-                if word == cfg.eos_id:
-                    if rank < k:
-                        hyp = tokens[slot * k + beam].tolist()
-                        finished[sid].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
-                elif len(live) < k:
-                    live.append((slot * k + beam, word, score))
-            if len(finished[sid]) >= k or not live:
-                continue
-            while len(live) < k:  # too few finite candidates (a tiny vocabulary): dead rows
-                live.append((live[0][0], live[0][1], -np.inf))
-            keep_slots.append(slot)
-            for row, word, score in live:
-                keep_rows.append(row)
-                keep_words.append(word)
-                keep_scores.append(score)
-        if not keep_slots:
+        last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
+        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)  # (slots * width, V)
+        _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
+        top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
+        ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)
+        for slot, row, score in zip(*ends):
+            hyp = tokens[row].tolist()
+            finished[active[slot]].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
+        going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
+        if not going.any():
             break
-        index = np.asarray(keep_rows)
-        tokens = np.concatenate([tokens[index], np.asarray(keep_words)[:, None]], axis=1)
-        scores = np.asarray(keep_scores)
-        active = active[keep_slots]
-        dev_index = xp.asarray(index)  # surviving beams of the sentences still running
-        model.reorder_cache(cache, dev_index)
-        memory = Tensor(memory.data[dev_index])
-        pad_mask = KeyPadding(pad_mask.pad[dev_index])
+        # Sentences done leave the batch; only the rows of those still going live on.
+        slots, rows, words, scores = slots[going], rows[going].ravel(), words[going].ravel(), scores[going].ravel()
+        source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
+        tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
+        active, width = active[slots], k
+        memory, pad_mask = _reorder(model, cache, memory, pad_mask, rows, source_rows, xp)
 
     results = []
     for sid, hyps in enumerate(finished):
@@ -185,6 +151,65 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         best_score, best = max(hyps, key=lambda h: h[0])
         results.append((best, best_score))
     return results
+
+
+def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
+    """At its last allowed position a row may only end: every token but EOS gets -inf."""
+    if rows.any():
+        forced = xp.asarray(np.flatnonzero(rows))
+        eos_logp = logp[forced, eos].copy()
+        logp[forced] = -np.inf
+        logp[forced, eos] = eos_logp
+
+
+def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
+    """The ``m`` best extensions of each sentence, best first, on the host: their ids
+    beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix)."""
+    cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(slots, -1)  # (slots, width * V)
+    m = min(m, cand.shape[1])
+    top = xp.argpartition(-cand, m - 1, axis=1)[:, :m]
+    top_scores = xp.take_along_axis(cand, top, axis=1)
+    order = xp.argsort(-top_scores, axis=1, kind="stable")
+    return (backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu"),
+            backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu"))
+
+
+def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: int, k: int, eos: int):
+    """Split each sentence's candidates (best first) into those that end and those that grow.
+
+    A candidate ending in EOS finishes if it is among the best k; the best k candidates that
+    do not end are the next beams (at least k of the 2k do not, as each row has one EOS, unless
+    the vocabulary is tiny: then the missing beams are dead rows with score -inf). Returns the
+    finishing (slots, rows, scores), and for each slot with a live beam: its index, and its k
+    beams' parent rows, words and scores, (slots, k) each.
+    """
+    parent, word = np.divmod(top, vocab)
+    rows = np.arange(len(top))[:, None] * width + parent
+    finite = top_scores > -np.inf
+    ends = finite & (word == eos)
+    ends[:, k:] = False
+    grows = finite & (word != eos)
+    end_slot, end_rank = np.nonzero(ends)
+    end_rows, end_scores = rows[end_slot, end_rank], top_scores[end_slot, end_rank].tolist()
+    pick = np.argsort(~grows, axis=1, kind="stable")[:, :k]  # the first k that grow, in rank order
+    rows, word, top_scores, live = (np.take_along_axis(a, pick, axis=1) for a in (rows, word, top_scores, grows))
+    slots = np.flatnonzero(live[:, 0])
+    return ((end_slot, end_rows, end_scores), slots, rows[slots], word[slots],
+            np.where(live, top_scores, -np.inf)[slots])
+
+
+def _reorder(model, cache, memory, pad_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
+    """Keep the decoder's state of the surviving beams: the self-attention caches follow
+    ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
+    beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""
+    for layer in cache:
+        reorder_cache(layer["self"], xp.asarray(rows))
+    if source_rows is None:
+        return memory, pad_mask
+    index = xp.asarray(source_rows)
+    for layer in cache:
+        reorder_cache(layer["cross"], index)
+    return Tensor(memory.data[index]), KeyPadding(pad_mask.pad[index])
 
 
 def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,
