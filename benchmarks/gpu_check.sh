@@ -160,7 +160,7 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
-for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 11), ("train_step_bf16.log", 11),
+for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 13), ("train_step_bf16.log", 13),
                    ("reseed.log", 1), ("wmt.log", 3)):
     path = os.path.join(logs, name)
     if os.path.exists(path):

@@ -155,19 +155,29 @@ def step_gemms(args) -> list[tuple[int, int, int, int]]:
     return forward + d_a + d_b
 
 
+def floor_dtype(args) -> np.dtype:
+    """float32, or float16 under mixed precision: a GPU's tensor cores multiply bfloat16 at
+    float16's rate, and float16 is the 16-bit type every CuPy and NumPy multiplies."""
+    return np.dtype(np.float32 if args.precision == "fp32" else np.float16)
+
+
 def time_gemm_floor(args) -> tuple[list[float], float]:
-    """The step's GEMM floor: every product of ``step_gemms`` alone, float32, into preallocated
-    outputs (NumPy's BLAS on the CPU, cuBLAS through CuPy on a GPU), one timing per pass over
-    all of them. Returns the pass times and the FLOPs of a pass. What the step spends above this
-    floor goes to everything that is not a matrix product (softmaxes, layernorm, dropout masks,
-    elementwise temporaries, the optimiser, Python)."""
+    """The step's GEMM floor: every product of ``step_gemms`` alone, in ``floor_dtype``, into
+    preallocated outputs (NumPy's BLAS on the CPU, cuBLAS through CuPy on a GPU), one timing per
+    pass over all of them. Returns the pass times and the FLOPs of a pass. What the step spends
+    above this floor goes to everything that is not a matrix product (softmaxes, layernorm,
+    dropout masks, elementwise temporaries, the optimiser, Python). The floor counts the paper's
+    products: the fused attention kernel's backward also recomputes Q K^T, one product more per
+    attention, which the step pays and the floor does not."""
     xp = mt.backend.get_array_module(args.device)
     rng = np.random.default_rng(1)
+    dtype = floor_dtype(args)
     operands = {}
     for shape in set(step_gemms(args)):
         c, m, k, n = shape
-        a, b = (xp.asarray(rng.standard_normal(dims, dtype=np.float32)) for dims in ((c, m, k), (c, k, n)))
-        operands[shape] = (a, b, xp.empty((c, m, n), dtype=np.float32))
+        a, b = (xp.asarray(rng.standard_normal(dims, dtype=np.float32).astype(dtype))
+                for dims in ((c, m, k), (c, k, n)))
+        operands[shape] = (a, b, xp.empty((c, m, n), dtype=dtype))
     gemms = step_gemms(args)
     times = []
     for _ in range(args.warmup + args.steps):
@@ -271,8 +281,8 @@ def main(argv=None) -> None:
           f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, {args.precision}, "
           f"median of {args.steps}")
     print(f"  minitransformer  {ms:8.1f} ms")
-    print(f"  GEMM floor       {floor_ms:8.1f} ms  ({len(step_gemms(args))} products, {flops / 1e9:.1f} GFLOP "
-          f"at {flops / floor_ms / 1e6:.0f} GFLOP/s)")
+    print(f"  GEMM floor       {floor_ms:8.1f} ms  ({len(step_gemms(args))} {floor_dtype(args)} products, "
+          f"{flops / 1e9:.1f} GFLOP at {flops / floor_ms / 1e6:.0f} GFLOP/s)")
     print(f"  step / floor     {ms / floor_ms:8.2f}  (1.0: the step would be nothing but its matrix products)")
     if peer is not None:
         peer_ms = statistics.median(peer[args.warmup:]) * 1e3

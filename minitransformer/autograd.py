@@ -224,11 +224,12 @@ def _seed_gradient(root: Tensor, grad):
     grad = grad.data if isinstance(grad, Tensor) else grad
     if device_of(grad) != root.device:
         raise RuntimeError(f"backward(): gradient is on {device_of(grad)}, tensor is on {root.device}")
+    grad = xp.array(grad, dtype=root.dtype)  # a copy (the caller keeps its array); a number becomes 0-d
     if grad.shape != root.shape:
         raise RuntimeError(
             f"backward(): gradient of shape {grad.shape} does not match the tensor's shape {root.shape}"
         )
-    return xp.array(grad, dtype=root.dtype)  # a copy: the caller keeps its array
+    return grad
 
 
 def _input_gradients(node: Context, g) -> tuple:
@@ -274,8 +275,11 @@ def add_walk_observer(observer) -> None:
 
 def _walk_observer(order: list[Context]):
     callbacks = [cb for cb in (observer(order) for observer in _observers) if cb is not None]
-    if not callbacks:
-        return None
-    if len(callbacks) == 1:
-        return callbacks[0]
-    return lambda node: [cb(node) for cb in callbacks]
+    if len(callbacks) <= 1:
+        return callbacks[0] if callbacks else None
+
+    def node_done(node: Context) -> None:
+        for callback in callbacks:
+            callback(node)
+
+    return node_done

@@ -65,6 +65,12 @@ def test_backward_on_non_scalar_needs_a_gradient(device):
         (x * 2.0).backward(mt.ones(3, device=device))
 
 
+def test_backward_of_a_scalar_takes_a_number():
+    x = randn("cpu", 3)
+    (x * 2.0).sum().backward(3.0)
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 6.0))
+
+
 def test_backward_without_grad_is_an_error(device):
     x = randn(device, 2, requires_grad=False)
     with pytest.raises(RuntimeError, match="does not require grad"):

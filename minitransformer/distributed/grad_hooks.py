@@ -22,7 +22,10 @@ _hooks: dict[int, tuple[weakref.ref, list]] = {}  # id(leaf) -> (weak reference,
 
 
 def register_post_accumulate_grad_hook(leaf: Tensor, hook) -> None:
-    """Call ``hook(leaf)`` once ``leaf.grad`` is complete in each backward pass."""
+    """Call ``hook(leaf)`` once ``leaf.grad`` is complete in each backward pass (PyTorch's
+    ``Tensor.register_post_accumulate_grad_hook``). The registry forgets a leaf when the leaf is
+    collected, so a hook should use the tensor it is given, not one it closes over: that
+    reference would keep the leaf, and its hooks, alive for good (DDP's hooks hold weak ones)."""
     if leaf._ctx is not None:
         raise RuntimeError("post-accumulate hooks can only be registered on leaf tensors, "
                            f"not on the output of {leaf._ctx.fn.__name__}")
@@ -35,6 +38,8 @@ def register_post_accumulate_grad_hook(leaf: Tensor, hook) -> None:
 
 def _countdown(order: list) -> object:
     """The walk observer: for this walk's ``order``, a callable run after each context."""
+    if not _hooks:
+        return None
     remaining: dict[int, int] = {}  # id(hooked leaf) -> contexts still to pass that use it
     for node in order:
         for t in node.inputs:

@@ -31,7 +31,8 @@ from .shape import concat, embedding, getitem, permute, reshape, stack, transpos
 from .softmax import log_softmax, softmax
 
 __all__ = [
-    "KeyMask", "add", "attention_weights", "cast", "compare", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
+    "KeyMask", "add", "attention_weights", "cast", "compare", "concat", "cross_entropy", "div",
+    "dropout", "embedding", "exp",
     "getitem", "layer_norm", "linear", "log", "log_softmax", "masked_fill", "matmul", "max",
     "mean", "mul", "neg", "permute", "pow", "relu", "reshape", "scaled_dot_product_attention",
     "softmax", "sqrt", "stack", "sub", "sum", "to_device", "transpose", "where",
@@ -51,6 +52,31 @@ def _comparison(name: str):
     return lambda self, other: compare(self, other, name)
 
 
+def _reshape(self, *shape):
+    """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+    return reshape(self, _as_shape(shape))
+
+
+def _permute(self, *axes):
+    """``x.permute(0, 2, 1)`` or ``x.permute((0, 2, 1))``."""
+    return permute(self, _as_shape(axes))
+
+
+def _to(self, device: str):
+    """This tensor on ``device`` (itself if already there); differentiable, so gradients flow
+    back across devices."""
+    return self if device == self.device else to_device(self, device)
+
+
+def _astype(self, dtype):
+    """Cast to ``dtype``; differentiable between floating-point types."""
+    return cast(self, dtype)
+
+
+def _float(self):
+    return cast(self, _np.float32)
+
+
 _TENSOR_METHODS = {
     "__add__": add, "__radd__": _reflected(add), "__sub__": sub, "__rsub__": _reflected(sub),
     "__mul__": mul, "__rmul__": _reflected(mul), "__truediv__": div, "__rtruediv__": _reflected(div),
@@ -62,12 +88,7 @@ _TENSOR_METHODS = {
     "__gt__": _comparison("greater"), "__ge__": _comparison("greater_equal"),
     "sum": sum, "mean": mean, "max": max, "exp": exp, "log": log, "sqrt": sqrt, "relu": relu,
     "softmax": softmax, "log_softmax": log_softmax, "masked_fill": masked_fill, "transpose": transpose,
-    "reshape": lambda self, *shape: reshape(self, _as_shape(shape)),
-    "permute": lambda self, *axes: permute(self, _as_shape(axes)),
-    # Differentiable moves and casts: gradients flow back across devices and float dtypes.
-    "to": lambda self, device: self if device == self.device else to_device(self, device),
-    "astype": cast,
-    "float": lambda self: cast(self, _np.float32),
+    "reshape": _reshape, "permute": _permute, "to": _to, "astype": _astype, "float": _float,
 }
 for _name, _method in _TENSOR_METHODS.items():
     setattr(_Tensor, _name, _method)

@@ -52,9 +52,10 @@ class KeyMask:
 
     def __init__(self, mask) -> None:
         self.mask = mask.data if isinstance(mask, Tensor) else mask  # (B, S)
-        if self.mask.ndim != 2 or self.mask.dtype != bool:
-            raise TypeError(f"KeyMask: expected (B, S) booleans (True = may attend), got "
-                            f"{self.mask.dtype} of shape {self.mask.shape}")
+        if self.mask.dtype != bool:
+            raise TypeError(f"KeyMask: expected (B, S) booleans (True = may attend), got {self.mask.dtype}")
+        if self.mask.ndim != 2:
+            raise ValueError(f"KeyMask: expected (B, S) booleans (True = may attend), got shape {self.mask.shape}")
         self.attn_mask = self.mask[:, None, None, :]
         self._lengths, self._lengths_known = None, False
 
@@ -66,8 +67,13 @@ class KeyMask:
         return self._lengths
 
     def select(self, rows) -> KeyMask:
-        """The mask of batch rows ``rows`` (beam search keeps its surviving beams)."""
-        return KeyMask(self.mask[rows])
+        """The mask of batch rows ``rows`` (beam search keeps its surviving beams); the lengths
+        come along when known, so that the selection costs no new sync."""
+        selected = KeyMask(self.mask[rows])
+        if self._lengths_known:
+            selected._lengths = None if self._lengths is None else self._lengths[rows]
+            selected._lengths_known = True
+        return selected
 
     def __repr__(self) -> str:
         return f"KeyMask(shape={self.mask.shape})"

@@ -181,7 +181,7 @@ def embedding(ids, weight: Tensor) -> Tensor:
         bad = (ids_data < 0) | (ids_data >= n)
         if bool(bad.any()):
             i = int(bad.reshape(-1).argmax())
-            raise IndexError(f"embedding: token id {int(ids_data.reshape(-1)[i])} at position "
-                             f"{tuple(int(j) for j in np.unravel_index(i, ids_data.shape))} of ids {ids_data.shape} is outside "
-                             f"the table's {n} rows [0, {n})")
+            where = tuple(int(j) for j in np.unravel_index(i, ids_data.shape))
+            raise IndexError(f"embedding: token id {int(ids_data.reshape(-1)[i])} at position {where} of ids "
+                             f"{ids_data.shape} is outside the table's {n} rows [0, {n})")
     return Embedding.apply(ids, weight)

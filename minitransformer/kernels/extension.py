@@ -18,6 +18,9 @@ try:
 except Exception as exc:  # not built (no nvcc at install time), built for another Python, ...
     _C = None
     _IMPORT_ERROR = str(exc)
+if _C is not None and not hasattr(_C, "limits"):  # an editable install after a pull: stale build
+    _C = None
+    _IMPORT_ERROR = "it was built from older csrc/ sources (no limits()): rebuild with pip install -e ."
 
 
 def extension_built() -> bool:

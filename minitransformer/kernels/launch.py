@@ -260,18 +260,19 @@ def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False
 
 
 def key_lengths_from_mask(mask, batch: int, keys: int):
-    """Per-sequence key lengths (B,) int32 if ``mask`` is a boolean key-padding mask of shape
-    (B or 1, 1, 1, S) whose True entries are a prefix of every row; None otherwise (then the
-    fused kernel cannot express it). Costs one device-to-host sync for the prefix check."""
-    cupy = backend._cupy
-    if cupy is None or not isinstance(mask, cupy.ndarray) or (mask.dtype != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
+    """Per-sequence key lengths (B,) int32 if ``mask`` (a NumPy or CuPy array) is a boolean
+    key-padding mask of shape (B or 1, 1, 1, S) whose True entries are a prefix of every row;
+    None otherwise (then the fused kernel cannot express it). The lengths are on the mask's
+    device; the prefix check costs one device-to-host sync for a CuPy mask."""
+    if (getattr(mask, "dtype", None) != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
             or mask.shape[0] not in (1, batch) or mask.shape[3] != keys):
         return None
+    xp = backend.array_module_of(mask)
     rows = mask.reshape(mask.shape[0], keys)
-    lens = rows.sum(axis=1, dtype=cupy.int32)
-    if not bool((rows == (cupy.arange(keys)[None, :] < lens[:, None])).all()):
+    lens = rows.sum(axis=1, dtype=xp.int32)
+    if not bool((rows == (xp.arange(keys)[None, :] < lens[:, None])).all()):
         return None
-    return cupy.ascontiguousarray(cupy.broadcast_to(lens, (batch,)))
+    return xp.ascontiguousarray(xp.broadcast_to(lens, (batch,)))
 
 
 # --------------------------------------------------------------------------- layernorm
@@ -321,9 +322,6 @@ def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bi
     code = _float_code(fn, x=x, grad=grad, weight=weight)
     D = x.shape[-1]
     N = x.size // D
-    if D > limits()["layernorm_max_d"]:
-        raise ValueError(f"{fn}: rows of {D} exceed {limits()['layernorm_max_d']}, the widest whose "
-                         f"column sums fit in shared memory")
     if grad.shape != x.shape or mean.shape != (N,) or rstd.shape != (N,):
         raise ValueError(f"{fn}: grad {grad.shape}, mean {mean.shape}, rstd {rstd.shape} do not "
                          f"match x {x.shape} (expected grad {x.shape}, mean and rstd ({N},))")

@@ -167,6 +167,11 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, monkey
     with pytest.raises(CorpusError):
         train_wmt.main(args + ["--debug"])
 
+    for value, debug in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv("MT_DEBUG", value)
+        assert train_wmt.parse_args([]).debug is debug
+    monkeypatch.delenv("MT_DEBUG")
+
     monkeypatch.setattr(backend, "has_cuda", lambda: False)
     with pytest.raises(SystemExit, match="^error: --device cuda: .*(CuPy|CUDA)") as e:
         train_wmt.main(args + ["--device", "cuda"])

@@ -129,8 +129,15 @@ def test_key_mask_is_the_boolean_mask_built_once(device):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(F.attention_weights(q, k, key_mask).numpy()[1, :, :, 2:], 0.0)
     np.testing.assert_array_equal(backend.to_device(key_mask.select([1, 1, 0]).mask, "cpu"), real[[1, 1, 0]])
-    with pytest.raises(TypeError, match="expected \\(B, S\\) booleans"):
+    np.testing.assert_array_equal(backend.to_device(key_mask.lengths, "cpu"), lengths)  # what the kernel takes
+    np.testing.assert_array_equal(backend.to_device(key_mask.select([1, 1, 0]).lengths, "cpu"), lengths[[1, 1, 0]])
+    holes = real.copy()
+    holes[0, 1] = False  # padding that is not a suffix: no lengths, the composite op runs
+    assert F.KeyMask(holes).lengths is None
+    with pytest.raises(ValueError, match="expected \\(B, S\\) booleans .* got shape \\(2, 1, 4\\)"):
         F.KeyMask(np.zeros((2, 1, 4), bool))
+    with pytest.raises(TypeError, match="expected \\(B, S\\) booleans .* got int64"):
+        F.KeyMask(np.zeros((2, 4), np.int64))
 
 
 @given(b=st.integers(1, 2), t=st.integers(1, 4), s=st.integers(1, 4), d=st.integers(1, 4),
