@@ -18,8 +18,11 @@ batch on 8 GPUs). ``--breakdown`` also times our step's phases (forward and loss
 gradient all-reduce through DistributedDataParallel at world size 1, Adam), which with the
 gradient size are what the README's 8-GPU scaling model needs.
 
-Prints the median step time of each and the ratio; medians, because the first steps and a busy
-machine give outliers.
+Also times the step's GEMM floor (``time_gemm_floor``): the same step's matrix products alone,
+the paper's model as separate per-projection products, so a step that fused some (Q, K and V
+as one product) could even go below it. Prints the median step time of each, the floor, and
+the ratios step / floor and ours / torch; medians, because the first steps and a busy machine
+give outliers.
 """
 
 from __future__ import annotations
@@ -113,6 +116,81 @@ def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
         print(f"  {name:18} {statistics.median(times) * 1e3:8.2f} ms")
 
 
+def step_gemms(args) -> list[tuple[int, int, int, int]]:
+    """(count, m, k, n) of every matrix product of one training step of the paper's model on a
+    batch of the benchmark's shape: ``count`` independent (m, k) @ (k, n) products. Each linear
+    map is its own product (W^Q, W^K, W^V, W^O apart, as the paper writes them), each head's
+    attention two (Q K^T, then P V), and the output projection one. Backward repeats each
+    forward product C = A @ B twice at the same cost: dA = dC @ B^T and dB = A^T @ dC."""
+    b, s, t = args.batch, args.len, args.len
+    d, d_ff, h = args.d_model, args.d_ff, args.heads
+    d_k = d // h
+    forward = []
+
+    def linear(rows, d_in, d_out):
+        forward.append((1, rows, d_in, d_out))
+
+    def attention(queries, keys):
+        forward.append((b * h, queries, d_k, keys))  # Q K^T
+        forward.append((b * h, queries, keys, d_k))  # P V
+
+    for _ in range(args.layers):  # encoder
+        for _ in range(4):
+            linear(b * s, d, d)
+        attention(s, s)
+        linear(b * s, d, d_ff)
+        linear(b * s, d_ff, d)
+    for _ in range(args.layers):  # decoder
+        for _ in range(4):
+            linear(b * t, d, d)  # self-attention
+        attention(t, t)
+        for rows in (b * t, b * s, b * s, b * t):
+            linear(rows, d, d)  # cross-attention: W^Q on the target, W^K and W^V on the memory, W^O
+        attention(t, s)
+        linear(b * t, d, d_ff)
+        linear(b * t, d_ff, d)
+    linear(b * t, d, args.vocab)  # the output projection (the shared embedding, transposed)
+    d_a = [(c, m, n, k) for c, m, k, n in forward]
+    d_b = [(c, k, m, n) for c, m, k, n in forward]
+    return forward + d_a + d_b
+
+
+def floor_dtype(args) -> np.dtype:
+    """float32, or float16 under mixed precision: a GPU's tensor cores multiply bfloat16 at
+    float16's rate, and float16 is the 16-bit type every CuPy and NumPy multiplies."""
+    return np.dtype(np.float32 if args.precision == "fp32" else np.float16)
+
+
+def time_gemm_floor(args) -> tuple[list[float], float]:
+    """The step's GEMM floor: every product of ``step_gemms`` alone, in ``floor_dtype``, into
+    preallocated outputs (NumPy's BLAS on the CPU, cuBLAS through CuPy on a GPU), one timing per
+    pass over all of them. Returns the pass times and the FLOPs of a pass. What the step spends
+    above this floor goes to everything that is not a matrix product (softmaxes, layernorm,
+    dropout masks, elementwise temporaries, the optimiser, Python). The floor counts the paper's
+    products: the fused attention kernel's backward also recomputes Q K^T, one product more per
+    attention, which the step pays and the floor does not."""
+    xp = mt.backend.get_array_module(args.device)
+    rng = np.random.default_rng(1)
+    dtype = floor_dtype(args)
+    operands = {}
+    for shape in set(step_gemms(args)):
+        c, m, k, n = shape
+        a, b = (xp.asarray(rng.standard_normal(dims, dtype=np.float32).astype(dtype))
+                for dims in ((c, m, k), (c, k, n)))
+        operands[shape] = (a, b, xp.empty((c, m, n), dtype=dtype))
+    gemms = step_gemms(args)
+    times = []
+    for _ in range(args.warmup + args.steps):
+        sync(args.device)
+        start = time.perf_counter()
+        for shape in gemms:
+            a, b, out = operands[shape]
+            xp.matmul(a, b, out=out)
+        sync(args.device)
+        times.append(time.perf_counter() - start)
+    return times[args.warmup:], sum(2.0 * c * m * k * n for c, m, k, n in gemms)
+
+
 def time_torch(args, data) -> list[float] | None:
     try:
         import torch
@@ -195,12 +273,17 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
     ours = time_ours(args, data)[args.warmup:]
+    floor, flops = time_gemm_floor(args)
     peer = time_torch(args, data)
     ms = statistics.median(ours) * 1e3
+    floor_ms = statistics.median(floor) * 1e3
     print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "
           f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, {args.precision}, "
           f"median of {args.steps}")
     print(f"  minitransformer  {ms:8.1f} ms")
+    print(f"  GEMM floor       {floor_ms:8.1f} ms  ({len(step_gemms(args))} {floor_dtype(args)} products, "
+          f"{flops / 1e9:.1f} GFLOP at {flops / floor_ms / 1e6:.0f} GFLOP/s)")
+    print(f"  step / floor     {ms / floor_ms:8.2f}  (1.0: the step would be nothing but its matrix products)")
     if peer is not None:
         peer_ms = statistics.median(peer[args.warmup:]) * 1e3
         print(f"  torch            {peer_ms:8.1f} ms")

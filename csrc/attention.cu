@@ -38,6 +38,10 @@
 //                        mma.sync inputs.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
+//
+// NumPy twin   minitransformer/kernels/reference/attention.py
+// tests        tests/kernels/test_attention.py: the twin against the formula, these kernels in
+//              the CPU emulator and on the device against float64.
 #include <cuda_pipeline.h>
 
 #include <type_traits>
@@ -45,6 +49,7 @@
 
 #include "common.cuh"
 #include "launch_config.cuh"
+#include "limits.cuh"
 
 namespace mt {
 namespace {
@@ -933,7 +938,10 @@ const std::vector<AttnKernel>& forward_kernels() {
         if constexpr (!std::is_same_v<T, float>) return {mma_forward<T, D>()};
         else if constexpr (D == 32) return {f32_forward<D, 64, 64>()};
         else if constexpr (D == 64) return {f32_forward<D, 64, 64>(), f32_forward<D, 32, 64>()};
-        else return {f32_forward<D, 32, 64>(), f32_forward<D, 32, 32>()};
+        else {
+            static_assert(D == 128, "a head dim added to limits.cuh needs its tiles here");
+            return {f32_forward<D, 32, 64>(), f32_forward<D, 32, 32>()};
+        }
     }();
     return kernels;
 }
@@ -944,7 +952,10 @@ const std::vector<AttnKernel>& backward_kernels() {
         if constexpr (!std::is_same_v<T, float>) return {mma_backward<T, D>()};
         else if constexpr (D == 32) return {f32_backward<D, 32, 64>()};
         else if constexpr (D == 64) return {f32_backward<D, 32, 64>(), f32_backward<D, 32, 32>()};
-        else return {f32_backward<D, 32, 32>(), f32_backward<D, 32, 16>()};
+        else {
+            static_assert(D == 128, "a head dim added to limits.cuh needs its tiles here");
+            return {f32_backward<D, 32, 32>(), f32_backward<D, 32, 16>()};
+        }
     }();
     return kernels;
 }
@@ -982,22 +993,28 @@ void launch_backward(const AttnParams& p, void* dq, size_t smem_limit, cudaStrea
     check_launch("attention_backward (dq cast)");
 }
 
+// Calls f(std::integral_constant<int, D>{}) if D is one of Ds; returns false if D is none of them.
+template <typename F, int... Ds>
+bool with_head_dim(int D, F&& f, limits::IntList<Ds...>) {
+    return ((D == Ds && (f(std::integral_constant<int, Ds>{}), true)) || ...);
+}
+
 // Calls f(T{}, std::integral_constant<int, D>{}) for a dtype code and a head dim.
 template <typename F>
 void with_type_and_dim(int dtype, int D, const char* name, F&& f) {
     with_type(dtype, name, [&](auto tag) {
-        switch (D) {
-            case 32: f(tag, std::integral_constant<int, 32>{}); return;
-            case 64: f(tag, std::integral_constant<int, 64>{}); return;
-            case 128: f(tag, std::integral_constant<int, 128>{}); return;
-        }
-        throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
-                                    " is not supported (32, 64 or 128)");
+        if (!with_head_dim(D, [&](auto dim) { f(tag, dim); }, limits::AttentionHeadDims{}))
+            throw std::invalid_argument(std::string(name) + ": head dim " + std::to_string(D) +
+                                        " is not supported (see csrc/limits.cuh)");
     });
 }
 
-AttnParams make_params(int B, int H, int T, int S, float scale, bool causal, float dropout_p,
-                       uint64_t seed, const int* kv_lens) {
+AttnParams make_params(const char* launcher, int B, int H, int T, int S, float scale, bool causal,
+                       float dropout_p, uint64_t seed, const int* kv_lens) {
+    if (static_cast<long long>(B) * H > limits::kMaxGridY)
+        throw std::invalid_argument(std::string(launcher) + ": B * H = " + std::to_string(static_cast<long long>(B) * H) +
+                                    " exceeds " + std::to_string(limits::kMaxGridY) +
+                                    ", the blocks a grid may have along y");
     AttnParams p{};
     p.B = B; p.H = H; p.T = T; p.S = S;
     p.scale = scale;
@@ -1018,7 +1035,7 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
                        const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                        float scale, bool causal, float dropout_p, uint64_t seed,
                        size_t smem_limit, cudaStream_t stream) {
-    AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
+    AttnParams p = make_params("attention_forward", B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
     p.q = q; p.k = k; p.v = v; p.out = o; p.lse = lse;
     with_type_and_dim(dtype, D, "attention_forward", [&](auto tag, auto dim) {
         launch_forward<decltype(tag), decltype(dim)::value>(p, smem_limit, stream);
@@ -1030,7 +1047,7 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
                         void* dk, void* dv, float* dq_accum, float* delta, int dtype, int B,
                         int H, int T, int S, int D, float scale, bool causal, float dropout_p,
                         uint64_t seed, size_t smem_limit, cudaStream_t stream) {
-    AttnParams p = make_params(B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
+    AttnParams p = make_params("attention_backward", B, H, T, S, scale, causal, dropout_p, seed, kv_lens);
     p.q = q; p.k = k; p.v = v; p.o = o; p.dout = dout;
     p.lse = const_cast<float*>(lse);
     p.dk = dk; p.dv = dv; p.dq_accum = dq_accum; p.delta = delta;

@@ -3,10 +3,10 @@
 // Arrays arrive as raw device pointers (CuPy's `a.data.ptr`, a Python int; 0 for an absent
 // optional array) with their sizes and a dtype code (0 float32, 1 float16, 2 bfloat16); the
 // stream is CuPy's current stream (`cupy.cuda.get_current_stream().ptr`). The Python wrappers
-// in minitransformer/kernels/ check shapes, dtypes, devices and contiguity of the CuPy arrays;
-// this layer checks everything it can see before any launch (required pointers present and
-// aligned, sizes positive, supported head dims, grid limits) and turns every CUDA error into a
-// RuntimeError that names the kernel. No math here.
+// in minitransformer/kernels/ check shapes, dtypes, devices and contiguity of the CuPy arrays,
+// and what the kernels can take (csrc/limits.cuh, handed to them by limits() below); this layer
+// checks pointers (present and aligned), dtype codes and sizes before any launch, and turns
+// every C++ exception and CUDA error into a Python exception that names the kernel. No math.
 //
 // Attention and layernorm_backward take the device's shared memory per block (smem_limit,
 // bytes: Python reads cudaDevAttrMaxSharedMemoryPerBlockOptin) and launch the largest variant of
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "launch_config.cuh"
+#include "limits.cuh"
 
 namespace py = pybind11;
 
@@ -86,11 +87,7 @@ void check_positive(const char* fn, std::initializer_list<std::pair<const char*,
 void check_attention(const char* fn, int dtype, int B, int H, int T, int S, int D,
                      float dropout_p, long long smem_limit) {
     check_dtype(dtype, fn);
-    check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}, {"smem_limit", smem_limit}});
-    if (D != 32 && D != 64 && D != 128)
-        fail(fn, "head dim " + std::to_string(D) + " is not supported (32, 64 or 128)");
-    if (static_cast<long long>(B) * H > 65535)
-        fail(fn, "B * H = " + std::to_string(static_cast<long long>(B) * H) + " exceeds 65535");
+    check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}, {"D", D}, {"smem_limit", smem_limit}});
     if (!(dropout_p >= 0.f && dropout_p < 1.f))
         fail(fn, "dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
 }
@@ -110,6 +107,11 @@ std::vector<mt::LaunchConfig> launch_configs(const std::string& launcher, int dt
     }
     fail(fn, "launcher '" + launcher + "' is not attention_forward, attention_backward or "
              "layernorm_backward (the others use no dynamic shared memory)");
+}
+
+template <int... Ds>
+py::tuple as_tuple(mt::limits::IntList<Ds...>) {
+    return py::make_tuple(Ds...);
 }
 
 py::dict as_dict(const mt::LaunchConfig& c) {
@@ -163,6 +165,15 @@ PYBIND11_MODULE(_C, m) {
           py::arg("S"), py::arg("D"), py::arg("scale"), py::arg("causal"), py::arg("dropout_p"),
           py::arg("seed"), py::arg("smem_limit"), py::arg("stream"));
 
+    m.def("limits",
+          []() {
+              return py::dict(py::arg("attention_head_dims") = as_tuple(mt::limits::AttentionHeadDims{}),
+                              py::arg("max_grid_y") = mt::limits::kMaxGridY,
+                              py::arg("layernorm_max_d") = mt::limits::kLayernormMaxD);
+          },
+          "What the kernels can take (csrc/limits.cuh): attention_head_dims, max_grid_y (attention's "
+          "B * H), layernorm_max_d (layernorm_backward's widest row).");
+
     m.def("launch_configs",
           [](const std::string& launcher, int dtype, int D) {
               py::list configs;
@@ -206,9 +217,6 @@ PYBIND11_MODULE(_C, m) {
               const char* fn = "layernorm_backward";
               check_dtype(dtype, fn);
               check_positive(fn, {{"N", N}, {"D", D}, {"blocks", blocks}, {"smem_limit", smem_limit}});
-              if (D > 4096)  // LAYERNORM_MAX_D of kernels/launch.py; 2 warps' sums (16 D bytes) fit any GPU
-                  fail(fn, "D = " + std::to_string(D) + " exceeds 4096, the widest row whose column "
-                           "sums fit in shared memory");
               mt::layernorm_backward(
                   pointer(x, fn, "x", true, 16), pointer(w, fn, "weight", false, 16),
                   pointer<const float>(mean, fn, "mean"), pointer<const float>(rstd, fn, "rstd"),

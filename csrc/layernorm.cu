@@ -19,10 +19,15 @@
 // over blocks: no atomics anywhere, a deterministic result. The slices take 8 D bytes per
 // warp: with 4 warps, 128 KiB at D = 4096, more than RTX 30/40, A10, L4 and L40 allow a block
 // (99 KiB); there, rows wider than 3168 run in blocks of 2 warps (launch_config.cuh).
+//
+// NumPy twin   minitransformer/kernels/reference/layernorm.py
+// tests        tests/kernels/test_layernorm.py: the twin against the formula, these kernels in
+//              the CPU emulator and on the device against float64.
 #include <vector>
 
 #include "common.cuh"
 #include "launch_config.cuh"
+#include "limits.cuh"
 
 namespace mt {
 namespace {
@@ -237,6 +242,10 @@ void layernorm_forward(const void* x, const void* w, const void* b, void* y, flo
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
                         const void* g, void* dx, void* dw, void* db, float* partial, int blocks,
                         int dtype, int N, int D, size_t smem_limit, cudaStream_t stream) {
+    if (D > limits::kLayernormMaxD)
+        throw std::invalid_argument("layernorm_backward: D = " + std::to_string(D) + " exceeds " +
+                                    std::to_string(limits::kLayernormMaxD) +
+                                    ", the widest row whose column sums fit in shared memory");
     with_type(dtype, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
         with_vec<T>(D, [&](auto vec) {

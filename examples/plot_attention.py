@@ -52,6 +52,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="folder for the PNGs (default: <run>/attention)")
     p.add_argument("--beam", type=int, default=4)
     args = p.parse_args(argv)
+    if not args.sentence.strip():
+        p.error("the sentence is empty: there is no attention to draw")
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
     model = load_model(checkpoint, "cpu", tokenizer=tok)

@@ -34,7 +34,10 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import data, distributed, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
-from minitransformer.checkpoint import average_checkpoints, load_checkpoint, restore, save_checkpoint
+from minitransformer.checkpoint import (
+    CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
+)
+from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import evaluate_loss, train_step
@@ -138,6 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
+    p.add_argument("--debug", action="store_true", default=os.environ.get("MT_DEBUG", "").strip() not in ("", "0"),
+                   help="show the traceback of an error a user can act on (a missing corpus, a bad "
+                        "checkpoint, no GPU), which otherwise prints as one line; also MT_DEBUG=1")
     args = p.parse_args(argv)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
     return args
@@ -148,8 +154,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_data(args, preset: Preset, world, with_test: bool = True):
     """(train, val, test, tokenizer); test is None unless ``with_test``."""
-    from minitransformer.data.download import ensure_dataset
-
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
     if world.is_main:
         ensure_dataset(preset.corpus, data_dir)
@@ -188,15 +192,19 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:
 # --------------------------------------------------------------------------- training
 
 
-def build(args, preset: Preset, tok) -> nn.Transformer:
+def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
+    """The preset's model, with --d-model (and d_ff = 4 d_model) and --layers applied."""
     params = dict(preset.model)
     if args.d_model:
         params.update(d_model=args.d_model, d_ff=4 * args.d_model)
     if args.layers:
         params.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
-    cfg = nn.TransformerConfig(vocab_size=tok.vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
-                               eos_id=data.EOS_ID, **params)
-    return nn.Transformer(cfg)
+    return nn.TransformerConfig(vocab_size=vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
+                                eos_id=data.EOS_ID, **params)
+
+
+def build(args, preset: Preset, tok) -> nn.Transformer:
+    return nn.Transformer(model_config(args, preset, tok.vocab_size))
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -247,10 +255,34 @@ def plot_curves(log_path: str, png_path: str) -> None:
     plt.close(fig)
 
 
+class SetupError(Exception):
+    """A setting this run cannot use (no GPU; batching settings that differ from the run's)."""
+
+
+# Errors a user can act on, each with a message that says what is wrong and what to do: one
+# line each (the traceback only with --debug), as argparse's own errors.
+USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return train_and_evaluate(args)
+    except USER_ERRORS as e:
+        if args.debug:
+            raise
+        raise SystemExit(f"error: {e}") from None
+
+
+def train_and_evaluate(args) -> dict:
     preset = PRESETS[args.preset]
+    try:
+        mt.backend.check_device(args.device)
+    except RuntimeError as e:
+        raise SetupError(f"--device {args.device}: {e}") from e
+    if args.resume:  # before minutes of reading, vocabulary training and encoding
+        check_resume_flags(args, preset)
     world = distributed.init(args.device)
     os.makedirs(args.out_dir, exist_ok=True)
     train, val, test, tok = load_data(args, preset, world)
@@ -295,20 +327,28 @@ def start_or_resume(run: Run) -> tuple[int, float]:
     args = run.args
     last_path = os.path.join(args.out_dir, "last.npz")
     if args.resume:
+        if run.world.is_main:
+            remove_unfinished_writes(args.out_dir)
         ckpt = load_checkpoint(last_path)
-        check_resume(args, ckpt, run.tok, last_path)
+        check_resume(args, ckpt, run, last_path)
         restore(ckpt, run.model, run.optimizer, run.schedule, scaler=run.scaler)
-        run.batcher.load_state_dict(ckpt.extra["batcher"])
+        try:
+            run.batcher.load_state_dict(ckpt.extra["batcher"])
+        except ValueError as e:  # --max-tokens, --seed, the data subset or the ranks changed
+            raise SetupError(f"{last_path}: {e}; resume with the run's --max-tokens, --seed, --limit-train "
+                             f"and number of ranks, or start a new run") from e
         step = ckpt.extra["step"]
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
             truncate_log(run.log_path, step)
         return step, ckpt.extra["train_seconds"]
     if os.path.exists(last_path) or checkpoints(args.out_dir):
-        raise SystemExit(f"{args.out_dir} holds checkpoints of an earlier run: pass --resume to continue "
-                         f"it, or choose another --out-dir")
-    if run.world.is_main and os.path.exists(run.log_path):
-        os.remove(run.log_path)  # a fresh run starts a fresh log
+        raise SystemExit(f"error: {args.out_dir} holds checkpoints of an earlier run: pass --resume to "
+                         f"continue it, or choose another --out-dir")
+    if run.world.is_main:
+        remove_unfinished_writes(args.out_dir)
+        if os.path.exists(run.log_path):
+            os.remove(run.log_path)  # a fresh run starts a fresh log
     return 0, 0.0
 
 
@@ -425,17 +465,58 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
                              tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
-def check_resume(args, ckpt, tok, path: str) -> None:
-    """Refuse to resume with settings the checkpoint would silently override or contradict."""
+def check_resume_flags(args, preset: Preset) -> None:
+    """What --resume can check from the flags alone: that there is a run, and that these flags
+    build the model it holds (in one line naming the flag, not a traceback per parameter)."""
+    path = os.path.join(args.out_dir, "last.npz")
+    if not os.path.exists(path):
+        raise SystemExit(f"error: --resume: {path} does not exist, so {args.out_dir} holds no run to "
+                         f"continue; drop --resume to start one there")
+    saved = load_checkpoint(path, metadata_only=True).config or {}
+    now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
+    for flag, key in (("--d-model", "d_model"), ("--layers", "num_encoder_layers"),
+                      ("--layers", "num_decoder_layers")):
+        if key in saved and saved[key] != now[key]:
+            raise SystemExit(f"error: {path} holds a model with {flag} {saved[key]}, but these settings give "
+                             f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")
+
+
+def check_resume(args, ckpt, run: Run, path: str) -> None:
+    """Refuse, in one line naming the flag, to resume with settings the checkpoint would silently
+    override or contradict; and check the checkpoints that finish() will average, so that a bad
+    one is found now, not after training."""
     saved_tok = ckpt.extra.get("tokenizer")
-    if saved_tok is not None and saved_tok != os.path.basename(tok.path):
-        raise SystemExit(f"{path} was trained with the tokenizer {saved_tok}, but these settings give "
-                         f"{os.path.basename(tok.path)}: resume with the run's --limit-train and --vocab-size")
+    if saved_tok is not None and saved_tok != os.path.basename(run.tok.path):
+        raise SystemExit(f"error: {path} was trained with the tokenizer {saved_tok}, but these settings give "
+                         f"{os.path.basename(run.tok.path)}: resume with the run's --limit-train and --vocab-size")
     sched = ckpt.schedule or {}
     for flag, key, value in (("--warmup", "warmup", args.warmup), ("--lr-factor", "factor", args.lr_factor)):
         if value is not None and key in sched and sched[key] != value:
-            raise SystemExit(f"{path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
+            raise SystemExit(f"error: {path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
                              f"keeps its schedule; drop {flag} or start a new run")
+    saved, now = ckpt.config or {}, vars(run.model.config)
+    differ = [f"{k} {saved[k]} (now {now[k]})" for k in saved if k in now and saved[k] != now[k]]
+    if differ:
+        raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
+                         f"--preset and model flags, or start a new run")
+    if run.world.is_main:
+        for p in checkpoints(args.out_dir)[-average_last(args):]:
+            try:
+                verify_checkpoint(p)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}. It is one of the checkpoints averaged when training ends: "
+                                      f"delete it (the others are averaged) and resume again") from e
+
+
+def remove_unfinished_writes(out_dir: str) -> None:
+    """Delete the temp files of checkpoint writes that a kill interrupted (save_checkpoint
+    writes .tmp-*.npz, then renames it): nothing reads them, and they would stay forever."""
+    stale = glob.glob(os.path.join(out_dir, ".tmp-*.npz"))
+    for path in stale:
+        os.remove(path)
+    if stale:
+        log.warning("removed %d unfinished checkpoint write(s) left in %s by an interrupted run: %s",
+                    len(stale), out_dir, ", ".join(os.path.basename(p) for p in stale))
 
 
 def truncate_log(log_path: str, step: int) -> None:

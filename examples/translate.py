@@ -5,14 +5,23 @@
 
 ``--run`` is a train_wmt.py output folder: its averaged model (or last checkpoint) and its
 sentencepiece model are used. ``--checkpoint`` and ``--tokenizer`` name them explicitly.
+
+One line in, one line out, always: an empty line gives an empty line, a line the vocabulary
+cannot read at all gives an empty line and a warning, an over-long line is split at sentence
+ends (see ``decoding.translate``). Input is read as it arrives: a line typed on stdin is
+translated as soon as it is complete, and a file is translated and written chunk by chunk
+(with a progress bar on stderr), so an interrupted run keeps what it finished. Bytes that are
+not UTF-8 stop the run with the file (or stdin), the line and the byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from minitransformer import data, nn
 from minitransformer.checkpoint import load_checkpoint
@@ -21,10 +30,15 @@ from minitransformer.decoding import translate
 
 def load_model(checkpoint: str, device: str, dtype: str = "float32", tokenizer: data.Tokenizer | None = None
                ) -> nn.Transformer:
-    """The checkpoint's model; with ``tokenizer``, checked to share its vocabulary size."""
+    """The checkpoint's model; with ``tokenizer``, checked to be the one it was trained with:
+    the one the checkpoint names (train_wmt.py names its tokenizer by a fingerprint of its
+    training text and settings), and of its vocabulary size."""
     ckpt = load_checkpoint(checkpoint)
     if ckpt.config is None:
         raise SystemExit(f"{checkpoint} holds no model config")
+    named = ckpt.extra.get("tokenizer")
+    if tokenizer is not None and named is not None and named != tokenizer.path.name:
+        raise SystemExit(f"{checkpoint} was trained with the tokenizer {named}, not {tokenizer.path}")
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
         raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {checkpoint} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
@@ -51,6 +65,24 @@ def find_run_files(run: str) -> tuple[str, str]:
     return checkpoint, tokenizers[-1]
 
 
+def read_chunks(fd: int, name: str, chunk_bytes: int = 1 << 14) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, lines) for each run of complete lines as they arrive on ``fd``.
+
+    ``os.read`` returns what is there: one line typed on a terminal, or up to ``chunk_bytes`` of
+    a file or pipe (enough lines for length-sorted batches). Lines are split on "\\n" only, as
+    the corpus reader does, and a "\\r" before it is dropped; bad UTF-8 is a ``CorpusError``
+    naming ``name``, the line and the byte.
+    """
+    pending, first = b"", 1
+    while chunk := os.read(fd, chunk_bytes):
+        *lines, pending = (pending + chunk).split(b"\n")
+        if lines:
+            yield first, [data.decode_utf8(line, name, first + i).removesuffix("\r") for i, line in enumerate(lines)]
+            first += len(lines)
+    if pending:  # a last line without its "\n"
+        yield first, [data.decode_utf8(pending, name, first).removesuffix("\r")]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -68,18 +100,34 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
 
     tok = data.Tokenizer(tokenizer)
     model = load_model(checkpoint, args.device, args.dtype, tok)
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
-    sentences = [line.rstrip("\n") for line in source]
-    hyps = translate(model, tok, sentences, args.device, args.beam, args.alpha, args.max_tokens,
-                     progress=args.output is not None)
+    source = open(args.input, "rb") if args.input else sys.stdin.buffer
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    out.write("".join(h + "\n" for h in hyps))
-    out.flush()
+    progress = None
+    if args.input:
+        from tqdm import tqdm
+
+        progress = tqdm(total=sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b"")),
+                        unit="line", desc="translate")
+        source.seek(0)
+    try:
+        for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
+            hyps = translate(model, tok, lines, args.device, args.beam, args.alpha, args.max_tokens,
+                             first_line=first)
+            out.write("".join(h + "\n" for h in hyps))
+            out.flush()
+            if progress is not None:
+                progress.update(len(lines))
+    except data.CorpusError as e:
+        raise SystemExit(str(e)) from None
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 if __name__ == "__main__":

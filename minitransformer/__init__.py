@@ -1,22 +1,31 @@
 """minitransformer: the Transformer of "Attention Is All You Need", built from scratch.
 
-Layers, each importing only those before it (except that tensor's operators call functional,
-imported at the end of tensor.py):
+    import minitransformer as mt
+    model = mt.nn.Transformer(mt.nn.TransformerConfig(vocab_size=8000))
+    optimizer = mt.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+
+Layers, each importing only those before it (tests/test_layers.py checks this):
 
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
-    tensor, autograd   Tensor, Function, the reverse-mode engine, no_grad
-    functional (F)     differentiable ops, each with its backward
+    tensor             Tensor: an array and its autograd fields
+    autograd           Function, the reverse-mode walk (binds Tensor.backward), no_grad
+    kernels            the CUDA kernels' launchers and limits, and their NumPy twins
+    functional (F)     differentiable ops, each with its backward (binds Tensor's operators)
+    nn, optim, amp, data, checkpoint, distributed
+    decoding, train
 """
 
 import numpy as np
 
 from .backend import bfloat16, has_cuda, manual_seed
-from .tensor import (  # noqa: I001 - tensor must be imported before autograd
+from .tensor import (
     Tensor, arange, full, full_like, ones, ones_like, rand, randn, randn_like, tensor, zeros,
     zeros_like,
 )
 from .autograd import Function, enable_grad, is_grad_enabled, no_grad
-from . import functional
+from . import functional  # noqa: I001 - in layer order, as after ``import torch``
+from . import amp, checkpoint, data, distributed, nn, optim
+from . import decoding, train
 
 # dtype names, as in torch.float32; NumPy's dtypes serve both backends (bfloat16 comes from
 # ml_dtypes, and is None without it).
@@ -28,7 +37,8 @@ int64 = np.dtype("int64")
 __version__ = "0.1.0"
 
 __all__ = [
-    "Function", "Tensor", "arange", "bfloat16", "enable_grad", "full", "full_like", "functional",
-    "has_cuda", "is_grad_enabled", "manual_seed", "no_grad", "ones", "ones_like", "rand",
-    "randn", "randn_like", "tensor", "zeros", "zeros_like",
+    "Function", "Tensor", "amp", "arange", "bfloat16", "checkpoint", "data", "decoding",
+    "distributed", "enable_grad", "full", "full_like", "functional", "has_cuda", "is_grad_enabled",
+    "manual_seed", "nn", "no_grad", "ones", "ones_like", "optim", "rand", "randn", "randn_like",
+    "tensor", "train", "zeros", "zeros_like",
 ]

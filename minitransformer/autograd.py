@@ -23,6 +23,9 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
    Each leaf's ``.grad`` owns its memory, so an optimiser may update it in place.
 4. Unless ``retain_graph=True``, each context drops its inputs and saved arrays as soon as it
    has been used, so the graph of one training step is freed before the next one starts.
+5. Whoever registered with ``add_walk_observer`` hears of each context as the walk finishes it:
+   data-parallel training learns there that a parameter's gradient is complete, and starts
+   all-reducing it while the walk goes on (distributed/grad_hooks.py). The walk knows no more.
 """
 
 from __future__ import annotations
@@ -171,7 +174,40 @@ def sum_to_shape(grad, shape: tuple):
 
 
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
-    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad."""
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
+    Bound as ``Tensor.backward``."""
+    grad = _seed_gradient(root, grad)
+    if root._ctx is None:
+        _accumulate(root, grad)
+        return
+    order = _topological_order(root._ctx)  # iterative, each context once (step 1 above)
+    node_done = _walk_observer(order)  # None unless something listens (DDP's gradient hooks)
+    grads = {id(root._ctx): grad}  # context -> gradient of its output, summed over its uses
+    for node in order:
+        g = grads.pop(id(node), None)  # None: every path to this node carried no gradient
+        if g is not None:
+            if node.freed:
+                raise RuntimeError(_FREED)
+            for t, gi in zip(node.inputs, _input_gradients(node, g)):  # the chain rule
+                if t is None or gi is None:
+                    continue
+                gi = sum_to_shape(gi, t.shape).astype(t.dtype, copy=False)
+                if t._ctx is None:
+                    _accumulate(t, gi)
+                else:
+                    key = id(t._ctx)
+                    grads[key] = grads[key] + gi if key in grads else gi
+        if node_done is not None:
+            node_done(node)
+        if not retain_graph:
+            node.free()
+
+
+Tensor.backward = backward  # tensor.py imports nothing above backend; autograd gives it backward()
+
+
+def _seed_gradient(root: Tensor, grad):
+    """The gradient the walk starts from: ones for a scalar root, else the caller's (copied)."""
     if not root.requires_grad:
         raise RuntimeError(
             "backward() called on a tensor that does not require grad "
@@ -184,62 +220,28 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 f"backward() on a non-scalar tensor of shape {root.shape} needs an explicit "
                 f"gradient of that shape: call backward(grad)"
             )
-        grad = xp.ones_like(root.data)
-    else:
-        grad = grad.data if isinstance(grad, Tensor) else grad
-        if device_of(grad) != root.device:
-            raise RuntimeError(
-                f"backward(): gradient is on {device_of(grad)}, tensor is on {root.device}"
-            )
-        grad = xp.array(grad, dtype=root.dtype)  # a copy: the caller keeps its array
-        if grad.shape != root.shape:
-            raise RuntimeError(
-                f"backward(): gradient of shape {grad.shape} does not match the tensor's "
-                f"shape {root.shape}"
-            )
+        return xp.ones_like(root.data)
+    grad = grad.data if isinstance(grad, Tensor) else grad
+    if device_of(grad) != root.device:
+        raise RuntimeError(f"backward(): gradient is on {device_of(grad)}, tensor is on {root.device}")
+    grad = xp.array(grad, dtype=root.dtype)  # a copy (the caller keeps its array); a number becomes 0-d
+    if grad.shape != root.shape:
+        raise RuntimeError(
+            f"backward(): gradient of shape {grad.shape} does not match the tensor's shape {root.shape}"
+        )
+    return grad
 
-    if root._ctx is None:
-        _accumulate(root, grad)
-        return
-    if root._ctx.freed:
-        raise RuntimeError(_FREED)
 
-    order = _topological_order(root._ctx)
-    pending = _pending_hooks(order)
-    grads = {id(root._ctx): grad}
-    for node in order:
-        g = grads.pop(id(node), None)
-        if g is None:  # every path to this node carried no gradient
-            if pending:
-                _run_ready_hooks(node, pending)
-            if not retain_graph:
-                node.free()
-            continue
-        if node.freed:
-            raise RuntimeError(_FREED)
-        in_grads = node.fn.backward(node, g)
-        if not isinstance(in_grads, tuple):
-            in_grads = (in_grads,)
-        if len(in_grads) != len(node.inputs):
-            raise RuntimeError(
-                f"{node.fn.__name__}.backward returned {len(in_grads)} gradients "
-                f"for {len(node.inputs)} inputs"
-            )
-        for t, gi in zip(node.inputs, in_grads):
-            if t is None or gi is None:
-                continue
-            gi = sum_to_shape(gi, t.shape)
-            if gi.dtype != t.dtype:
-                gi = gi.astype(t.dtype)
-            if t._ctx is None:
-                _accumulate(t, gi)
-            else:
-                key = id(t._ctx)
-                grads[key] = grads[key] + gi if key in grads else gi
-        if pending:
-            _run_ready_hooks(node, pending)
-        if not retain_graph:
-            node.free()
+def _input_gradients(node: Context, g) -> tuple:
+    """``node.fn.backward``: one gradient (or None) per input of the op."""
+    in_grads = node.fn.backward(node, g)
+    if not isinstance(in_grads, tuple):
+        in_grads = (in_grads,)
+    if len(in_grads) != len(node.inputs):
+        raise RuntimeError(
+            f"{node.fn.__name__}.backward returned {len(in_grads)} gradients for {len(node.inputs)} inputs"
+        )
+    return in_grads
 
 
 _FREED = (
@@ -258,26 +260,26 @@ def _accumulate(leaf: Tensor, g) -> None:
         leaf.grad = Tensor(leaf.grad.data + g)
 
 
-# Hooks that fire when a leaf's gradient is complete for this backward pass; data-parallel
-# training uses them to start all-reducing a bucket while backward is still running.
+# --------------------------------------------------------------------------- observers
+
+# Factories ``observer(order) -> callable(node) or None``, asked at the start of every walk;
+# the callable runs once the walk is done with each node. Data-parallel training registers
+# one (distributed/grad_hooks.py) to learn when a parameter's gradient is complete.
+_observers: list = []
 
 
-def _pending_hooks(order: list[Context]) -> dict[int, list]:
-    pending: dict[int, list] = {}
-    for node in order:
-        for t in node.inputs:
-            if t is not None and t._ctx is None and t._hooks:
-                entry = pending.setdefault(id(t), [t, 0])
-                entry[1] += 1
-    return pending
+def add_walk_observer(observer) -> None:
+    """Register ``observer(order)`` to be asked at the start of every ``backward``."""
+    _observers.append(observer)
 
 
-def _run_ready_hooks(node: Context, pending: dict[int, list]) -> None:
-    for t in node.inputs:
-        if t is not None and id(t) in pending:
-            entry = pending[id(t)]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del pending[id(t)]
-                for hook in t._hooks:
-                    hook(t)
+def _walk_observer(order: list[Context]):
+    callbacks = [cb for cb in (observer(order) for observer in _observers) if cb is not None]
+    if len(callbacks) <= 1:
+        return callbacks[0] if callbacks else None
+
+    def node_done(node: Context) -> None:
+        for callback in callbacks:
+            callback(node)
+
+    return node_done

@@ -31,9 +31,10 @@ import numpy as np
 if os.environ.get("MT_EMULATE_CUDA", "").strip() == "1":
     # "cuda" emulated on the CPU, for the tests and for reading the GPU path without a GPU
     # (minitransformer/testing/emulated_cuda.py); never imported otherwise.
-    from .testing.emulated_cuda import install as _install_emulated_cuda
+    from .testing import emulated_cuda as _emulated_cuda
+    from .testing import emulated_nccl as _emulated_nccl
 
-    _cupy = _install_emulated_cuda()
+    _cupy = _emulated_cuda.install(_emulated_nccl)
 else:
     try:  # CuPy is an optional extra: pip install minitransformer[cuda]
         import cupy as _cupy

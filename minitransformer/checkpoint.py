@@ -134,6 +134,20 @@ def load_checkpoint(path: str, metadata_only: bool = False) -> Checkpoint:
                       scaler=meta.get("scaler"))
 
 
+def verify_checkpoint(path: str) -> None:
+    """Raise ``CheckpointError`` unless ``path`` is a checkpoint whose every member reads back
+    intact (the zip CRCs), without keeping its arrays in memory: for checking checkpoints long
+    before they are loaded (those a run will average when it ends)."""
+    load_checkpoint(path, metadata_only=True)  # a minitransformer checkpoint of this version
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from e
+    if bad is not None:
+        raise CheckpointError(f"{path} is corrupt: its member {bad} does not match its checksum")
+
+
 def restore(ckpt: Checkpoint, model, optimizer=None, schedule=None, rng: bool = True,
             scaler=None) -> None:
     """Load a checkpoint's state into live objects, so training continues where it stopped."""

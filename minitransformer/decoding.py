@@ -22,14 +22,18 @@ greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 
 import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.attention import KeyPadding
 from .functional.softmax import log_softmax_array
+from .nn.attention import reorder_cache
 from .tensor import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -50,15 +54,15 @@ def length_penalty(length: int, alpha: float) -> float:
 def _prepare(model, src):
     src = src if isinstance(src, Tensor) else Tensor(np.asarray(src))
     lengths = backend.to_device((src.data != model.config.pad_id).sum(axis=1), "cpu")
-    pad_mask = KeyPadding(model.src_pad_mask(src))  # shared by every layer and step
-    return src, lengths, pad_mask, model.encode(src, pad_mask)
+    src_mask = model.src_key_mask(src)  # shared by every layer and step
+    return src, lengths, src_mask, model.encode(src, src_mask)
 
 
-def _step_log_probs(model, last_tokens: np.ndarray, memory, pad_mask, cache, t: int, xp):
+def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
     """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
 
     PAD and BOS are never valid outputs, so they get probability 0."""
-    states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, pad_mask, cache, offset=t)
+    states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
     logits = model.project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
     return log_softmax_array(logits)
@@ -73,7 +77,7 @@ def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
 
 def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     cfg = model.config
-    src, lengths, pad_mask, memory = _prepare(model, src)
+    src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
     max_out = lengths + max_len_extra  # tokens, EOS included
@@ -82,7 +86,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -106,72 +110,37 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extr
 
 
 def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[list[int], float]]:
-    cfg = model.config
-    src, lengths, pad_mask, memory = _prepare(model, src)
+    eos = model.config.eos_id
+    src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
-    n = src.shape[0]
     max_out = lengths + max_len_extra  # tokens, EOS included
-
-    # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * k + beam.
-    rows = xp.asarray(np.repeat(np.arange(n), k))
-    memory = Tensor(memory.data[rows])
-    pad_mask = KeyPadding(pad_mask.pad[rows])
     cache = model.new_cache()
-    active = np.arange(n)  # sentence id of each slot still in the batch
-    tokens = np.full((n * k, 0), cfg.bos_id, dtype=np.int64)  # generated so far, per row
-    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
+    # Every beam starts from the same BOS, so the first step decodes one row per sentence.
+    width = 1
+    active = np.arange(len(lengths))  # sentence id of each slot still in the batch
+    tokens = np.zeros((len(active), 0), np.int64)  # generated so far, per row
+    scores = np.zeros(len(active))  # log P(tokens | src), per row
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in active]
 
     for t in range(int(max_out.max())):
-        last = tokens[:, -1] if t else np.full(len(scores), cfg.bos_id)
-        logp = _step_log_probs(model, last, memory, pad_mask, cache, t, xp)  # (slots*k, V)
-        vocab = logp.shape[-1]
-        at_max = np.repeat(t + 1 >= max_out[active], k)
-        if at_max.any():  # the last allowed position: only EOS may follow
-            forced = xp.asarray(np.flatnonzero(at_max))
-            eos_logp = logp[forced, cfg.eos_id].copy()
-            logp[forced] = -np.inf
-            logp[forced, cfg.eos_id] = eos_logp
-        cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(len(active), k * vocab)
-        top = xp.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k]
-        top_scores = xp.take_along_axis(cand, top, axis=1)
-        order = xp.argsort(-top_scores, axis=1, kind="stable")
-        top = backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu")
-        top_scores = backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu")
-
-        keep_slots, keep_rows, keep_words, keep_scores = [], [], [], []
-        for slot, sid in enumerate(active):
-            live = []
-            for rank in range(2 * k):
-                beam, word = divmod(int(top[slot, rank]), vocab)
-                score = float(top_scores[slot, rank])
-                if score == -np.inf:
-                    break
-                if word == cfg.eos_id:
-                    if rank < k:
-                        hyp = tokens[slot * k + beam].tolist()
-                        finished[sid].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
-                elif len(live) < k:
-                    live.append((slot * k + beam, word, score))
-            if len(finished[sid]) >= k or not live:
-                continue
-            while len(live) < k:  # too few finite candidates (a tiny vocabulary): dead rows
-                live.append((live[0][0], live[0][1], -np.inf))
-            keep_slots.append(slot)
-            for row, word, score in live:
-                keep_rows.append(row)
-                keep_words.append(word)
-                keep_scores.append(score)
-        if not keep_slots:
+        last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)  # (slots * width, V)
+        _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
+        top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
+        ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)
+        for slot, row, score in zip(*ends):
+            hyp = tokens[row].tolist()
+            finished[active[slot]].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
+        going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
+        if not going.any():
             break
-        index = np.asarray(keep_rows)
-        tokens = np.concatenate([tokens[index], np.asarray(keep_words)[:, None]], axis=1)
-        scores = np.asarray(keep_scores)
-        active = active[keep_slots]
-        dev_index = xp.asarray(index)  # surviving beams of the sentences still running
-        model.reorder_cache(cache, dev_index)
-        memory = Tensor(memory.data[dev_index])
-        pad_mask = KeyPadding(pad_mask.pad[dev_index])
+        # Sentences done leave the batch; only the rows of those still going live on.
+        slots, rows, words, scores = slots[going], rows[going].ravel(), words[going].ravel(), scores[going].ravel()
+        source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
+        tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
+        active, width = active[slots], k
+        memory, src_mask = _reorder(model, cache, memory, src_mask, rows, source_rows, xp)
 
     results = []
     for sid, hyps in enumerate(finished):
@@ -183,28 +152,127 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
     return results
 
 
+def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
+    """At its last allowed position a row may only end: every token but EOS gets -inf."""
+    if rows.any():
+        forced = xp.asarray(np.flatnonzero(rows))
+        eos_logp = logp[forced, eos].copy()
+        logp[forced] = -np.inf
+        logp[forced, eos] = eos_logp
+
+
+def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
+    """The ``m`` best extensions of each sentence, best first, on the host: their ids
+    beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix)."""
+    cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(slots, -1)  # (slots, width * V)
+    m = min(m, cand.shape[1])
+    top = xp.argpartition(-cand, m - 1, axis=1)[:, :m]
+    top_scores = xp.take_along_axis(cand, top, axis=1)
+    order = xp.argsort(-top_scores, axis=1, kind="stable")
+    return (backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu"),
+            backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu"))
+
+
+def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: int, k: int, eos: int):
+    """Split each sentence's candidates (best first) into those that end and those that grow.
+
+    A candidate ending in EOS finishes if it is among the best k; the best k candidates that
+    do not end are the next beams (at least k of the 2k do not, as each row has one EOS, unless
+    the vocabulary is tiny: then the missing beams are dead rows with score -inf). Returns the
+    finishing (slots, rows, scores), and for each slot with a live beam: its index, and its k
+    beams' parent rows, words and scores, (slots, k) each.
+    """
+    parent, word = np.divmod(top, vocab)
+    rows = np.arange(len(top))[:, None] * width + parent
+    finite = top_scores > -np.inf
+    ends = finite & (word == eos)
+    ends[:, k:] = False
+    grows = finite & (word != eos)
+    end_slot, end_rank = np.nonzero(ends)
+    end_rows, end_scores = rows[end_slot, end_rank], top_scores[end_slot, end_rank].tolist()
+    pick = np.argsort(~grows, axis=1, kind="stable")[:, :k]  # the first k that grow, in rank order
+    rows, word, top_scores, live = (np.take_along_axis(a, pick, axis=1) for a in (rows, word, top_scores, grows))
+    slots = np.flatnonzero(live[:, 0])
+    return ((end_slot, end_rows, end_scores), slots, rows[slots], word[slots],
+            np.where(live, top_scores, -np.inf)[slots])
+
+
+def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
+    """Keep the decoder's state of the surviving beams: the self-attention caches follow
+    ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
+    beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""
+    for layer in cache:
+        reorder_cache(layer["self"], xp.asarray(rows))
+    if source_rows is None:
+        return memory, src_mask
+    index = xp.asarray(source_rows)
+    for layer in cache:
+        reorder_cache(layer["cross"], index)
+    return Tensor(memory.data[index]), src_mask.select(index)
+
+
 def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,
-              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False) -> list[str]:
+              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False, first_line: int = 1
+              ) -> list[str]:
     """Beam-search raw sentences in length-sorted batches of about ``max_tokens`` source
-    tokens; returns detokenized translations in the input order.
+    tokens; returns one detokenized translation per sentence, in the input order.
 
     ``tokenizer`` is a ``data.Tokenizer``; sources get the EOS the model was trained with.
+    What the model cannot read is not decoded, since it would only invent a sentence: an
+    empty (or whitespace-only) sentence gives "", and so does one of which the vocabulary
+    knows no character (all <unk>), with a warning. A sentence longer than the model's
+    positions (``config.max_len`` tokens with EOS, or ``max_tokens`` if smaller) is split
+    after each . ! or ? and translated part by part; a part still too long is truncated.
+    Warnings call sentence i "line first_line + i", its line in the file it came from.
     """
     from .data import TokenBatcher  # the data layer needs nothing from the model
 
     if not sentences:
         return []
-    batcher = TokenBatcher(tokenizer.encode(sentences), max_tokens=max_tokens, shuffle=False)
-    out: list[str] = [""] * len(sentences)
+    limit = min(model.config.max_len, max_tokens) - 1  # pieces, EOS not counted
+    owners, parts = [], []  # sentence index of each part to decode, and its piece ids
+    for i, (text, ids) in enumerate(zip(sentences, tokenizer.encode(sentences))):
+        if not ids:  # empty, or only whitespace
+            continue
+        if tokenizer.knows_nothing_of(ids):
+            logger.warning("line %d: the vocabulary knows none of its characters; left untranslated",
+                           first_line + i)
+            continue
+        pieces = [ids] if len(ids) <= limit else _split(text, tokenizer, limit, first_line + i)
+        owners += [i] * len(pieces)
+        parts += pieces
+    if not parts:
+        return [""] * len(sentences)
+    batcher = TokenBatcher(parts, max_tokens=max_tokens, shuffle=False)
     batches = batcher.epoch_batches(0)
     if progress:
         from tqdm import tqdm
 
         batches = tqdm(batches, desc="translate", unit="batch", leave=False)
+    texts: list[str] = [""] * len(parts)
     for indices in batches:
         batch = batcher.make_batch(indices)
         hyps = beam_search(model, Tensor(backend.to_device(batch.src, device)), beam_size, alpha)
-        for i, text in zip(batch.indices, tokenizer.decode(hyps)):
-            out[i] = text
-    return out
+        for j, text in zip(batch.indices, tokenizer.decode(hyps)):
+            texts[j] = text
+    out: list[list[str]] = [[] for _ in sentences]
+    for owner, text in zip(owners, texts):
+        out[owner].append(text)
+    return [" ".join(t) for t in out]
 
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _split(text: str, tokenizer, limit: int, line: int) -> list[list[int]]:
+    """Piece ids of ``text`` cut after each sentence end, each part at most ``limit`` long."""
+    parts = [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+    cut = sum(len(p) > limit for p in parts)
+    if len(parts) == 1:
+        what = f"truncated to {limit} tokens"
+    else:
+        what = f"translated in {len(parts)} parts cut at sentence ends"
+        what += f", {cut} of them truncated to {limit} tokens" if cut else ""
+    logger.warning("line %d: %d tokens, more than the model's %d positions: %s", line,
+                   sum(map(len, parts)), limit + 1, what)
+    return [p[:limit] for p in parts]

@@ -6,8 +6,10 @@
     grad           after ``backward()``, a Tensor of the same shape (leaves only)
     _ctx           the autograd Context of the op that produced it (None for leaves)
 
-Operators (``+ - * / ** @``, unary minus, indexing, comparisons) and the common methods
-(``sum``, ``reshape``, ``softmax``...) call the ops in ``minitransformer.functional``.
+This file depends on ``backend`` only. The layers above give the class its behaviour, each
+where it is defined: ``autograd`` binds ``backward()``, and ``functional`` binds the operators
+(``+ - * / ** @``, unary minus, indexing, comparisons) and the methods that are ops (``sum``,
+``reshape``, ``softmax``, ``to``...), so ``a + b`` runs ``functional.add(a, b)``.
 Creation functions (``tensor``, ``zeros``, ``randn``...) are at the bottom of this file.
 Floating-point data defaults to float32, as in PyTorch.
 """
@@ -22,7 +24,7 @@ DEFAULT_DTYPE = np.float32
 
 
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_hooks", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
 
     # NumPy must hand ``ndarray + Tensor`` over to ``Tensor.__radd__`` instead of
     # treating the Tensor as an object array.
@@ -32,7 +34,6 @@ class Tensor:
         self.data = data
         self.grad = None
         self._ctx = _ctx
-        self._hooks = None
         if requires_grad and not backend.is_floating(data.dtype):
             raise TypeError(f"only floating-point tensors can require grad, not {data.dtype}")
         self.requires_grad = requires_grad
@@ -75,15 +76,6 @@ class Tensor:
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     # ----------------------------------------------------------------- autograd
-    def backward(self, grad=None, retain_graph: bool = False) -> None:
-        """Compute gradients of this tensor with respect to every leaf that requires grad.
-
-        ``grad`` (same shape as this tensor) is required unless the tensor has one element.
-        """
-        from .autograd import backward
-
-        backward(self, grad, retain_graph)
-
     def detach(self) -> Tensor:
         """The same data, cut from the graph."""
         return Tensor(self.data)
@@ -93,12 +85,6 @@ class Tensor:
             raise TypeError(f"only floating-point tensors can require grad, not {self.dtype}")
         self.requires_grad = requires_grad
         return self
-
-    def register_post_accumulate_grad_hook(self, hook) -> None:
-        """Call ``hook(tensor)`` once this leaf's ``.grad`` is complete in a backward pass."""
-        if self._ctx is not None:
-            raise RuntimeError("post-accumulate hooks can only be registered on leaf tensors")
-        self._hooks = (self._hooks or []) + [hook]
 
     # ----------------------------------------------------------------- conversion
     def numpy(self) -> np.ndarray:
@@ -113,19 +99,6 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
-    def to(self, device: str) -> Tensor:
-        """This tensor on ``device``; differentiable, so gradients flow back across devices."""
-        if device == self.device:
-            return self
-        return F.to_device(self, device)
-
-    def astype(self, dtype) -> Tensor:
-        """Cast to ``dtype``; differentiable between floating-point types."""
-        return F.cast(self, dtype)
-
-    def float(self) -> Tensor:
-        return F.cast(self, np.float32)
-
     def __bool__(self) -> bool:
         return bool(self.data)
 
@@ -135,109 +108,9 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
-    # ----------------------------------------------------------------- operators
-    def __add__(self, other):
-        return F.add(self, other)
-
-    def __radd__(self, other):
-        return F.add(other, self)
-
-    def __sub__(self, other):
-        return F.sub(self, other)
-
-    def __rsub__(self, other):
-        return F.sub(other, self)
-
-    def __mul__(self, other):
-        return F.mul(self, other)
-
-    def __rmul__(self, other):
-        return F.mul(other, self)
-
-    def __truediv__(self, other):
-        return F.div(self, other)
-
-    def __rtruediv__(self, other):
-        return F.div(other, self)
-
-    def __pow__(self, exponent):
-        return F.pow(self, exponent)
-
-    def __rpow__(self, base):
-        return F.pow(base, self)
-
-    def __neg__(self):
-        return F.neg(self)
-
-    def __matmul__(self, other):
-        return F.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return F.matmul(other, self)
-
-    def __getitem__(self, index):
-        return F.getitem(self, index)
-
-    # Comparisons give boolean tensors (masks); they are not differentiable.
-    def __eq__(self, other):
-        return F.compare(self, other, "equal")
-
-    def __ne__(self, other):
-        return F.compare(self, other, "not_equal")
-
-    def __lt__(self, other):
-        return F.compare(self, other, "less")
-
-    def __le__(self, other):
-        return F.compare(self, other, "less_equal")
-
-    def __gt__(self, other):
-        return F.compare(self, other, "greater")
-
-    def __ge__(self, other):
-        return F.compare(self, other, "greater_equal")
-
-    __hash__ = object.__hash__  # tensors are keyed by identity, as in PyTorch
-
-    # ----------------------------------------------------------------- methods
-    def sum(self, axis=None, keepdims: bool = False):
-        return F.sum(self, axis, keepdims)
-
-    def mean(self, axis=None, keepdims: bool = False):
-        return F.mean(self, axis, keepdims)
-
-    def max(self, axis=None, keepdims: bool = False):
-        return F.max(self, axis, keepdims)
-
-    def exp(self):
-        return F.exp(self)
-
-    def log(self):
-        return F.log(self)
-
-    def sqrt(self):
-        return F.sqrt(self)
-
-    def relu(self):
-        return F.relu(self)
-
-    def reshape(self, *shape):
-        return F.reshape(self, _shape(shape))
-
-    def transpose(self, axis0: int, axis1: int):
-        return F.transpose(self, axis0, axis1)
-
-    def permute(self, *axes):
-        return F.permute(self, _shape(axes))
-
-    def softmax(self, axis: int = -1):
-        return F.softmax(self, axis)
-
-    def log_softmax(self, axis: int = -1):
-        return F.log_softmax(self, axis)
-
-    def masked_fill(self, mask, value):
-        return F.masked_fill(self, mask, value)
+    # Identity, as in PyTorch: functional binds == to an elementwise comparison, and tensors
+    # are dictionary keys (autograd, optimisers) by identity.
+    __hash__ = object.__hash__
 
 
 # --------------------------------------------------------------------------- creation
@@ -252,7 +125,7 @@ def _draw_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
-def _shape(shape: tuple) -> tuple:
+def as_shape(shape: tuple) -> tuple:
     """``zeros(2, 3)`` and ``zeros((2, 3))`` both mean shape (2, 3)."""
     if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
         return tuple(shape[0])
@@ -279,7 +152,7 @@ def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -
 
 
 def _filled(fill, shape, dtype, device, requires_grad) -> Tensor:
-    shape = _shape(shape)
+    shape = as_shape(shape)
     xp = backend.get_array_module(device)
     data = xp.full(shape, fill, dtype=_resolve_dtype(dtype) or DEFAULT_DTYPE)
     return Tensor(data, requires_grad=requires_grad)
@@ -301,14 +174,14 @@ def full(shape, fill_value, dtype=None, device: str = "cpu", requires_grad: bool
 def randn(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples from the device's seeded generator (see ``manual_seed``)."""
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).standard_normal(_shape(shape), dtype=_draw_dtype(dtype))
+    data = backend.generator(device).standard_normal(as_shape(shape), dtype=_draw_dtype(dtype))
     return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) from the device's seeded generator."""
     dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
-    data = backend.generator(device).random(_shape(shape), dtype=_draw_dtype(dtype))
+    data = backend.generator(device).random(as_shape(shape), dtype=_draw_dtype(dtype))
     return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
 
@@ -341,7 +214,3 @@ def full_like(t: Tensor, fill_value, dtype=None, device=None, requires_grad: boo
 def randn_like(t: Tensor, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     return randn(t.shape, dtype=dtype or t.dtype, device=device or t.device,
                  requires_grad=requires_grad)
-
-
-# functional builds on Tensor, so it is imported once the class exists.
-from . import functional as F  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 import minitransformer as mt
 from minitransformer import nn
 from minitransformer.checkpoint import (
-    CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint,
+    CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
 )
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import train_step
@@ -89,6 +89,27 @@ def test_truncated_and_foreign_files_raise_clear_errors(tmp_path):
         load_checkpoint(str(other))
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         load_checkpoint(str(tmp_path / "missing.npz"))
+
+
+def test_verify_finds_a_truncated_or_corrupted_checkpoint_without_loading_it(tmp_path):
+    model, opt, sched = setup()
+    path = tmp_path / "ckpt.npz"
+    save_checkpoint(str(path), model, opt, sched)
+    verify_checkpoint(str(path))
+    data = bytearray(path.read_bytes())
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(bytes(data[: len(data) - 100]))
+    with pytest.raises(CheckpointError, match="truncated.npz"):
+        verify_checkpoint(str(truncated))
+    # One byte of an array flipped: the archive still opens, but a member's CRC fails.
+    name = next(k for k in model.state_dict() if "weight" in k)
+    weight = model.state_dict()[name]
+    at = bytes(data).index(weight.tobytes()[:64]) + 32
+    data[at] ^= 0xFF
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"corrupt.npz is corrupt: its member .* does not match its checksum"):
+        verify_checkpoint(str(corrupt))
 
 
 def test_average_checkpoints(tmp_path):

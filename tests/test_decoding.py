@@ -33,11 +33,11 @@ def test_incremental_logits_equal_full_recompute(device, sizes):
     prefix = np.random.default_rng(1).integers(4, 13, (4, 6))
     prefix[:, 0] = 2
     full = m(src, mt.tensor(prefix, device=device)).numpy()
-    pad = m.src_pad_mask(src)
-    memory = m.encode(src, pad)
+    src_mask = m.src_key_mask(src)
+    memory = m.encode(src, src_mask)
     cache = m.new_cache()
     for t in range(prefix.shape[1]):
-        step = m.project(m.decode(mt.tensor(prefix[:, t: t + 1], device=device), memory, pad, cache, offset=t))
+        step = m.project(m.decode(mt.tensor(prefix[:, t: t + 1], device=device), memory, src_mask, cache, offset=t))
         np.testing.assert_allclose(step.numpy()[:, 0], full[:, t], rtol=1e-4, atol=1e-5)
     d_k, d_v = sizes.get("d_k", 8), sizes.get("d_v", 8)
     assert cache[0]["self"]["k"].shape == (4, 2, 6, d_k)  # (B, h, T, d_k): the prefix was cached

@@ -6,6 +6,7 @@ import pytest
 
 import minitransformer as mt
 from minitransformer import nn
+from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import evaluate_loss, train_step
 
@@ -51,7 +52,7 @@ def test_non_finite_loss_is_caught_not_trained_on():
 def test_non_finite_gradient_skips_the_step():
     model, opt, sched = setup()
     w = model.encoder.layers[0].ffn.w_1.weight
-    w.register_post_accumulate_grad_hook(lambda t: t.grad.data.__setitem__((0, 0), np.inf))
+    register_post_accumulate_grad_hook(w, lambda t: t.grad.data.__setitem__((0, 0), np.inf))
     before = model.state_dict()
     r = train_step(model, opt, sched, *batch())
     assert r.skipped == "non-finite gradient"

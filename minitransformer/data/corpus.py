@@ -85,14 +85,16 @@ def _read_bytes(path: Path) -> bytes:
         raise CorpusError(f"{path}: not a valid gzip file ({e})") from e
 
 
-def _decode(data: bytes, path: Path) -> str:
+def decode_utf8(data: bytes, source, first_line: int = 1) -> str:
+    """``data`` as UTF-8 text; invalid bytes raise ``CorpusError`` naming ``source`` (a path, or
+    "stdin"), the line (counting from ``first_line``), the column and the byte."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = first_line + data.count(b"\n", 0, e.start)
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise CorpusError(
-            f"{path}, line {line}: byte 0x{data[e.start]:02x} at column {column} is not valid "
+            f"{source}, line {line}: byte 0x{data[e.start]:02x} at column {column} is not valid "
             f"UTF-8 ({e.reason})"
         ) from None
     return text.removeprefix("\ufeff")  # a byte-order mark is not part of the first sentence
@@ -105,7 +107,7 @@ def read_lines(path: str | Path) -> list[str]:
     for bytes that are not UTF-8 (naming the line).
     """
     path = Path(path)
-    text = _decode(_read_bytes(path), path)
+    text = decode_utf8(_read_bytes(path), path)
     if not text:
         raise CorpusError(f"corpus file is empty: {path}")
     lines = text.split("\n")
@@ -122,7 +124,7 @@ def read_sgm(path: str | Path) -> list[str]:
     are left as written.
     """
     path = Path(path)
-    text = _decode(_read_bytes(path), path)
+    text = decode_utf8(_read_bytes(path), path)
     segments = []
     for line in text.split("\n"):
         line = line.strip()

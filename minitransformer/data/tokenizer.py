@@ -104,6 +104,7 @@ class Tokenizer:
             )
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+        self._word_start = self._sp.piece_to_id("\u2581")  # "▁" alone, before an unknown word
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
@@ -123,6 +124,11 @@ class Tokenizer:
                 row = row[: row.index(EOS_ID)]
             rows.append([i for i in row if i != PAD_ID and i != BOS_ID])
         return self._sp.decode(rows)
+
+    def knows_nothing_of(self, ids: Sequence[int]) -> bool:
+        """True when ``ids`` (one encoded sentence, not empty) are all <unk> and bare word
+        starts: text none of whose characters were in the training data."""
+        return all(i in (UNK_ID, self._word_start) for i in ids)
 
     def pieces(self, text: str) -> list[str]:
         """The subword pieces of one sentence, for reading what BPE made of it."""

@@ -5,6 +5,8 @@
                under run_main)
     comm.py    communicators: all_reduce (sync and async), broadcast, barrier, scalar reduce;
                NCCLCommunicator, MPICommunicator, LocalCommunicator (one process)
+    grad_hooks.py  register_post_accumulate_grad_hook: a hook run once a leaf's gradient is
+               complete in backward (what lets DDP start a bucket's all-reduce early)
     ddp.py     DistributedDataParallel: parameter broadcast, bucketed gradient all-reduce that
                overlaps backward, averaging by the global token count, agreed step skipping
 
@@ -14,6 +16,7 @@ and as N ranks (``mpiexec -n N python train.py``). MPI (the ``[mpi]`` extra: mpi
 """
 
 from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator
+from .grad_hooks import register_post_accumulate_grad_hook
 from .ddp import DEFAULT_BUCKET_BYTES, Bucket, DistributedDataParallel, StepStats
 from .world import (
     World,
@@ -30,5 +33,5 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES", "Bucket", "Communicator", "DistributedDataParallel",
     "LocalCommunicator", "MPICommunicator", "NCCLCommunicator", "StepStats", "World",
     "get_rank", "get_world", "get_world_size", "init", "is_main_process", "launched_by_mpi",
-    "run_main",
+    "register_post_accumulate_grad_hook", "run_main",
 ]

@@ -78,6 +78,7 @@ import numpy as np
 
 from .. import backend
 from ..tensor import Tensor
+from .grad_hooks import register_post_accumulate_grad_hook
 from .world import World, get_world
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -139,7 +140,7 @@ class DistributedDataParallel:
         if overlap:
             ref = weakref.ref(self)
             for i, p in enumerate(self.params):
-                p.register_post_accumulate_grad_hook(_hook(ref, i))
+                register_post_accumulate_grad_hook(p, _hook(ref, i))
 
     # ----------------------------------------------------------------- layout
 

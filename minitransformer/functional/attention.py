@@ -9,8 +9,9 @@ broadcast to (..., T, S). ``is_causal`` masks future keys: query i sees keys j <
 i.e. the mask is aligned to the bottom-right corner, so a single new query with a cache of S
 keys sees them all (incremental decoding); for T == S it is the usual lower triangle.
 
-A batch's key padding is best handed over as a ``KeyPadding``, built once and shared by every
-layer that attends to those keys: it holds the mask in both forms the two implementations take.
+One polarity everywhere: a boolean mask is True where a query may attend to a key. A batch's
+key padding is a ``KeyMask``, built once from the token ids and shared by every layer that
+attends to those keys: it holds the mask in both forms the two implementations take.
 
 A query whose keys are all masked gets the zero vector (softmax's fully-masked-row rule), and
 zero gradient, never NaN.
@@ -37,29 +38,45 @@ from ..tensor import Tensor
 from .softmax import softmax_array
 
 
-class KeyPadding:
-    """The key padding of a batch, from (B, S) flags that are True at padding keys:
+class KeyMask:
+    """Which keys of a batch are real tokens, from (B, S) booleans (an array or a Tensor):
+    True where a key may be attended, False at padding. ``model.src_key_mask(src)`` builds it.
 
-        mask      (B, 1, 1, S) booleans, True where a key may be attended (the composite op)
-        lengths   (B,) int32 keys per row, for the fused kernel, which takes padding as lengths;
-                  None if some row's padding is not a suffix. Computed on first use, by the
-                  kernel's dispatch only, since the suffix check costs a device-to-host sync:
-                  once per batch this way, instead of once per attention layer.
+        mask        (B, S), as given
+        attn_mask   (B, 1, 1, S), broadcasting over heads and queries (the composite op)
+        lengths     (B,) int32 real keys per row, for the fused kernel, which takes padding as
+                    lengths; None if some row's padding is not a suffix. Computed on first use,
+                    by the kernel's dispatch only, since the suffix check costs a device-to-host
+                    sync: once per batch this way, instead of once per attention layer.
     """
 
-    def __init__(self, pad) -> None:
-        self.pad = pad.data if isinstance(pad, Tensor) else pad  # (B, S)
-        if self.pad.ndim != 2 or self.pad.dtype != bool:
-            raise ValueError(f"KeyPadding: expected (B, S) booleans, got {self.pad.dtype} {self.pad.shape}")
-        self.mask = ~self.pad[:, None, None, :]
+    def __init__(self, mask) -> None:
+        self.mask = mask.data if isinstance(mask, Tensor) else mask  # (B, S)
+        if self.mask.dtype != bool:
+            raise TypeError(f"KeyMask: expected (B, S) booleans (True = may attend), got {self.mask.dtype}")
+        if self.mask.ndim != 2:
+            raise ValueError(f"KeyMask: expected (B, S) booleans (True = may attend), got shape {self.mask.shape}")
+        self.attn_mask = self.mask[:, None, None, :]
         self._lengths, self._lengths_known = None, False
 
     @property
     def lengths(self):
         if not self._lengths_known:
-            b, s = self.pad.shape
-            self._lengths, self._lengths_known = kernels.key_lengths_from_mask(self.mask, b, s), True
+            b, s = self.mask.shape
+            self._lengths, self._lengths_known = kernels.key_lengths_from_mask(self.attn_mask, b, s), True
         return self._lengths
+
+    def select(self, rows) -> KeyMask:
+        """The mask of batch rows ``rows`` (beam search keeps its surviving beams); the lengths
+        come along when known, so that the selection costs no new sync."""
+        selected = KeyMask(self.mask[rows])
+        if self._lengths_known:
+            selected._lengths = None if self._lengths is None else self._lengths[rows]
+            selected._lengths_known = True
+        return selected
+
+    def __repr__(self) -> str:
+        return f"KeyMask(shape={self.mask.shape})"
 
 
 def causal_mask(xp, t: int, s: int):
@@ -138,17 +155,16 @@ class FusedAttention(Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale):
-    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported``: CUDA
-    tensors, (B, h, T, d_k) with d_v = d_k in {32, 64, 128}, tiles that fit the device's shared
-    memory; a refusal for shared memory warns once) and the mask is none, a ``KeyPadding``, or a
-    boolean key-padding mask (B, 1, 1, S) that keeps a prefix of each row; else None."""
-    if kernels.attention_supported(q, k, v) is not None:
+def _fused_attention(q, k, v, mask, key_mask, is_causal, dropout_p, scale):
+    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported`` decides)
+    and the mask is one they can express: none, a ``KeyMask``, or a boolean key-padding mask
+    (B, 1, 1, S) that keeps a prefix of each row; else None."""
+    if kernels.attention_supported(q.data, k.data, v.data) is not None:
         return None
     kv_lens = None
     if mask is not None:
-        if padding is not None:
-            kv_lens = padding.lengths if padding.pad.shape == (q.shape[0], k.shape[-2]) else None
+        if key_mask is not None:
+            kv_lens = key_mask.lengths if key_mask.mask.shape == (q.shape[0], k.shape[-2]) else None
         else:
             kv_lens = kernels.key_lengths_from_mask(mask, q.shape[0], k.shape[-2])
         if kv_lens is None:
@@ -161,8 +177,41 @@ def _mask_array(attn_mask, q: Tensor):
     """The mask as an array on q's device (CuPy refuses host arrays), or None."""
     if attn_mask is None:
         return None
-    mask = attn_mask.mask if isinstance(attn_mask, KeyPadding) else attn_mask
+    mask = attn_mask.attn_mask if isinstance(attn_mask, KeyMask) else attn_mask
     return backend.to_device(mask.data if isinstance(mask, Tensor) else mask, q.device)
+
+
+def _checked_mask(q: Tensor, k: Tensor, v: Tensor, attn_mask):
+    """Raise an error naming the arguments' shapes if q, k, v and the mask do not fit together;
+    return the mask as an array on q's device (or None)."""
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape} and v {v.shape} need (..., length, dim)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention: q {q.shape} and k {k.shape} differ in d_k")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: k {k.shape} and v {v.shape} differ in the number of keys")
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # (B, h) as a rule
+    except ValueError:
+        raise ValueError(f"attention: the batch and head axes of q {q.shape}, k {k.shape} and v "
+                         f"{v.shape} differ") from None
+    mask = _mask_array(attn_mask, q)
+    if mask is None:
+        return None
+    if mask.dtype != bool and not backend.is_floating(mask.dtype):
+        raise TypeError(f"attention: attn_mask must be boolean (True = may attend) or floating point "
+                        f"(added to the scores), got {mask.dtype}")
+    scores = (*lead, q.shape[-2], k.shape[-2])
+    try:
+        fits = np.broadcast_shapes(mask.shape, scores) == scores
+    except ValueError:
+        fits = False
+    if not fits:
+        what = "KeyMask of shape " + str(attn_mask.mask.shape) if isinstance(attn_mask, KeyMask) else \
+            "attn_mask of shape " + str(mask.shape)
+        raise ValueError(f"attention: {what} does not broadcast to the scores (..., T, S) = {scores} "
+                         f"of q {q.shape} and k {k.shape}")
+    return mask
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
@@ -170,26 +219,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
                                  scale: float | None = None) -> Tensor:
     """softmax(q k^T * scale + M) v with scale = 1/sqrt(d_k) by default; see the module doc.
 
-    ``attn_mask``: None, a boolean or float mask broadcasting to (..., T, S), or a ``KeyPadding``.
-    ``dropout_p`` drops attention weights (pass 0.0 when not training, as with PyTorch).
+    ``attn_mask``: None, a boolean (True = may attend) or float mask broadcasting to
+    (..., T, S), or a ``KeyMask``. ``dropout_p`` drops attention weights (pass 0.0 when not
+    training, as with PyTorch).
     """
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"attention: q {q.shape} and k {k.shape} differ in d_k")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"attention: k {k.shape} and v {v.shape} differ in the number of keys")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
-    padding = attn_mask if isinstance(attn_mask, KeyPadding) else None
-    mask = _mask_array(attn_mask, q)
-    if mask is not None:
-        t, s = q.shape[-2], k.shape[-2]
-        if mask.ndim < 2 or mask.shape[-2] not in (1, t) or mask.shape[-1] not in (1, s):
-            raise ValueError(
-                f"attention: mask of shape {mask.shape} does not broadcast to (..., {t}, {s}) "
-                f"for q {q.shape} and k {k.shape}"
-            )
+    mask = _checked_mask(q, k, v, attn_mask)
+    key_mask = attn_mask if isinstance(attn_mask, KeyMask) else None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    fused = _fused_attention(q, k, v, mask, padding, is_causal, dropout_p, scale)
+    fused = _fused_attention(q, k, v, mask, key_mask, is_causal, dropout_p, scale)
     if fused is not None:
         return fused
     return ScaledDotProductAttention.apply(q, k, v, mask, is_causal, dropout_p, scale)
@@ -202,7 +241,7 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask=None, is_causal: bool = Fa
     Not differentiable: training goes through ``scaled_dot_product_attention``, which never
     hands the T x S matrix out (and, in the fused kernel, never stores it).
     """
-    mask = _mask_array(attn_mask, q)
+    mask = _checked_mask(q, k, k, attn_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return Tensor(softmax_array(attention_scores(q.data, k.data, mask, is_causal, scale)))
 

@@ -99,7 +99,7 @@ class FusedSoftmax(Function):
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    if axis in (-1, len(x.shape) - 1) and kernels.enabled_for(x):
+    if axis in (-1, len(x.shape) - 1) and kernels.enabled_for(x.data):
         return FusedSoftmax.apply(x)
     return Softmax.apply(x, axis)
 

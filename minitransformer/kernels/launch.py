@@ -24,12 +24,9 @@ import warnings
 import numpy as np
 
 from .. import backend
-from ..tensor import Tensor
-from . import _C, enabled, unavailable_reason
+from .extension import _C, enabled, limits, unavailable_reason
 
 _FLOAT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
-LAYERNORM_MAX_D = 4096  # layernorm_backward's column sums: 2 x D floats per warp in shared memory
-ATTENTION_HEAD_DIMS = (32, 64, 128)
 _loss_inplace = False
 
 
@@ -60,8 +57,8 @@ def from_bfloat16_bits(bits):
 
 
 def enabled_for(*arrays) -> bool:
-    """True when the kernels are enabled and every given array (or Tensor; None is skipped)
-    is a CuPy array, all of one dtype among float32, float16 and bfloat16."""
+    """True when the kernels are enabled and every given array (None is skipped) is a CuPy
+    array, all of one dtype among float32, float16 and bfloat16."""
     if not enabled():
         return False
     cupy = backend._cupy
@@ -69,7 +66,6 @@ def enabled_for(*arrays) -> bool:
     for a in arrays:
         if a is None:
             continue
-        a = a.data if isinstance(a, Tensor) else a
         if not isinstance(a, cupy.ndarray) or _FLOAT_CODES.get(a.dtype.name) is None:
             return False
         if dtype is not None and a.dtype != dtype:
@@ -153,18 +149,19 @@ def shared_memory_limit() -> int:
 
 
 def _attention_shape_problem(q, k, v) -> str | None:
-    """What the attention kernels cannot take about these shapes, or None."""
+    """What the attention kernels cannot take about these shapes (csrc/limits.cuh), or None."""
     if q.ndim != 4:
         return f"q must have shape (B, H, T, D), got {q.shape}"
     B, H, T, D = q.shape
     if k.ndim != 4 or k.shape[:2] != (B, H) or k.shape[3] != D or v.shape != k.shape:
         return f"k {k.shape} and v {v.shape} must both be (B, H, S, D) = ({B}, {H}, S, {D}) for q {q.shape}"
-    if D not in ATTENTION_HEAD_DIMS:
-        return f"head dim {D} is not supported {ATTENTION_HEAD_DIMS}"
-    if B * H > 65535:
-        return f"B * H = {B * H} exceeds 65535 (the blocks along the grid's y axis)"
     if 0 in q.shape or 0 in k.shape:
         return f"q {q.shape} or k {k.shape} is empty"
+    lim = limits()
+    if D not in lim["attention_head_dims"]:
+        return f"head dim {D} is not one the kernels are compiled for {lim['attention_head_dims']}"
+    if B * H > lim["max_grid_y"]:
+        return f"B * H = {B * H} exceeds {lim['max_grid_y']} (the blocks along the grid's y axis)"
     return None
 
 
@@ -185,8 +182,8 @@ def _attention_refusal(code: int, D: int, smem_limit: int) -> str | None:
 
 
 def attention_supported(q, k, v) -> str | None:
-    """None when the fused attention kernels, forward and backward, can take q (B, H, T, D) and
-    k, v (B, H, S, D) (arrays or Tensors) on the current device; otherwise the reason. This is
+    """None when the fused attention kernels, forward and backward, can take the arrays q
+    (B, H, T, D) and k, v (B, H, S, D) on the current device; otherwise the reason. This is
     the dispatch decision of ``functional.scaled_dot_product_attention`` (which also needs a mask
     the kernels can express). A refusal for lack of shared memory warns once (see
     ``_attention_refusal``); the others are the ordinary cases of the composite op."""
@@ -194,7 +191,6 @@ def attention_supported(q, k, v) -> str | None:
         return unavailable_reason() or "the kernels are switched off (MINITRANSFORMER_KERNELS=0)"
     if not enabled_for(q, k, v):
         return "q, k and v must be CuPy arrays of one dtype: float32, float16 or bfloat16"
-    q, k, v = (a.data if isinstance(a, Tensor) else a for a in (q, k, v))
     problem = _attention_shape_problem(q, k, v)
     if problem is not None:
         return problem
@@ -264,21 +260,36 @@ def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False
 
 
 def key_lengths_from_mask(mask, batch: int, keys: int):
-    """Per-sequence key lengths (B,) int32 if ``mask`` is a boolean key-padding mask of shape
-    (B or 1, 1, 1, S) whose True entries are a prefix of every row; None otherwise (then the
-    fused kernel cannot express it). Costs one device-to-host sync for the prefix check."""
-    cupy = backend._cupy
-    if cupy is None or not isinstance(mask, cupy.ndarray) or (mask.dtype != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
+    """Per-sequence key lengths (B,) int32 if ``mask`` (a NumPy or CuPy array) is a boolean
+    key-padding mask of shape (B or 1, 1, 1, S) whose True entries are a prefix of every row;
+    None otherwise (then the fused kernel cannot express it). The lengths are on the mask's
+    device; the prefix check costs one device-to-host sync for a CuPy mask."""
+    if (getattr(mask, "dtype", None) != bool or mask.ndim != 4 or mask.shape[1:3] != (1, 1)
             or mask.shape[0] not in (1, batch) or mask.shape[3] != keys):
         return None
+    xp = backend.array_module_of(mask)
     rows = mask.reshape(mask.shape[0], keys)
-    lens = rows.sum(axis=1, dtype=cupy.int32)
-    if not bool((rows == (cupy.arange(keys)[None, :] < lens[:, None])).all()):
+    lens = rows.sum(axis=1, dtype=xp.int32)
+    if not bool((rows == (xp.arange(keys)[None, :] < lens[:, None])).all()):
         return None
-    return cupy.ascontiguousarray(cupy.broadcast_to(lens, (batch,)))
+    return xp.ascontiguousarray(xp.broadcast_to(lens, (batch,)))
 
 
 # --------------------------------------------------------------------------- layernorm
+
+
+def layernorm_supported(x, weight=None, bias=None) -> str | None:
+    """None when the layernorm kernels, forward and backward, take x (..., D) with weight and
+    bias (D,) or None on the current device; otherwise the reason (the composite op then runs)."""
+    if not enabled():
+        return unavailable_reason() or "the kernels are switched off (MINITRANSFORMER_KERNELS=0)"
+    if not enabled_for(x, weight, bias):
+        return "x, weight and bias must be CuPy arrays of one dtype: float32, float16 or bfloat16"
+    if x.size == 0:
+        return f"x {x.shape} is empty"
+    if x.shape[-1] > limits()["layernorm_max_d"]:
+        return f"rows of {x.shape[-1]} exceed {limits()['layernorm_max_d']}, the widest layernorm_backward takes"
+    return None
 
 
 def layernorm_forward(x, weight=None, bias=None, eps: float = 1e-5):
@@ -311,9 +322,6 @@ def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bi
     code = _float_code(fn, x=x, grad=grad, weight=weight)
     D = x.shape[-1]
     N = x.size // D
-    if D > LAYERNORM_MAX_D:
-        raise ValueError(f"{fn}: rows of {D} exceed {LAYERNORM_MAX_D}, the widest whose column "
-                         f"sums fit in shared memory")
     if grad.shape != x.shape or mean.shape != (N,) or rstd.shape != (N,):
         raise ValueError(f"{fn}: grad {grad.shape}, mean {mean.shape}, rstd {rstd.shape} do not "
                          f"match x {x.shape} (expected grad {x.shape}, mean and rstd ({N},))")

@@ -55,27 +55,27 @@ class MultiHeadAttention(Module):
             cache["k"], cache["v"] = k, v
         return k, v
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None,
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_mask: F.KeyMask | None = None,
                 is_causal: bool = False, need_weights: bool = False, cache: dict | None = None,
                 static_kv: bool = False):
         """query (B, T, d_model), key/value (B, S, d_model) -> (B, T, d_model).
 
-        ``key_padding_mask``: (B, S) booleans, True at padding keys (ignored), or an
-        ``F.KeyPadding`` of them, which a model builds once for all its layers.
+        ``key_mask``: the ``F.KeyMask`` of the keys (True at real tokens, False at padding),
+        which a model builds once for all its layers.
         ``is_causal``: query t attends to keys up to its own position (decoder self-attention).
         ``need_weights``: also return the (B, h, T, S) attention probabilities, for plots.
         """
+        if key_mask is not None and not isinstance(key_mask, F.KeyMask):
+            raise TypeError(f"MultiHeadAttention: key_mask must be an F.KeyMask (True = may attend), "
+                            f"got {type(key_mask).__name__}: build one with F.KeyMask(tokens != pad_id)")
         q = self._split_heads(self.q_proj(query))  # (B, h, T, d_k)
         k, v = self._project_kv(key, value, cache, static_kv)
-        padding = key_padding_mask
-        if padding is not None and not isinstance(padding, F.KeyPadding):
-            padding = F.KeyPadding(padding)
         p = self.attn_dropout if self.training else 0.0
-        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=padding, is_causal=is_causal, dropout_p=p)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=is_causal, dropout_p=p)
         b, _, t, _ = heads.shape
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.h * self.d_v))  # Concat(heads) W^O
         if need_weights or self.keep_weights:
-            weights = F.attention_weights(q, k, padding, is_causal)  # (B, h, T, S)
+            weights = F.attention_weights(q, k, key_mask, is_causal)  # (B, h, T, S)
             if self.keep_weights:
                 self.last_weights = weights
             if need_weights:

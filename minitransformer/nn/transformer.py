@@ -116,8 +116,8 @@ class EncoderLayer(Module):
         self.sub1 = _Residual(cfg)
         self.sub2 = _Residual(cfg)
 
-    def forward(self, x: Tensor, src_pad_mask=None) -> Tensor:
-        x = self.sub1(x, lambda y: self.self_attn(y, y, y, key_padding_mask=src_pad_mask))
+    def forward(self, x: Tensor, src_mask: F.KeyMask | None = None) -> Tensor:
+        x = self.sub1(x, lambda y: self.self_attn(y, y, y, key_mask=src_mask))
         return self.sub2(x, self.ffn)
 
 
@@ -131,13 +131,14 @@ class DecoderLayer(Module):
         self.sub2 = _Residual(cfg)
         self.sub3 = _Residual(cfg)
 
-    def forward(self, x: Tensor, memory: Tensor, src_pad_mask=None, cache: dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, src_mask: F.KeyMask | None = None,
+                cache: dict | None = None) -> Tensor:
         """``cache``: {"self": {}, "cross": {}} for incremental decoding (see nn.attention)."""
         self_cache = cache["self"] if cache is not None else None
         cross_cache = cache["cross"] if cache is not None else None
         x = self.sub1(x, lambda y: self.self_attn(y, y, y, is_causal=True, cache=self_cache))
         x = self.sub2(x, lambda y: self.cross_attn(
-            y, memory, memory, key_padding_mask=src_pad_mask, cache=cross_cache, static_kv=True))
+            y, memory, memory, key_mask=src_mask, cache=cross_cache, static_kv=True))
         return self.sub3(x, self.ffn)
 
 
@@ -147,9 +148,9 @@ class Encoder(Module):
         self.layers = ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
         self.final_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else None
 
-    def forward(self, x: Tensor, src_pad_mask=None) -> Tensor:
+    def forward(self, x: Tensor, src_mask: F.KeyMask | None = None) -> Tensor:
         for layer in self.layers:
-            x = layer(x, src_pad_mask)
+            x = layer(x, src_mask)
         return self.final_norm(x) if self.final_norm is not None else x
 
 
@@ -159,9 +160,10 @@ class Decoder(Module):
         self.layers = ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
         self.final_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else None
 
-    def forward(self, x: Tensor, memory: Tensor, src_pad_mask=None, cache: list | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, src_mask: F.KeyMask | None = None,
+                cache: list | None = None) -> Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_pad_mask, cache[i] if cache is not None else None)
+            x = layer(x, memory, src_mask, cache[i] if cache is not None else None)
         return self.final_norm(x) if self.final_norm is not None else x
 
 
@@ -183,24 +185,24 @@ class Transformer(Module):
         x = embedding(ids) * math.sqrt(self.config.d_model)  # section 3.4
         return self.embed_dropout(self.positions(x, offset))  # section 5.4
 
-    def src_pad_mask(self, src) -> Tensor:
-        """(B, S) booleans, True at padding."""
+    def src_key_mask(self, src) -> F.KeyMask:
+        """The source's ``F.KeyMask``: True at real tokens, False at padding. Built once per
+        batch, and given to every encoder self-attention and decoder cross-attention."""
         data = src.data if isinstance(src, Tensor) else src
-        return Tensor(data == self.config.pad_id)
+        return F.KeyMask(data != self.config.pad_id)
 
-    def encode(self, src, src_pad_mask=None) -> Tensor:
-        """src (B, S) ids -> memory (B, S, d_model). ``src_pad_mask``: (B, S) flags, or the
-        ``F.KeyPadding`` of them that ``decode`` will be given too (built once, used by every
-        encoder self-attention and decoder cross-attention)."""
-        if src_pad_mask is None:
-            src_pad_mask = F.KeyPadding(self.src_pad_mask(src))
-        return self.encoder(self._embed(self.src_embed, src), src_pad_mask)
+    def encode(self, src, src_mask: F.KeyMask | None = None) -> Tensor:
+        """src (B, S) ids -> memory (B, S, d_model). ``src_mask``: ``src_key_mask(src)``, which
+        ``decode`` is given too (built here if not given)."""
+        if src_mask is None:
+            src_mask = self.src_key_mask(src)
+        return self.encoder(self._embed(self.src_embed, src), src_mask)
 
-    def decode(self, tgt_in, memory: Tensor, src_pad_mask=None, cache: list | None = None,
+    def decode(self, tgt_in, memory: Tensor, src_mask: F.KeyMask | None = None, cache: list | None = None,
                offset: int = 0) -> Tensor:
         """tgt_in (B, T) ids at positions offset..offset+T-1 -> decoder states (B, T, d_model)."""
         x = self._embed(self.tgt_embed, tgt_in, offset)
-        return self.decoder(x, memory, src_pad_mask, cache)
+        return self.decoder(x, memory, src_mask, cache)
 
     def project(self, states: Tensor) -> Tensor:
         """Decoder states -> logits over the target vocabulary (the pre-softmax linear map)."""
@@ -209,8 +211,8 @@ class Transformer(Module):
         return F.linear(states, F.transpose(self.tgt_embed.weight, 0, 1))  # x W_emb^T
 
     def forward(self, src, tgt_in) -> Tensor:
-        padding = F.KeyPadding(self.src_pad_mask(src))
-        return self.project(self.decode(tgt_in, self.encode(src, padding), padding))
+        src_mask = self.src_key_mask(src)
+        return self.project(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
 
     def new_cache(self) -> list:
         """Empty per-layer caches for incremental decoding."""

@@ -743,16 +743,17 @@ class _OrderedKernels(types.ModuleType):
 _installed: types.ModuleType | None = None
 
 
-def install() -> types.ModuleType:
-    """Register the stand-in as ``cupy`` and the emulated kernels as ``minitransformer._C``;
-    returns the ``cupy`` module. Idempotent. Builds csrc/ for the CPU the first time (about a
+def install(nccl_module: types.ModuleType) -> types.ModuleType:
+    """Register the stand-in as ``cupy`` (with ``nccl_module``, emulated_nccl, as
+    ``cupy.cuda.nccl``: it builds on this module, so it is handed in rather than imported) and
+    the emulated kernels as ``minitransformer._C``; returns the ``cupy`` module. Idempotent. Builds csrc/ for the CPU the first time (about a
     minute on two cores; cached in the temp directory). Where it cannot be built (no g++, CUDA
     headers or pybind11), "cuda" runs on the composite ops, as CuPy without the extension
     does, unless MT_REQUIRE_EMULATOR=1 makes that an error."""
     global _installed
     if _installed is not None:
         return _installed
-    from . import emulated_nccl, emulator
+    from . import emulator
 
     reason = emulator.unavailable_reason()
     if reason is None:
@@ -764,7 +765,7 @@ def install() -> types.ModuleType:
     else:
         sys.modules["minitransformer._C"] = None  # never the real build, which needs a GPU
         print(f"{BANNER}; without kernels: {reason}", file=sys.stderr)
-    modules = _build_modules(emulated_nccl)
+    modules = _build_modules(nccl_module)
     sys.modules.update(modules)
     _installed = modules["cupy"]
     return _installed

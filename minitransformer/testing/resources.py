@@ -160,10 +160,10 @@ class Launch:
 def launches(C) -> list[Launch]:
     """Every variant that a compiled ``_C`` reports: the attention kernels for every dtype and
     head dim, layernorm_backward's for the widest rows it takes, with 16-byte vectors and without."""
-    from ..kernels import ATTENTION_HEAD_DIMS, LAYERNORM_MAX_D
-
-    cases = [(f"attention_{p}", D) for p in ("forward", "backward") for D in ATTENTION_HEAD_DIMS]
-    cases += [("layernorm_backward", D) for D in (LAYERNORM_MAX_D, LAYERNORM_MAX_D - 1)]
+    limits = C.limits()
+    cases = [(f"attention_{p}", D) for p in ("forward", "backward") for D in limits["attention_head_dims"]]
+    widest = limits["layernorm_max_d"]
+    cases += [("layernorm_backward", D) for D in (widest, widest - 1)]
     return [Launch(config["kernel"], config["smem"], launcher, dtype, D)
             for launcher, D in cases for dtype in (0, 1, 2)
             for config in C.launch_configs(launcher, dtype, D)]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import minitransformer as mt
 from minitransformer import distributed as dist
+from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
 
 
 class RecordingComm(dist.LocalCommunicator):
@@ -104,7 +105,7 @@ def test_reverse_registration_order_lets_the_last_layer_start_first():
     layer's gradient exists."""
     w1, w2 = mt.randn(4, 6, requires_grad=True), mt.randn(6, 3, requires_grad=True)
     started_when_w1_ready = []  # this hook runs before the one DDP registers next
-    w1.register_post_accumulate_grad_hook(lambda t: started_when_w1_ready.append(len(comm.reduced)))
+    register_post_accumulate_grad_hook(w1, lambda t: started_when_w1_ready.append(len(comm.reduced)))
     ddp, comm = make_ddp([w1, w2], bucket_bytes=4 * 18)  # w2 alone fills bucket 0
     x = mt.randn(5, 4)
     mt.functional.linear(mt.functional.linear(x, w1).relu(), w2).sum().backward()

@@ -107,3 +107,72 @@ def test_a_diverged_run_stops_with_an_error(tmp_path):
     with pytest.raises(SystemExit, match="diverged"):
         train_wmt.main(SMALL + ["--out-dir", str(tmp_path), "--max-steps", "30", "--lr-factor", "1e30",
                                 "--max-skipped", "5", "--eval-every", "100"])
+
+
+def one_line_error(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp_path):
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="does not exist") as e:  # --resume into an empty folder
+        train_wmt.main(args + ["--max-steps", "3", "--resume"])
+    assert "drop --resume" in one_line_error(e)
+    train_wmt.main(args + ["--max-steps", "6"])  # ckpt-3.npz, ckpt-6.npz, last.npz
+    with pytest.raises(SystemExit, match="--d-model 32, but these settings give 48") as e:
+        train_wmt.main(args + ["--max-steps", "9", "--resume", "--d-model", "48"])
+    one_line_error(e)
+    with pytest.raises(SystemExit, match="--layers 1, but these settings give 2"):
+        train_wmt.main(args + ["--max-steps", "9", "--resume", "--layers", "2"])
+
+    # A checkpoint to be averaged, cut short (a full disk); and a write that a kill interrupted.
+    ckpt = tmp_path / "ckpt-3.npz"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"half a checkpoint")
+    with pytest.raises(SystemExit, match=r"ckpt-3\.npz .*truncated.*delete it") as e:
+        train_wmt.main(args + ["--max-steps", "9", "--resume"])
+    one_line_error(e)
+    assert not (tmp_path / ".tmp-k1ll3d.npz").exists()
+    ckpt.unlink()  # as the message says
+    result = train_wmt.main(args + ["--max-steps", "9", "--resume"])
+    assert result["averaged"] == ["ckpt-6.npz", "ckpt-9.npz"]
+
+
+def misaligned_corpus(tmp_path) -> pathlib.Path:
+    """Multi30k's files, but the German training file one line short."""
+    import gzip
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in DATA.glob("*.gz"):
+        lines = gzip.open(f, "rt", encoding="utf-8").read().splitlines()[:50]
+        if f.name == "train.de.gz":
+            lines = lines[:-1]
+        with gzip.open(corpus / f.name, "wt", encoding="utf-8") as out:
+            out.write("\n".join(lines) + "\n")
+    return corpus
+
+
+def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch):
+    from minitransformer import backend
+    from minitransformer.data import CorpusError
+
+    corpus = misaligned_corpus(tmp_path)
+    args = SMALL[2:] + ["--data-dir", str(corpus), "--out-dir", str(tmp_path / "run"), "--max-steps", "1"]
+    with pytest.raises(SystemExit, match=r"^error: .*train\.(en|de).* 50 .* 49") as e:
+        train_wmt.main(args)
+    one_line_error(e)
+    with pytest.raises(CorpusError):
+        train_wmt.main(args + ["--debug"])
+
+    for value, debug in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv("MT_DEBUG", value)
+        assert train_wmt.parse_args([]).debug is debug
+    monkeypatch.delenv("MT_DEBUG")
+
+    monkeypatch.setattr(backend, "has_cuda", lambda: False)
+    with pytest.raises(SystemExit, match="^error: --device cuda: .*(CuPy|CUDA)") as e:
+        train_wmt.main(args + ["--device", "cuda"])
+    one_line_error(e)

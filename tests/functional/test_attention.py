@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minitransformer as mt
+from minitransformer import backend
 from minitransformer import functional as F
 from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import grad_flags, randn, requiring_grad, seeds
@@ -89,25 +90,36 @@ def test_attention_dropout_gradient_and_expectation(device):
     assert not np.allclose(fn(q, k, v).numpy(), F.scaled_dot_product_attention(q, k, v).numpy())
 
 
-def test_attention_errors_name_shapes(device):
+def test_attention_errors_name_the_argument_and_shapes(device):
     q = randn(device, 2, 3, 4)
     with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(2, 3, 5\)"):
         F.scaled_dot_product_attention(q, randn(device, 2, 3, 5), randn(device, 2, 3, 4))
-    with pytest.raises(ValueError, match="mask of shape"):
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 5\)"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((2, 5), bool))
+    q4, k4 = randn(device, 2, 4, 3, 8), randn(device, 2, 2, 5, 8)  # 4 heads against 2
+    with pytest.raises(ValueError, match=r"batch and head axes of q \(2, 4, 3, 8\), k \(2, 2, 5, 8\)"):
+        F.scaled_dot_product_attention(q4, k4, k4)
+    k3 = randn(device, 3, 4, 5, 8)  # 3 sequences against 2
+    with pytest.raises(ValueError, match=r"batch and head axes of q \(2, 4, 3, 8\), k \(3, 4, 5, 8\)"):
+        F.scaled_dot_product_attention(q4, k3, k3)
+    k = randn(device, 2, 4, 5, 8)
+    with pytest.raises(ValueError, match=r"KeyMask of shape \(3, 5\) does not broadcast to the scores .* \(2, 4, 3, 5\)"):
+        F.scaled_dot_product_attention(q4, k, k, attn_mask=F.KeyMask(np.ones((3, 5), bool)))
+    with pytest.raises(TypeError, match="attn_mask must be boolean .* got int64"):
+        F.scaled_dot_product_attention(q4, k, k, attn_mask=np.ones((3, 5), np.int64))
 
 
-def test_key_padding_is_the_boolean_mask_built_once(device):
+def test_key_mask_is_the_boolean_mask_built_once(device):
     rng = np.random.default_rng(7)
     q = randn(device, 2, 2, 3, 4, seed=0)
     k, v = (randn(device, 2, 2, 4, 4, seed=i) for i in (1, 2))
     lengths = np.array([4, 2])
-    pad = np.arange(4)[None, :] >= lengths[:, None]  # (B, S): True at padding
-    padding = F.KeyPadding(mt.tensor(pad, device=device))
-    assert padding.mask.shape == (2, 1, 1, 4)
+    real = np.arange(4)[None, :] < lengths[:, None]  # (B, S): True at real keys
+    key_mask = F.KeyMask(mt.tensor(real, device=device))
+    assert key_mask.attn_mask.shape == (2, 1, 1, 4)
     g = rng.standard_normal((2, 2, 3, 4))
     outs = []
-    for mask in (padding, mt.tensor(~pad[:, None, None, :], device=device)):
+    for mask in (key_mask, mt.tensor(real[:, None, None, :], device=device)):
         for t in (q, k, v):
             t.grad = None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
@@ -115,9 +127,17 @@ def test_key_padding_is_the_boolean_mask_built_once(device):
         outs.append([out.numpy()] + [t.grad.numpy() for t in (q, k, v)])
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(F.attention_weights(q, k, padding).numpy()[1, :, :, 2:], 0.0)
-    with pytest.raises(ValueError, match="expected \\(B, S\\) booleans"):
-        F.KeyPadding(np.zeros((2, 1, 4), bool))
+    np.testing.assert_array_equal(F.attention_weights(q, k, key_mask).numpy()[1, :, :, 2:], 0.0)
+    np.testing.assert_array_equal(backend.to_device(key_mask.select([1, 1, 0]).mask, "cpu"), real[[1, 1, 0]])
+    np.testing.assert_array_equal(backend.to_device(key_mask.lengths, "cpu"), lengths)  # what the kernel takes
+    np.testing.assert_array_equal(backend.to_device(key_mask.select([1, 1, 0]).lengths, "cpu"), lengths[[1, 1, 0]])
+    holes = real.copy()
+    holes[0, 1] = False  # padding that is not a suffix: no lengths, the composite op runs
+    assert F.KeyMask(holes).lengths is None
+    with pytest.raises(ValueError, match="expected \\(B, S\\) booleans .* got shape \\(2, 1, 4\\)"):
+        F.KeyMask(np.zeros((2, 1, 4), bool))
+    with pytest.raises(TypeError, match="expected \\(B, S\\) booleans .* got int64"):
+        F.KeyMask(np.zeros((2, 4), np.int64))
 
 
 @given(b=st.integers(1, 2), t=st.integers(1, 4), s=st.integers(1, 4), d=st.integers(1, 4),

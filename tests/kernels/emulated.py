@@ -1,6 +1,19 @@
-"""The emulated kernels (minitransformer.testing.emulator) driven with NumPy arrays, each call
-checked against the float64 formulas. Shared by test_emulated_kernels.py, which draws shapes,
-and sanitized_run.py, which runs fixed ones under the sanitizers.
+"""The CUDA kernels of csrc/, run on the CPU (minitransformer.testing.emulator), against the
+formulas: the emulator sections of test_attention.py, test_layernorm.py, test_softmax.py and
+test_cross_entropy.py (their tests take the fixture C, conftest.py), which draw shapes, and
+sanitized_run.py, which runs fixed ones under the sanitizers.
+
+The very sources the GPU build compiles (bindings, launchers, kernels) are compiled with g++
+against a small emulation of the CUDA runtime, warps, barriers and mma.sync, and driven with
+NumPy arrays. That checks, without a GPU, their indexing, masking, tiling, synchronisation,
+Philox bits (bit-exact with the NumPy twin's) and arithmetic, and each launcher's choice of
+kernel variant by the device's shared memory per block (every architecture's limit is drawn).
+What it cannot check: that the hardware's mma.sync / ldmatrix fragments are what the emulation
+reads in the PTX ISA, tensor-core rounding, cp.async timing (copies complete at once here),
+races that the emulation's scheduling hides (test_sanitizers.py has ThreadSanitizer look for
+those within a block), speed. The device sections, on a GPU, remain the authority.
+
+Shapes stay small (EMULATOR_SETTINGS draws few): every emulated CUDA thread is an OS thread.
 
 Arrays handed to a kernel stand in for device allocations: exactly sized, so that an access
 one element past the end falls in AddressSanitizer's redzone, and 16-byte aligned, as the
@@ -15,6 +28,7 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from minitransformer.kernels import reference as R
 from minitransformer.testing import emulator
@@ -23,16 +37,16 @@ from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
 import formulas
 from formulas import check, naive_attention, rounder, to_f32
 
-DTYPES = ["float32", "float16", "bfloat16"]
 CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 # The shared memory per block of each architecture the kernels are built for: the launchers
 # choose their kernels' variants by it (csrc/launch_config.cuh). The largest is the default.
 LIMITS = sorted(set(SHARED_MEMORY_PER_BLOCK.values()))
+EMULATOR_SETTINGS = settings(max_examples=6, deadline=None)
 
 
 def require_emulator(sanitize: str | None = None) -> None:
-    """Skip (the module, where called at import) where this machine cannot build the variant;
-    but fail if MT_REQUIRE_EMULATOR is set: CI has nvcc's headers and g++, and there a skip
+    """Skip (the test; the module, where called at import) where this machine cannot build the
+    variant; but fail if MT_REQUIRE_EMULATOR is set: CI has nvcc's headers and g++, and there a skip
     would hide the only CPU test of csrc/."""
     reason = emulator.unavailable_reason(sanitize)
     if reason is None:

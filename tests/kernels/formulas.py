@@ -13,6 +13,9 @@ one unit in the last place of the largest reference value or of 0.01, whichever 
 that a lucky exact naive result does not demand an exact fused one: with a single key, dq is 0
 exactly, the naive dS = P (dP - sum dP P) gives exactly 0, while the fused kernel's
 delta = rowsum(dO O) with O rounded to 16 bits leaves ~1e-7).
+
+The NumPy twins run in float64 in their tests, so TWIN_TOL, 1e-10, measures the algorithm
+(tiling, online softmax, Welford/Chan merging, the recomputed backward), not float32 rounding.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from minitransformer import backend, kernels
 
 # Every test draws its inputs from a hypothesis-drawn seed, so that a failing example replays.
 seeds = st.integers(0, 2**32 - 1)
+DTYPES = ["float32", "float16", "bfloat16"]  # the kernels' dtypes
+
+# The twins against the formulas: float64, so the algorithm, not rounding (see above).
+TWIN_TOL = dict(rtol=1e-10, atol=1e-10)
+TWIN_SETTINGS = settings(max_examples=25, deadline=None)
 
 
 def targets(rng, N: int, V: int, use_ignore: bool, ignore_index: int = -100):

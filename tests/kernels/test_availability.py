@@ -1,5 +1,6 @@
-"""What works without a GPU: importing, the switch, clear errors, the binding's argument
-checks (they run before any CUDA call), and the bfloat16 bit conversions."""
+"""What works without a GPU: importing, the switch, clear errors, the limits, the binding's
+and launchers' argument checks (they run before any CUDA call), and the bfloat16 bit
+conversions."""
 
 from __future__ import annotations
 
@@ -45,7 +46,23 @@ needs_extension = pytest.mark.skipif(not kernels.extension_built(),
 
 
 @needs_extension
-def test_binding_rejects_bad_arguments_before_touching_the_gpu():
+def test_limits_are_what_the_launchers_enforce():
+    from minitransformer import _C
+
+    head_dims = kernels.limits()["attention_head_dims"]
+    assert head_dims
+    for D in range(1, 257):
+        if D in head_dims:
+            assert _C.launch_configs("attention_forward", 0, D)
+        else:
+            with pytest.raises(ValueError, match=f"head dim {D} is not supported"):
+                _C.launch_configs("attention_forward", 0, D)
+
+
+@needs_extension
+def test_binding_and_launchers_reject_bad_arguments_before_any_launch():
+    """The binding checks pointers, dtype codes and sizes; the launchers throw past
+    csrc/limits.cuh (head dim, B * H, layernorm rows) as the last guard."""
     from minitransformer import _C
 
     ok = dict(q=256, k=256, v=256, o=256, lse=256, kv_lens=0, dtype=0, B=1, H=1, T=8, S=8, D=64,

@@ -75,7 +75,7 @@ def test_post_norm_layer_structure():
     m = small_model(dropout=0.0).eval()
     src, _ = random_batch()
     layer = m.encoder.layers[0]
-    out = layer(m._embed(m.src_embed, src), m.src_pad_mask(src)).numpy()
+    out = layer(m._embed(m.src_embed, src), m.src_key_mask(src)).numpy()
     np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
     np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)
 
@@ -100,12 +100,14 @@ def test_decoder_is_causal():
 def test_attention_weights_are_returned_for_plots():
     mha = nn.MultiHeadAttention(16, 4)
     x = mt.randn(2, 5, 16)
-    pad = np.zeros((2, 5), bool)
-    pad[1, 3:] = True
-    out, w = mha(x, x, x, key_padding_mask=pad, need_weights=True)
+    real = np.ones((2, 5), bool)
+    real[1, 3:] = False  # padding
+    out, w = mha(x, x, x, key_mask=F.KeyMask(real), need_weights=True)
     assert out.shape == (2, 5, 16) and w.shape == (2, 4, 5, 5)
     np.testing.assert_allclose(w.numpy().sum(-1), 1, rtol=1e-5)
     np.testing.assert_array_equal(w.numpy()[1, :, :, 3:], 0)
+    with pytest.raises(TypeError, match="key_mask must be an F.KeyMask"):
+        mha(x, x, x, key_mask=real)
 
 
 def test_whole_model_gradient_in_float64():

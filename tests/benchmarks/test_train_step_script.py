@@ -1,0 +1,50 @@
+"""benchmarks/train_step.py: its GEMM floor counts the step's matrix products right, and the
+script prints both ratios."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from minitransformer import nn
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_step.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_floor_counts_three_times_the_forward_products_of_the_model():
+    """Forward: every Linear weight of the model multiplies every token's row once (S = T here),
+    the output projection is the shared embedding, and each attention is two products per head;
+    backward costs twice the forward. Derived from the model's own parameters, independently
+    of the script's list."""
+    args = argparse.Namespace(batch=3, len=5, d_model=16, d_ff=24, heads=2, layers=2, vocab=50)
+    model = nn.Transformer(nn.TransformerConfig(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff,
+                                                h=args.heads, num_encoder_layers=args.layers,
+                                                num_decoder_layers=args.layers))
+    weights = sum(m.weight.size for m in model.modules() if isinstance(m, nn.Linear))
+    tokens = args.batch * args.len
+    linear = 2 * tokens * (weights + args.vocab * args.d_model)
+    attentions = 3 * args.layers  # one per encoder layer, two per decoder layer
+    attention = attentions * 2 * (2 * args.batch * args.len * args.len * args.d_model)  # QK^T and PV, all heads
+    gemms = load_script().step_gemms(args)
+    assert sum(2 * c * m * k * n for c, m, k, n in gemms) == 3 * (linear + attention)
+    assert len(gemms) == 3 * (args.layers * (6 + 2) + args.layers * (10 + 4) + 1)
+
+
+def test_the_script_prints_the_floor_and_the_ratio():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--d-model", "32", "--d-ff", "64", "--layers", "1",
+                           "--vocab", "100", "--batch", "4", "--len", "6", "--steps", "2", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GEMM floor" in proc.stdout and "step / floor" in proc.stdout
+    ratio = float(proc.stdout.split("step / floor")[1].split()[0])
+    assert ratio > 0

@@ -1,0 +1,135 @@
+"""examples/translate.py and plot_attention.py as a new user meets them: awkward lines, bad bytes,
+the wrong tokenizer, interactive stdin, a large file. A tiny untrained model is enough: these
+tests are about what reaches the output, not what the translation says."""
+
+import os
+import pathlib
+import select
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitransformer as mt
+from minitransformer import data, decoding, nn
+from minitransformer.checkpoint import save_checkpoint
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import plot_attention  # noqa: E402
+import translate  # noqa: E402
+
+WORDS = "a man dog woman child runs walks sits in on the street park water red blue small big".split()
+
+
+def sentences(n, seed):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(3, 9))).capitalize() + "." for _ in range(n)]
+
+
+def make_run(folder, seed):
+    """A run folder as train_wmt.py leaves it: a tokenizer and an averaged.npz that names it."""
+    tok = data.train_tokenizer(sentences(300, seed), folder / f"spm-bpe60-{seed}.model",
+                               data.TokenizerConfig(vocab_size=60))
+    mt.manual_seed(seed)
+    model = nn.Transformer(nn.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, d_ff=32, h=2,
+                                                num_encoder_layers=1, num_decoder_layers=1, max_len=32))
+    save_checkpoint(str(folder / "averaged.npz"), model, extra={"tokenizer": tok.path.name})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("run"), seed=0)
+
+
+def cli(run, stdin: bytes, *args):
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), *args],
+                          input=stdin, capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_every_line_comes_back_and_unreadable_ones_empty(run, tmp_path, caplog):
+    long_text = " ".join(["a man runs in the park."] * 400)  # 2,400 words, sentence ends inside
+    long_words = " ".join(["water"] * 2000)  # no sentence end: truncated
+    lines = ["A dog runs.", "", "   ", "\t", "中文 字符", long_text, long_words, "A man sits."]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.de"
+    translate.main(["--run", str(run), "--input", str(src), "--output", str(out), "--beam", "2"])
+    hyps = out.read_text().split("\n")
+    assert len(hyps) == len(lines) + 1 and hyps[-1] == ""  # one line out per line in
+    assert hyps[1:5] == ["", "", "", ""]  # nothing invented for empty, blank, all-unknown lines
+    assert hyps[0] and hyps[5] and hyps[6] and hyps[7]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any(w.startswith("line 5: the vocabulary knows none") for w in warnings)
+    assert any(w.startswith("line 6:") and "translated in 400 parts" in w for w in warnings)
+    assert any(w.startswith("line 7:") and "truncated to 31 tokens" in w for w in warnings)
+    assert len(warnings) == 3
+
+
+def test_the_same_sentence_alone_or_among_others(run):
+    tok = data.Tokenizer(next(run.glob("*.model")))
+    model = translate.load_model(str(run / "averaged.npz"), "cpu", tokenizer=tok)
+    alone = decoding.translate(model, tok, ["A dog sits in the water."], beam_size=2)
+    among = decoding.translate(model, tok, ["", "A dog sits in the water.", "中文"], beam_size=2)
+    assert among == ["", alone[0], ""]
+
+
+@pytest.mark.parametrize("how", ["stdin", "file"])
+def test_bytes_that_are_not_utf8_are_named(run, tmp_path, how):
+    text = b"A dog runs.\nA man \xff sits.\n"
+    if how == "stdin":
+        result = cli(run, text)
+        where = "stdin"
+    else:
+        (tmp_path / "bad.en").write_bytes(text)
+        result = cli(run, b"", "--input", str(tmp_path / "bad.en"))
+        where = str(tmp_path / "bad.en")
+    assert result.returncode != 0
+    assert result.stderr.decode().strip().splitlines()[-1] == (
+        f"{where}, line 2: byte 0xff at column 7 is not valid UTF-8 (invalid start byte)")
+
+
+def test_a_large_file_is_written_as_it_goes(run, tmp_path):
+    """A bad byte far into a file stops the run there; the lines before it are already written."""
+    src = tmp_path / "big.en"
+    src.write_bytes(("\n".join(sentences(3000, seed=1)) + "\n").encode() + b"\xc3\x28\n")
+    out = tmp_path / "big.de"
+    result = cli(run, b"", "--input", str(src), "--output", str(out), "--beam", "1")
+    assert "line 3001: byte 0xc3" in result.stderr.decode()
+    assert "line/s" in result.stderr.decode() or "it/s" in result.stderr.decode()  # tqdm's bar
+    written = out.read_text().splitlines()
+    assert 1000 < len(written) <= 3000
+
+
+def test_stdin_is_answered_line_by_line(run):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for line in (b"A dog runs.\n", b"\n", b"A man sits in the park.\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()  # stdin stays open: the answer must come before the input ends
+            assert select.select([proc.stdout], [], [], 60)[0], "no answer while stdin is open"
+            answer = proc.stdout.readline()
+            assert answer.endswith(b"\n") and (answer.strip() != b"") == (line.strip() != b"")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_a_tokenizer_of_another_run_is_refused(run, tmp_path):
+    other = make_run(tmp_path, seed=1)  # the same vocabulary size, other pieces
+    tok = data.Tokenizer(next(other.glob("*.model")))
+    assert tok.vocab_size == data.Tokenizer(next(run.glob("*.model"))).vocab_size
+    with pytest.raises(SystemExit, match="was trained with the tokenizer spm-bpe60-0.model, not"):
+        translate.main(["--checkpoint", str(run / "averaged.npz"), "--tokenizer", str(tok.path)])
+
+
+def test_plot_attention_refuses_an_empty_sentence(run, capsys):
+    with pytest.raises(SystemExit):
+        plot_attention.main(["--run", str(run), "  "])
+    assert "the sentence is empty" in capsys.readouterr().err
