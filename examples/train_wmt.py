@@ -554,9 +554,10 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
     extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args),
              "tokenizer": os.path.basename(run.tok.path)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
-    save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
+    # last.npz first: a kill between the two writes leaves a run that --resume continues.
     save_checkpoint(os.path.join(args.out_dir, "last.npz"), run.model, run.optimizer, run.schedule,
                     extra=extra, scaler=run.scaler)
+    save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
     for old in checkpoints(args.out_dir)[:-average_last(args)]:
         os.remove(old)
 
