@@ -341,6 +341,9 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
             truncate_log(run.log_path, step)
+            averaged_copy = os.path.join(args.out_dir, f"ckpt-{step}.npz")
+            if not os.path.exists(averaged_copy):  # killed between the two writes of validate_and_save
+                save_checkpoint(averaged_copy, run.model, extra=ckpt.extra)
         return step, ckpt.extra["train_seconds"]
     if os.path.exists(last_path) or checkpoints(args.out_dir):
         raise SystemExit(f"error: {args.out_dir} holds checkpoints of an earlier run: pass --resume to "
@@ -554,7 +557,8 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
     extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args),
              "tokenizer": os.path.basename(run.tok.path)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
-    # last.npz first: a kill between the two writes leaves a run that --resume continues.
+    # last.npz first: a kill between the two writes leaves a run that --resume continues (and
+    # start_or_resume then writes the missing ckpt-<step>.npz from the same weights).
     save_checkpoint(os.path.join(args.out_dir, "last.npz"), run.model, run.optimizer, run.schedule,
                     extra=extra, scaler=run.scaler)
     save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
