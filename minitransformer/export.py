@@ -29,7 +29,9 @@ import os
 
 import numpy as np
 
+from .data import EOS_ID
 from .decoding import length_penalty
+from .functional.softmax import log_softmax_array
 from .nn.embedding import sinusoid_table
 
 
@@ -77,7 +79,9 @@ def to_ctranslate2(model, tokenizer, output_dir: str, quantization: str | None =
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.h, pre_norm=False)
     embedding = _array(model.src_embed.weight)  # (V, d_model)
-    positions = sinusoid_table(cfg.max_len, cfg.d_model).astype(np.float32)
+    # Ours grows on demand; CTranslate2's table is fixed: rows for the longest output beam search
+    # gives a source of max_len tokens (max_len + 50), and CTranslate2 reads no further.
+    positions = sinusoid_table(cfg.max_len + 50, cfg.d_model).astype(np.float32)
     for stack in (spec.encoder, spec.decoder):
         stack.position_encodings.encodings = positions
         stack.scale_embeddings = True  # x sqrt(d_model), section 3.4
@@ -127,7 +131,7 @@ def decode_options(src: list[list[int]], beam_size: int, max_len_extra: int = 50
     length (with EOS) + ``max_len_extra`` tokens with EOS. They agree on a batch of sources of
     one length, and on every hypothesis that ends before the limit."""
     return dict(beam_size=beam_size, min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]],
-                max_decoding_length=max(map(len, src)) + max_len_extra)
+                max_decoding_length=max(map(len, src)) + max_len_extra, max_input_length=0)
 
 
 class Pieces:
@@ -160,18 +164,22 @@ def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], be
     each sentence, with its score (as ``beam_search(..., return_scores=True)``).
 
     A hypothesis cut at the maximum length has no EOS in CTranslate2's score, where ours forces
-    EOS and counts its log-probability: those are scored again, EOS included."""
+    EOS and counts its log-probability: that is read from one more step of CTranslate2's
+    decoder after the hypothesis (its logits, PAD and BOS suppressed as in the search)."""
     options = decode_options(src, beam_size, max_len_extra)
-    src_pieces = pieces.to_pieces(src)
-    results = translator.translate_batch(src_pieces, length_penalty=0.0, num_hypotheses=beam_size,
+    results = translator.translate_batch(pieces.to_pieces(src), length_penalty=0.0, num_hypotheses=beam_size,
                                          return_scores=True, **options)
     hyps = [pieces.to_ids(r.hypotheses) for r in results]
     logp = [list(r.scores) for r in results]
     cut = [(i, j) for i, hs in enumerate(hyps) for j, h in enumerate(hs) if len(h) >= options["max_decoding_length"]]
     if cut:
-        full = ctranslate2_log_probs(translator, pieces, [src[i] for i, _ in cut], [hyps[i][j] for i, j in cut])
-        for (i, j), f in zip(cut, full):
-            logp[i][j] = float(f.sum())
+        prefixes = [hyps[i][j] for i, j in cut]
+        steps = translator.translate_batch(
+            pieces.to_pieces([src[i] for i, _ in cut]), target_prefix=pieces.to_pieces(prefixes),
+            return_logits_vocab=True, **{**options, "beam_size": 1, "max_decoding_length": options["max_decoding_length"] + 1})
+        for (i, j), prefix, step in zip(cut, prefixes, steps):
+            logits = np.asarray(step.logits[0][len(prefix)], dtype=np.float64)  # after the prefix
+            logp[i][j] += float(log_softmax_array(logits)[EOS_ID])
     best = []
     for hs, ss in zip(hyps, logp):
         score, hyp = max(((s / length_penalty(len(h) + 1, alpha), h) for h, s in zip(hs, ss)), key=lambda x: x[0])
