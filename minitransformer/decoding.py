@@ -163,15 +163,17 @@ def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
 
 
 def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
-    """The ``m`` best extensions of each sentence, best first, on the host: their ids
-    beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix)."""
-    cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(slots, -1)  # (slots, width * V)
+    """The ``m`` best extensions of each sentence, best first (ties: lower id first), on the
+    host: their ids beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix).
+    ``logp`` becomes the candidates' scores (in place: it is the largest array of a step)."""
+    logp += xp.asarray(scores, dtype=logp.dtype)[:, None]
+    cand = logp.reshape(slots, -1)  # (slots, width * V)
     m = min(m, cand.shape[1])
-    top = xp.argpartition(-cand, m - 1, axis=1)[:, :m]
-    top_scores = xp.take_along_axis(cand, top, axis=1)
-    order = xp.argsort(-top_scores, axis=1, kind="stable")
-    return (backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu"),
-            backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu"))
+    top = xp.argpartition(cand, cand.shape[1] - m, axis=1)[:, -m:]
+    top_scores = backend.to_device(xp.take_along_axis(cand, top, axis=1), "cpu")
+    top = backend.to_device(top, "cpu")
+    order = np.lexsort((top, -top_scores), axis=1)
+    return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)
 
 
 def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: int, k: int, eos: int):
