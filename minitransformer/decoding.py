@@ -17,6 +17,13 @@ is forced), and leaves the batch. Its answer is the finished hypothesis with the
 Sentences are independent: each is decoded exactly as it would be alone (padding is masked,
 and the stopping rule looks at nothing but the sentence itself). With beam size 1 this is
 greedy decoding.
+
+A step of ``_beam``: the decoder's log-probabilities for every row (one row per sentence at the
+first step, where all beams are the same BOS; k after), EOS forced at the length limit
+(``_force_eos``), the 2k best extensions per sentence (``_score_candidates``), split into those
+that finish and the k that live on (``_select_beams``), and the cache gathered for the survivors
+(``_reorder``: the self-attention caches every step; the source side, the same for all beams of
+a sentence, only when sentences leave the batch).
 """
 
 from __future__ import annotations
