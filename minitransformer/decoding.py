@@ -148,7 +148,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
         tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
         active, width = active[slots], k
-        memory, pad_mask = _reorder(model, cache, memory, pad_mask, rows, source_rows, xp)
+        memory, pad_mask = _reorder(cache, memory, pad_mask, rows, source_rows, xp)
 
     results = []
     for sid, hyps in enumerate(finished):
@@ -170,7 +170,7 @@ def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
 
 
 def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
-    """The ``m`` best extensions of each sentence, best first (ties: lower id first), on the
+    """The ``m`` best extensions of each sentence, best first (equal scores: lower id first), on the
     host: their ids beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix).
     ``logp`` becomes the candidates' scores (in place: it is the largest array of a step)."""
     logp += xp.asarray(scores, dtype=logp.dtype)[:, None]
@@ -207,7 +207,7 @@ def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: in
             np.where(live, top_scores, -np.inf)[slots])
 
 
-def _reorder(model, cache, memory, pad_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
+def _reorder(cache, memory, pad_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
     """Keep the decoder's state of the surviving beams: the self-attention caches follow
     ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
     beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""
