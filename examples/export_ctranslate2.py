@@ -54,7 +54,8 @@ def compare(model, tok, src, refs, batches, translators, beam: int, alpha: float
     for idx in batches:
         batch = [src[i] for i in idx]
         padded = data.collate(batch).src
-        for i, g, b in zip(idx, greedy_decode(model, padded), beam_search(model, padded, beam, alpha, return_scores=True)):
+        beams = beam_search(model, padded, beam, alpha, return_scores=True)
+        for i, g, b in zip(idx, greedy_decode(model, padded), beams):
             ours_greedy[i], ours_beam[i] = g, b
         for name, tr in translators.items():
             greedy = export.ctranslate2_translate(tr, pieces, batch, beam_size=1)
@@ -116,7 +117,8 @@ def main(argv=None) -> dict:
     n = min(args.limit or len(test), len(test))
     src = tok.encode(test.src[:n])
     translators = {q: export.load_translator(f, args.threads) for q, f in folders.items()}
-    figures = compare(model, tok, src, test.tgt[:n], same_length_batches(src, args.batch_size), translators, args.beam, args.alpha)
+    batches = same_length_batches(src, args.batch_size)
+    figures = compare(model, tok, src, test.tgt[:n], batches, translators, args.beam, args.alpha)
     ours = beam_search(model, data.collate(src[:64]).src, args.beam, args.alpha)
     figures["teacher_forced_max_abs_diff"] = teacher_forced_gap(model, tok, translators["float32"], src[:64], ours)
 

@@ -67,7 +67,7 @@ def to_ctranslate2(model, tokenizer, output_dir: str, quantization: str | None =
     """Write ``model`` (post-norm, shared embeddings, sinusoidal positions) with ``tokenizer``'s
     vocabulary as a CTranslate2 model in ``output_dir``; ``quantization`` is CTranslate2's
     weight type ("int8", "int8_float32", "int16", ...; None keeps float32)."""
-    ct2 = _ctranslate2()
+    _ctranslate2()  # a clear error without the extra
     from ctranslate2.specs import transformer_spec
 
     cfg = model.config
@@ -176,7 +176,8 @@ def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], be
         prefixes = [hyps[i][j] for i, j in cut]
         steps = translator.translate_batch(
             pieces.to_pieces([src[i] for i, _ in cut]), target_prefix=pieces.to_pieces(prefixes),
-            return_logits_vocab=True, **{**options, "beam_size": 1, "max_decoding_length": options["max_decoding_length"] + 1})
+            return_logits_vocab=True,
+            **{**options, "beam_size": 1, "max_decoding_length": options["max_decoding_length"] + 1})
         for (i, j), prefix, step in zip(cut, prefixes, steps):
             logits = np.asarray(step.logits[0][len(prefix)], dtype=np.float64)  # after the prefix
             logp[i][j] += float(log_softmax_array(logits)[EOS_ID])

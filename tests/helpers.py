@@ -66,3 +66,10 @@ def tiny_run(folder, seed=0):
     model.src_embed.weight.data *= 4
     save_checkpoint(str(folder / "averaged.npz"), model, extra={"tokenizer": tok.path.name})
     return folder
+
+
+def tiny_test_set(folder, n=12):
+    """A Multi30k-shaped folder with only a test_2016_flickr of ``n`` pairs (random sentences)."""
+    for lang, seed in (("en", 6), ("de", 7)):
+        (folder / f"test_2016_flickr.{lang}").write_text("\n".join(sentences(n, seed)) + "\n")
+    return folder

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import sentences, tiny_run
+from tests.helpers import tiny_run, tiny_test_set
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import translate_speed  # noqa: E402
@@ -17,8 +17,7 @@ def toy(tmp_path_factory):
     folder = tmp_path_factory.mktemp("speed")
     (folder / "run").mkdir()
     run = tiny_run(folder / "run", seed=5)
-    for lang, seed in (("en", 6), ("de", 7)):
-        (folder / f"test_2016_flickr.{lang}").write_text("\n".join(sentences(12, seed)) + "\n")
+    tiny_test_set(folder)
     return ["--run", str(run), "--data-dir", str(folder), "--limit", "10", "--repeats", "2", "--max-tokens", "40"]
 
 
