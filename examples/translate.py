@@ -100,6 +100,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
+    if args.input and not os.path.isfile(args.input):
+        p.error(f"--input {args.input}: no such file")
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer

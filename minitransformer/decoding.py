@@ -17,6 +17,13 @@ is forced), and leaves the batch. Its answer is the finished hypothesis with the
 Sentences are independent: each is decoded exactly as it would be alone (padding is masked,
 and the stopping rule looks at nothing but the sentence itself). With beam size 1 this is
 greedy decoding.
+
+A step of ``_beam``: the decoder's log-probabilities for every row (one row per sentence at the
+first step, where all beams are the same BOS; k after), EOS forced at the length limit
+(``_force_eos``), the 2k best extensions per sentence (``_score_candidates``), split into those
+that finish and the k that live on (``_select_beams``), and the cache gathered for the survivors
+(``_reorder``: the self-attention caches every step; the source side, the same for all beams of
+a sentence, only when sentences leave the batch).
 """
 
 from __future__ import annotations
@@ -140,7 +147,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
         tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
         active, width = active[slots], k
-        memory, src_mask = _reorder(model, cache, memory, src_mask, rows, source_rows, xp)
+        memory, src_mask = _reorder(cache, memory, src_mask, rows, source_rows, xp)
 
     results = []
     for sid, hyps in enumerate(finished):
@@ -162,15 +169,17 @@ def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
 
 
 def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
-    """The ``m`` best extensions of each sentence, best first, on the host: their ids
-    beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix)."""
-    cand = (xp.asarray(scores, dtype=logp.dtype)[:, None] + logp).reshape(slots, -1)  # (slots, width * V)
+    """The ``m`` best extensions of each sentence, best first (equal scores: lower id first), on the
+    host: their ids beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix).
+    ``logp`` becomes the candidates' scores (in place: it is the largest array of a step)."""
+    logp += xp.asarray(scores, dtype=logp.dtype)[:, None]
+    cand = logp.reshape(slots, -1)  # (slots, width * V)
     m = min(m, cand.shape[1])
-    top = xp.argpartition(-cand, m - 1, axis=1)[:, :m]
-    top_scores = xp.take_along_axis(cand, top, axis=1)
-    order = xp.argsort(-top_scores, axis=1, kind="stable")
-    return (backend.to_device(xp.take_along_axis(top, order, axis=1), "cpu"),
-            backend.to_device(xp.take_along_axis(top_scores, order, axis=1), "cpu"))
+    top = xp.argpartition(cand, cand.shape[1] - m, axis=1)[:, -m:]
+    top_scores = backend.to_device(xp.take_along_axis(cand, top, axis=1), "cpu")
+    top = backend.to_device(top, "cpu")
+    order = np.lexsort((top, -top_scores), axis=1)
+    return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)
 
 
 def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: int, k: int, eos: int):
@@ -197,7 +206,7 @@ def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: in
             np.where(live, top_scores, -np.inf)[slots])
 
 
-def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
+def _reorder(cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
     """Keep the decoder's state of the surviving beams: the self-attention caches follow
     ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
     beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""

@@ -1,10 +1,12 @@
-"""Helpers shared by the tests: fresh random inputs and hypothesis strategies."""
+"""Helpers shared by the tests: fresh random inputs, hypothesis strategies, a tiny trained run."""
 
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minitransformer as mt
+from minitransformer import data, nn
+from minitransformer.checkpoint import save_checkpoint
 
 # Small shapes keep finite differences cheap (two forward passes per input element) while
 # still covering size-1 axes, which is where broadcasting bugs hide.
@@ -41,3 +43,33 @@ def requiring_grad(tensors, flags):
     for t, f in zip(tensors, flags):
         t.requires_grad = f
     return tensors
+
+
+WORDS = "a man dog woman child runs walks sits in on the street park water red blue small big".split()
+
+
+def sentences(n, seed):
+    """``n`` short English-like sentences from a 17-word vocabulary."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(3, 9))).capitalize() + "." for _ in range(n)]
+
+
+def tiny_run(folder, seed=0):
+    """A run folder as train_wmt.py leaves it, in a second: a 60-piece tokenizer and an untrained
+    d_model=16 model in averaged.npz that names it, with 32 positions. Its embeddings are scaled
+    up so that decoding is decisive (few near ties between candidates)."""
+    tok = data.train_tokenizer(sentences(300, seed), folder / f"spm-bpe60-{seed}.model",
+                               data.TokenizerConfig(vocab_size=60))
+    mt.manual_seed(seed)
+    model = nn.Transformer(nn.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, d_ff=32, h=2,
+                                                num_encoder_layers=1, num_decoder_layers=1, max_len=32))
+    model.src_embed.weight.data *= 4
+    save_checkpoint(str(folder / "averaged.npz"), model, extra={"tokenizer": tok.path.name})
+    return folder
+
+
+def tiny_test_set(folder, n=12):
+    """A Multi30k-shaped folder with only a test_2016_flickr of ``n`` pairs (random sentences)."""
+    for lang, seed in (("en", 6), ("de", 7)):
+        (folder / f"test_2016_flickr.{lang}").write_text("\n".join(sentences(n, seed)) + "\n")
+    return folder

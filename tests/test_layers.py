@@ -25,7 +25,7 @@ LAYERS = [
     ["kernels"],
     ["functional"],
     ["nn", "optim", "amp", "data", "checkpoint", "distributed", "testing.gradcheck"],
-    ["decoding", "train"],
+    ["decoding", "train", "export"],
 ]
 # Package __init__ files whose layer is not their contents': testing/ holds modules from the
 # bottom and the middle, and its __init__ (run by backend's import of the stand-ins) imports

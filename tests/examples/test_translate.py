@@ -8,40 +8,19 @@ import select
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-import minitransformer as mt
-from minitransformer import data, decoding, nn
-from minitransformer.checkpoint import save_checkpoint
+from minitransformer import data, decoding
+from tests.helpers import sentences, tiny_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 import plot_attention  # noqa: E402
 import translate  # noqa: E402
 
-WORDS = "a man dog woman child runs walks sits in on the street park water red blue small big".split()
-
-
-def sentences(n, seed):
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, rng.integers(3, 9))).capitalize() + "." for _ in range(n)]
-
-
-def make_run(folder, seed):
-    """A run folder as train_wmt.py leaves it: a tokenizer and an averaged.npz that names it."""
-    tok = data.train_tokenizer(sentences(300, seed), folder / f"spm-bpe60-{seed}.model",
-                               data.TokenizerConfig(vocab_size=60))
-    mt.manual_seed(seed)
-    model = nn.Transformer(nn.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, d_ff=32, h=2,
-                                                num_encoder_layers=1, num_decoder_layers=1, max_len=32))
-    save_checkpoint(str(folder / "averaged.npz"), model, extra={"tokenizer": tok.path.name})
-    return folder
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("run"), seed=0)
+    return tiny_run(tmp_path_factory.mktemp("run"), seed=0)
 
 
 def cli(run, stdin: bytes, *args):
@@ -122,7 +101,7 @@ def test_stdin_is_answered_line_by_line(run):
 
 
 def test_a_tokenizer_of_another_run_is_refused(run, tmp_path):
-    other = make_run(tmp_path, seed=1)  # the same vocabulary size, other pieces
+    other = tiny_run(tmp_path, seed=1)  # the same vocabulary size, other pieces
     tok = data.Tokenizer(next(other.glob("*.model")))
     assert tok.vocab_size == data.Tokenizer(next(run.glob("*.model"))).vocab_size
     with pytest.raises(SystemExit, match="was trained with the tokenizer spm-bpe60-0.model, not"):

@@ -1,0 +1,118 @@
+"""Decoding speed on the CPU, side by side in one run: our batched beam search against the same
+model exported to CTranslate2 (float32 and int8), on the same sentences in the same batches.
+
+    OMP_NUM_THREADS=2 python benchmarks/translate_speed.py --run runs/multi30k --data-dir ../shared/data/multi30k
+
+The test set's first ``--limit`` sources are cut into our translate batches (length-sorted,
+about ``--max-tokens`` source tokens each); every engine decodes exactly those batches with the
+same beam size. Each repeat runs every engine once, in turn, so that a machine shared with other
+work slows them alike; the figures are medians over the repeats. Threads: NumPy's BLAS and
+CTranslate2 both get ``OMP_NUM_THREADS`` (default: every core).
+
+Columns: wall seconds for all sentences, target tokens per second (the hypotheses' tokens and
+their EOS: one decoder step each), sentences per second, sacreBLEU of the output, and speed
+relative to CTranslate2 float32. CTranslate2 searches with its own length penalty (L^alpha), so
+its output and BLEU differ a little from ours; ``examples/export_ctranslate2.py`` measures how
+little. Without ctranslate2 installed (``pip install -e ".[export]"``) only our row is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from minitransformer import data, export  # noqa: E402
+from minitransformer.decoding import beam_search  # noqa: E402
+from train_wmt import bleu  # noqa: E402
+from translate import find_run_files, load_model  # noqa: E402
+
+
+def engines(model, tok, folder: str, threads: int, beam: int, alpha: float) -> dict:
+    """name -> function(padded batch, its sources without EOS) -> hypotheses (ids)."""
+    found = {"ours": lambda batch, src: beam_search(model, batch.src, beam, alpha)}
+    try:
+        export._ctranslate2()
+    except ImportError as e:
+        print(f"{e}: the CTranslate2 rows are skipped")
+        return found
+    pieces = export.Pieces(tok)
+    for quantization in ("float32", "int8"):
+        path = export.to_ctranslate2(model, tok, os.path.join(folder, quantization),
+                                     None if quantization == "float32" else quantization)
+        found[f"ct2 {quantization}"] = functools.partial(
+            _ctranslate2, export.load_translator(path, threads), pieces, beam, alpha)
+    return found
+
+
+def _ctranslate2(translator, pieces, beam: int, alpha: float, batch, src):
+    return export.ctranslate2_translate(translator, pieces, src, beam, alpha)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
+    p.add_argument("--limit", type=int, default=1000, help="test sentences")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch, as translate.py")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
+    checkpoint, tokenizer = find_run_files(args.run)
+    tok = data.Tokenizer(tokenizer)
+    model = load_model(checkpoint, "cpu", tokenizer=tok)
+    test = data.load_multi30k(args.data_dir, "test_2016_flickr")
+    n = min(args.limit, len(test))
+    src = tok.encode(test.src[:n])
+    batcher = data.TokenBatcher(src, max_tokens=args.max_tokens, shuffle=False)
+    batches = [batcher.make_batch(indices) for indices in batcher.epoch_batches(0)]
+
+    with tempfile.TemporaryDirectory() as folder:
+        runs = engines(model, tok, folder, threads, args.beam, args.alpha)
+        seconds = {name: [] for name in runs}
+        hyps = {}
+        for _ in range(args.repeats):
+            for name, decode in runs.items():
+                out = [None] * n
+                start = time.perf_counter()
+                for batch in batches:
+                    for i, h in zip(batch.indices, decode(batch, [src[i] for i in batch.indices])):
+                        out[i] = h
+                seconds[name].append(time.perf_counter() - start)
+                hyps[name] = out
+
+    print(f"{n} sentences of test_2016_flickr in {len(batches)} batches (max {args.max_tokens} source tokens), "
+          f"beam {args.beam}, alpha {args.alpha}, {threads} threads; median of {args.repeats} repeats")
+    print(f"{'engine':12s} {'seconds':>8s} {'tokens/s':>9s} {'sents/s':>8s} {'BLEU':>6s} {'vs ct2 fp32':>11s}")
+    rows = {}
+    for name, times in seconds.items():
+        t = statistics.median(times)
+        tokens = sum(len(h) + 1 for h in hyps[name])
+        rows[name] = dict(seconds=t, all_seconds=times, tokens_per_s=tokens / t, sentences_per_s=n / t,
+                          bleu=bleu(tok.decode(hyps[name]), test.tgt[:n])[0])
+    base = rows.get("ct2 float32")
+    for name, r in rows.items():
+        ratio = f"{base['seconds'] / r['seconds']:.2f}x" if base else "-"
+        print(f"{name:12s} {r['seconds']:8.2f} {r['tokens_per_s']:9.0f} {r['sentences_per_s']:8.1f} "
+              f"{r['bleu']:6.2f} {ratio:>11s}")
+    result = dict(sentences=n, batches=len(batches), beam=args.beam, alpha=args.alpha, threads=threads,
+                  max_tokens=args.max_tokens, repeats=args.repeats, engines=rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Export a trained run to CTranslate2 (float32 and int8) and check it decodes as we do.
+
+    pip install -e ".[export]"
+    python examples/export_ctranslate2.py --run runs/multi30k --data-dir ../shared/data/multi30k
+
+Writes <run>/ctranslate2/float32 and <run>/ctranslate2/int8 (each a model folder that
+``ctranslate2.Translator`` loads; the vocabulary is the run's sentencepiece pieces, so give it
+``Tokenizer.encode``'s pieces and join its output with sentencepiece), then on the test set:
+
+  * teacher-forced log-probabilities of our beam-search output under both models, the largest
+    difference (float32 rounding: a few 1e-6);
+  * greedy search: the share of sentences where CTranslate2's output equals ours token for token;
+  * beam search: the same share once our length penalty ((5 + L) / 6)^alpha picks among
+    CTranslate2's finished hypotheses; and its own beam search (penalty L^alpha), with BLEU,
+    for float32 and int8.
+
+Sources are decoded in batches of one length, where CTranslate2's one maximum output length per
+batch equals ours per sentence (``export.decode_options``). Where outputs still differ, the
+two best scores are compared: a near tie (|difference| < 1e-4) is decided by float32 rounding
+in the two engines' different summation orders. Figures go to <run>/ctranslate2/agreement.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from minitransformer import data, export
+from minitransformer.decoding import beam_search, greedy_decode
+from minitransformer.functional.softmax import log_softmax_array
+from train_wmt import bleu
+from translate import find_run_files, load_model
+
+NEAR_TIE = 1e-4
+
+
+def same_length_batches(src: list[list[int]], size: int) -> list[list[int]]:
+    """Sentence indices grouped by source length, at most ``size`` a group."""
+    groups = defaultdict(list)
+    for i, ids in enumerate(src):
+        groups[len(ids)].append(i)
+    return [idx[lo: lo + size] for _, idx in sorted(groups.items()) for lo in range(0, len(idx), size)]
+
+
+def compare(model, tok, src, refs, batches, translators, beam: int, alpha: float) -> dict:
+    pieces = export.Pieces(tok)
+    n = len(src)
+    ours_greedy, ours_beam = [None] * n, [None] * n
+    theirs = {name: {"greedy": [None] * n, "rescored": [None] * n, "native": [None] * n} for name in translators}
+    for idx in batches:
+        batch = [src[i] for i in idx]
+        padded = data.collate(batch).src
+        beams = beam_search(model, padded, beam, alpha, return_scores=True)
+        for i, g, b in zip(idx, greedy_decode(model, padded), beams):
+            ours_greedy[i], ours_beam[i] = g, b
+        for name, tr in translators.items():
+            greedy = export.ctranslate2_translate(tr, pieces, batch, beam_size=1)
+            rescored = export.ctranslate2_beam_search(tr, pieces, batch, beam, alpha)
+            native = export.ctranslate2_translate(tr, pieces, batch, beam, alpha)
+            for i, g, r, v in zip(idx, greedy, rescored, native):
+                theirs[name]["greedy"][i], theirs[name]["rescored"][i], theirs[name]["native"][i] = g, r, v
+
+    figures = {"sentences": n, "beam": beam, "alpha": alpha,
+               "ours_bleu": bleu(tok.decode([h for h, _ in ours_beam]), refs)[0]}
+    for name, out in theirs.items():
+        differ = [i for i in range(n) if out["rescored"][i][0] != ours_beam[i][0]]
+        gaps = [abs(out["rescored"][i][1] - ours_beam[i][1]) for i in differ]
+        figures[name] = {
+            "greedy_equal": sum(a == b for a, b in zip(ours_greedy, out["greedy"])) / n,
+            "beam_equal_rescored": 1 - len(differ) / n,
+            "beam_differ_near_ties": sum(g < NEAR_TIE for g in gaps),
+            "beam_differ": len(differ),
+            "native_beam_bleu": bleu(tok.decode(out["native"]), refs)[0],
+            "native_beam_equal": sum(a == b for a, (b, _) in zip(out["native"], ours_beam)) / n,
+        }
+    return figures
+
+
+def teacher_forced_gap(model, tok, translator, src, hyps, size: int = 64) -> float:
+    """Largest |log P_ours - log P_ct2| over every token (and EOS) of ``hyps``."""
+    pieces, worst = export.Pieces(tok), 0.0
+    for lo in range(0, len(src), size):
+        s, h = src[lo: lo + size], hyps[lo: lo + size]
+        batch = data.collate(s, h)
+        logp = log_softmax_array(model(batch.src, batch.tgt_in).numpy())
+        for row, (ids, theirs) in enumerate(zip(h, export.ctranslate2_log_probs(translator, pieces, s, h))):
+            ours = logp[row, np.arange(len(ids) + 1), ids + [data.EOS_ID]]
+            worst = max(worst, float(np.abs(ours - theirs).max()))
+    return worst
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
+    p.add_argument("--out", default=None, help="export folder (default: <run>/ctranslate2)")
+    p.add_argument("--limit", type=int, default=None, help="check only the first N test sentences")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (of one source length)")
+    p.add_argument("--threads", type=int, default=0, help="CTranslate2's threads (0: its default)")
+    args = p.parse_args(argv)
+    checkpoint, tokenizer = find_run_files(args.run)
+    tok = data.Tokenizer(tokenizer)
+    model = load_model(checkpoint, "cpu", tokenizer=tok)
+    out = args.out or os.path.join(args.run, "ctranslate2")
+    folders = {q: export.to_ctranslate2(model, tok, os.path.join(out, q), None if q == "float32" else q)
+               for q in ("float32", "int8")}
+    print(f"exported {checkpoint} to {', '.join(folders.values())}")
+
+    test = data.load_multi30k(args.data_dir, "test_2016_flickr")
+    n = min(args.limit or len(test), len(test))
+    src = tok.encode(test.src[:n])
+    translators = {q: export.load_translator(f, args.threads) for q, f in folders.items()}
+    batches = same_length_batches(src, args.batch_size)
+    figures = compare(model, tok, src, test.tgt[:n], batches, translators, args.beam, args.alpha)
+    ours = beam_search(model, data.collate(src[:64]).src, args.beam, args.alpha)
+    figures["teacher_forced_max_abs_diff"] = teacher_forced_gap(model, tok, translators["float32"], src[:64], ours)
+
+    print(f"teacher-forced log-probabilities (64 sentences, float32): max |difference| "
+          f"{figures['teacher_forced_max_abs_diff']:.2e}")
+    print(f"{n} test sentences, beam {args.beam}, alpha {args.alpha}; our BLEU {figures['ours_bleu']:.2f}")
+    for q in folders:
+        f = figures[q]
+        print(f"  {q:8s} greedy equal {100 * f['greedy_equal']:.1f}%   beam equal with our penalty "
+              f"{100 * f['beam_equal_rescored']:.1f}% ({f['beam_differ']} differ, {f['beam_differ_near_ties']} of "
+              f"them near ties)   own beam search: BLEU {f['native_beam_bleu']:.2f}, equal "
+              f"{100 * f['native_beam_equal']:.1f}%")
+    with open(os.path.join(out, "agreement.json"), "w") as fh:
+        json.dump(figures, fh, indent=2)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""benchmarks/translate_speed.py runs at a toy size, with CTranslate2 and without it."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import tiny_run, tiny_test_set
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import translate_speed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("speed")
+    (folder / "run").mkdir()
+    run = tiny_run(folder / "run", seed=5)
+    tiny_test_set(folder)
+    return ["--run", str(run), "--data-dir", str(folder), "--limit", "10", "--repeats", "2", "--max-tokens", "40"]
+
+
+def test_ours_and_ctranslate2_side_by_side(toy, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    result = translate_speed.main(toy + ["--json", str(tmp_path / "speed.json")])
+    assert set(result["engines"]) == {"ours", "ct2 float32", "ct2 int8"}
+    assert result["sentences"] == 10 and result["batches"] > 1  # several batches, the same for each engine
+    for row in result["engines"].values():
+        assert len(row["all_seconds"]) == 2 and row["tokens_per_s"] > 0 and 0 <= row["bleu"] <= 100
+    assert json.loads((tmp_path / "speed.json").read_text()) == result
+    assert "vs ct2 fp32" in capsys.readouterr().out
+
+
+def test_without_ctranslate2_our_row_is_measured(toy, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed: import raises ImportError
+    result = translate_speed.main(toy)
+    assert set(result["engines"]) == {"ours"}
+    assert "the CTranslate2 rows are skipped" in capsys.readouterr().out

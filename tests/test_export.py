@@ -1,0 +1,66 @@
+"""minitransformer.export: a model written into CTranslate2 decodes as ours does (a tiny model:
+what is checked is the mapping of every weight and decoding option, not translation quality)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from minitransformer import data, export
+from minitransformer.decoding import beam_search, greedy_decode
+from minitransformer.functional.softmax import log_softmax_array
+from tests.helpers import sentences, tiny_run
+
+pytest.importorskip("ctranslate2")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples"))
+from export_ctranslate2 import same_length_batches  # noqa: E402
+from translate import load_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    folder = tiny_run(tmp_path_factory.mktemp("run"), seed=3)
+    tok = data.Tokenizer(next(folder.glob("*.model")))
+    model = load_model(str(folder / "averaged.npz"), "cpu", tokenizer=tok)
+    translator = export.load_translator(export.to_ctranslate2(model, tok, str(folder / "ct2")), threads=1)
+    src = tok.encode(sentences(40, seed=4))
+    return model, tok, export.Pieces(tok), translator, src
+
+
+def test_teacher_forced_log_probabilities_agree(exported):
+    model, tok, pieces, translator, src = exported
+    tgt = [ids[::-1] for ids in src]  # any target will do
+    batch = data.collate(src, tgt)
+    ours = log_softmax_array(model(batch.src, batch.tgt_in).numpy())
+    theirs = export.ctranslate2_log_probs(translator, pieces, src, tgt)
+    for row, (ids, t) in enumerate(zip(tgt, theirs)):
+        np.testing.assert_allclose(t, ours[row, np.arange(len(ids) + 1), ids + [data.EOS_ID]], atol=2e-5)
+
+
+def test_greedy_and_beam_search_agree(exported):
+    model, tok, pieces, translator, src = exported
+    for idx in same_length_batches(src, 16):
+        batch = [src[i] for i in idx]
+        padded = data.collate(batch).src
+        assert export.ctranslate2_translate(translator, pieces, batch, beam_size=1) == greedy_decode(model, padded)
+        ours = beam_search(model, padded, 4, 0.6, return_scores=True)
+        theirs = export.ctranslate2_beam_search(translator, pieces, batch, 4, 0.6)
+        assert [h for h, _ in theirs] == [h for h, _ in ours]
+        np.testing.assert_allclose([s for _, s in theirs], [s for _, s in ours], rtol=1e-4)
+
+
+def test_int8_export_translates(exported, tmp_path):
+    model, tok, pieces, _, src = exported
+    int8 = export.load_translator(export.to_ctranslate2(model, tok, str(tmp_path / "int8"), "int8"), threads=1)
+    hyps = export.ctranslate2_translate(int8, pieces, src[:5])
+    assert len(hyps) == 5 and all(set(h) <= set(range(tok.vocab_size)) - {data.PAD_ID, data.BOS_ID} for h in hyps)
+
+
+def test_only_the_papers_model_is_exported(exported, tmp_path):
+    model, tok, *_ = exported
+    model.config.norm_first = True
+    try:
+        with pytest.raises(ValueError, match="post-norm"):
+            export.to_ctranslate2(model, tok, str(tmp_path))
+    finally:
+        model.config.norm_first = False
