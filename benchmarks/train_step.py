@@ -116,13 +116,13 @@ def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
         print(f"  {name:18} {statistics.median(times) * 1e3:8.2f} ms")
 
 
-def step_gemms(args) -> list[tuple[int, int, int, int]]:
+def step_gemms(args, b: int, s: int, t: int) -> list[tuple[int, int, int, int]]:
     """(count, m, k, n) of every matrix product of one training step of the paper's model on a
-    batch of the benchmark's shape: ``count`` independent (m, k) @ (k, n) products. Each linear
-    map is its own product (W^Q, W^K, W^V, W^O apart, as the paper writes them), each head's
-    attention two (Q K^T, then P V), and the output projection one. Backward repeats each
-    forward product C = A @ B twice at the same cost: dA = dC @ B^T and dB = A^T @ dC."""
-    b, s, t = args.batch, args.len, args.len
+    batch of b sentences, s source and t target tokens (padding included): ``count`` independent
+    (m, k) @ (k, n) products. Each linear map is its own product (W^Q, W^K, W^V, W^O apart, as
+    the paper writes them), each head's attention two (Q K^T, then P V), and the output
+    projection one. Backward repeats each forward product C = A @ B twice at the same cost:
+    dA = dC @ B^T and dB = A^T @ dC."""
     d, d_ff, h = args.d_model, args.d_ff, args.heads
     d_k = d // h
     forward = []
@@ -161,26 +161,26 @@ def floor_dtype(args) -> np.dtype:
     return np.dtype(np.float32 if args.precision == "fp32" else np.float16)
 
 
-def time_gemm_floor(args) -> tuple[list[float], float]:
-    """The step's GEMM floor: every product of ``step_gemms`` alone, in ``floor_dtype``, into
-    preallocated outputs (NumPy's BLAS on the CPU, cuBLAS through CuPy on a GPU), one timing per
-    pass over all of them. Returns the pass times and the FLOPs of a pass. What the step spends
-    above this floor goes to everything that is not a matrix product (softmaxes, layernorm,
-    dropout masks, elementwise temporaries, the optimiser, Python). The floor counts the paper's
-    products: the fused attention kernel's backward also recomputes Q K^T, one product more per
-    attention, which the step pays and the floor does not."""
+def time_gemm_floor(args, data) -> tuple[list[float], float]:
+    """The GEMM floor of each step of ``data``: every product of ``step_gemms`` for that step's
+    batch shape alone, in ``floor_dtype``, into preallocated outputs (NumPy's BLAS on the CPU,
+    cuBLAS through CuPy on a GPU), one timing per pass. Returns the times after --warmup and the
+    mean FLOPs of a step. What the step spends above this floor goes to everything that is not a
+    matrix product (softmaxes, layernorm, dropout masks, elementwise temporaries, the optimiser,
+    Python). The floor counts the paper's products: the fused attention kernel's backward also
+    recomputes Q K^T, one product more per attention, which the step pays and the floor does not."""
     xp = mt.backend.get_array_module(args.device)
     rng = np.random.default_rng(1)
     dtype = floor_dtype(args)
-    operands = {}
-    for shape in set(step_gemms(args)):
-        c, m, k, n = shape
-        a, b = (xp.asarray(rng.standard_normal(dims, dtype=np.float32).astype(dtype))
-                for dims in ((c, m, k), (c, k, n)))
-        operands[shape] = (a, b, xp.empty((c, m, n), dtype=dtype))
-    gemms = step_gemms(args)
-    times = []
-    for _ in range(args.warmup + args.steps):
+    times, flops = [], []
+    for src, tgt_in, _ in data:
+        gemms = step_gemms(args, src.shape[0], src.shape[1], tgt_in.shape[1])
+        operands = {}  # per step, allocated outside the timing: real batches differ in shape
+        for shape in set(gemms):
+            c, m, k, n = shape
+            a, b = (xp.asarray(rng.standard_normal(dims, dtype=np.float32).astype(dtype))
+                    for dims in ((c, m, k), (c, k, n)))
+            operands[shape] = (a, b, xp.empty((c, m, n), dtype=dtype))
         sync(args.device)
         start = time.perf_counter()
         for shape in gemms:
@@ -188,7 +188,23 @@ def time_gemm_floor(args) -> tuple[list[float], float]:
             xp.matmul(a, b, out=out)
         sync(args.device)
         times.append(time.perf_counter() - start)
-    return times[args.warmup:], sum(2.0 * c * m * k * n for c, m, k, n in gemms)
+        flops.append(sum(2.0 * c * m * k * n for c, m, k, n in gemms))
+    return times[args.warmup:], statistics.fmean(flops[args.warmup:])
+
+
+def multi30k_batches(args) -> list:
+    """The first batches of epoch 0 as train_wmt.py's multi30k preset cuts them (its BPE
+    vocabulary, --max-tokens a side, sentences up to 100 tokens), from the corpus in --data-dir;
+    the vocabulary is read from, or trained into, --cache-dir. Sets ``args.vocab``."""
+    from minitransformer import data
+
+    train = data.load_corpus("multi30k", args.data_dir, "train")
+    tok = data.load_or_train(train, cache_dir=args.cache_dir, config=data.PRESETS["multi30k"])
+    args.vocab = tok.vocab_size
+    batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
+                                max_tokens=args.max_tokens, max_len=100, seed=1)
+    batches = batcher.iter_epoch(0)
+    return [(b.src, b.tgt_in, b.tgt_out) for b, _ in zip(batches, range(args.warmup + args.steps))]
 
 
 def time_torch(args, data) -> list[float] | None:
@@ -265,24 +281,34 @@ def main(argv=None) -> None:
     p.add_argument("--base", action="store_true",
                    help="the paper's base model (d_model 512, 6+6 layers, vocabulary 37,000), batch 100 x 31")
     p.add_argument("--breakdown", action="store_true", help="also time the phases of our step")
+    p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
+                   "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
+    p.add_argument("--max-tokens", type=int, default=2500, help="with --data-dir: tokens per batch and side")
+    p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
+                   "is read from or trained into (train_wmt.py's folder by default)")
     args = p.parse_args(argv)
     if args.base:
         args.d_model, args.d_ff, args.heads, args.layers = 512, 2048, 8, 6
         args.vocab, args.batch, args.len = 37000, 100, 31
 
-    rng = np.random.default_rng(0)
-    data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
+    if args.data_dir:
+        data = multi30k_batches(args)
+        tokens = statistics.fmean(src.size + tgt.size for src, tgt, _ in data[args.warmup:])
+        shape = f"Multi30k batches of the multi30k preset (mean {tokens:.0f} tokens, padding included)"
+    else:
+        rng = np.random.default_rng(0)
+        data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
+        shape = f"batch {args.batch} x {args.len} tokens"
     ours = time_ours(args, data)[args.warmup:]
-    floor, flops = time_gemm_floor(args)
+    floor, flops = time_gemm_floor(args, data)
     peer = time_torch(args, data)
     ms = statistics.median(ours) * 1e3
     floor_ms = statistics.median(floor) * 1e3
     print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "
-          f"vocab {args.vocab}, batch {args.batch} x {args.len} tokens, {args.device}, {args.precision}, "
-          f"median of {args.steps}")
+          f"vocab {args.vocab}, {shape}, {args.device}, {args.precision}, median of {args.steps}")
     print(f"  minitransformer  {ms:8.1f} ms")
-    print(f"  GEMM floor       {floor_ms:8.1f} ms  ({len(step_gemms(args))} {floor_dtype(args)} products, "
-          f"{flops / 1e9:.1f} GFLOP at {flops / floor_ms / 1e6:.0f} GFLOP/s)")
+    print(f"  GEMM floor       {floor_ms:8.1f} ms  ({floor_dtype(args)} products, {flops / 1e9:.1f} GFLOP a step "
+          f"at {flops / floor_ms / 1e6:.0f} GFLOP/s)")
     print(f"  step / floor     {ms / floor_ms:8.2f}  (1.0: the step would be nothing but its matrix products)")
     if peer is not None:
         peer_ms = statistics.median(peer[args.warmup:]) * 1e3

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from minitransformer import nn
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_step.py"
@@ -35,9 +37,21 @@ def test_the_floor_counts_three_times_the_forward_products_of_the_model():
     linear = 2 * tokens * (weights + args.vocab * args.d_model)
     attentions = 3 * args.layers  # one per encoder layer, two per decoder layer
     attention = attentions * 2 * (2 * args.batch * args.len * args.len * args.d_model)  # QK^T and PV, all heads
-    gemms = load_script().step_gemms(args)
+    gemms = load_script().step_gemms(args, args.batch, args.len, args.len)
     assert sum(2 * c * m * k * n for c, m, k, n in gemms) == 3 * (linear + attention)
     assert len(gemms) == 3 * (args.layers * (6 + 2) + args.layers * (10 + 4) + 1)
+
+
+def test_source_and_target_lengths_count_apart():
+    """Real batches have S != T: encoder products scale with S, the decoder's with T, and the
+    cross-attention's K and V projections with S."""
+    args = argparse.Namespace(d_model=16, d_ff=24, heads=2, layers=1, vocab=50)
+    step = load_script().step_gemms
+    linear_flops = lambda b, s, t: sum(2 * c * m * k * n for c, m, k, n in step(args, b, s, t) if c == 1)
+    d, f, v = args.d_model, args.d_ff, args.vocab
+    per_source_row = 4 * d * d + 2 * d * f + 2 * d * d  # encoder layer, and W^K, W^V on the memory
+    per_target_row = 4 * d * d + 2 * d * d + 2 * d * f + d * v
+    assert linear_flops(3, 7, 2) == 3 * 2 * (3 * 7 * per_source_row + 3 * 2 * per_target_row)
 
 
 def test_the_script_prints_the_floor_and_the_ratio():
@@ -48,3 +62,18 @@ def test_the_script_prints_the_floor_and_the_ratio():
     assert "GEMM floor" in proc.stdout and "step / floor" in proc.stdout
     ratio = float(proc.stdout.split("step / floor")[1].split()[0])
     assert ratio > 0
+
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+
+
+@pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no Multi30k copy at {DATA}")
+def test_real_batches_of_the_multi30k_preset(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(DATA), "--cache-dir", str(tmp_path),
+                           "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "300",
+                           "--steps", "2", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Multi30k batches of the multi30k preset" in proc.stdout and "vocab 8000" in proc.stdout
+    assert float(proc.stdout.split("step / floor")[1].split()[0]) > 0
+    assert list(tmp_path.glob("spm-*.model"))  # the preset's vocabulary, trained once into --cache-dir
