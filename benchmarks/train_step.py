@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -194,15 +196,20 @@ def time_gemm_floor(args, data) -> tuple[list[float], float]:
 
 def multi30k_batches(args) -> list:
     """The first batches of epoch 0 as train_wmt.py's multi30k preset cuts them (its BPE
-    vocabulary, --max-tokens a side, sentences up to 100 tokens), from the corpus in --data-dir;
-    the vocabulary is read from, or trained into, --cache-dir. Sets ``args.vocab``."""
+    vocabulary, tokens a side and longest sentence; --max-tokens overrides the first), from the
+    corpus in --data-dir; the vocabulary is read from, or trained into, --cache-dir. Sets
+    ``args.vocab``."""
     from minitransformer import data
 
-    train = data.load_corpus("multi30k", args.data_dir, "train")
-    tok = data.load_or_train(train, cache_dir=args.cache_dir, config=data.PRESETS["multi30k"])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from train_wmt import PRESETS
+
+    preset = PRESETS["multi30k"]
+    train = data.load_corpus(preset.corpus, args.data_dir, "train")
+    tok = data.load_or_train(train, cache_dir=args.cache_dir, config=data.PRESETS[preset.tokenizer])
     args.vocab = tok.vocab_size
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
-                                max_tokens=args.max_tokens, max_len=100, seed=1)
+                                max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len, seed=1)
     batches = batcher.iter_epoch(0)
     return [(b.src, b.tgt_in, b.tgt_out) for b, _ in zip(batches, range(args.warmup + args.steps))]
 
@@ -283,7 +290,7 @@ def main(argv=None) -> None:
     p.add_argument("--breakdown", action="store_true", help="also time the phases of our step")
     p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
                    "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
-    p.add_argument("--max-tokens", type=int, default=2500, help="with --data-dir: tokens per batch and side")
+    p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per batch and side (the preset's)")
     p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
     args = p.parse_args(argv)

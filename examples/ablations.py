@@ -210,7 +210,6 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     if not run_args.resume:  # stopped before its first last.npz: what it saved cannot be resumed
         for path in train_wmt.checkpoints(run_args.out_dir):
             os.remove(path)
-    cfg = row_config(args.base, row, tok.vocab_size)
     preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, time_budget=None)  # our budget
     alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
     run = train_wmt.prepare(run_args, preset, alone, train, val, tok)
@@ -220,7 +219,7 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     _, ppl = evaluate_loss(run.model, run.val_batches)
     hyps = translate(run.model, tok, val.src, "cpu", run_args.beam, run_args.alpha, progress=progress)
     bleu, signature = train_wmt.bleu(hyps, val.tgt)
-    result = dict(row=row.name, group=row.group, changes=row.changes, **settings(cfg), steps=step,
+    result = dict(row=row.name, group=row.group, changes=row.changes, **settings(run.model.config), steps=step,
                   params=run.model.num_parameters(), dev_ppl=ppl, dev_bleu=bleu, signature=signature,
                   dev_sentences=len(val), averaged=[os.path.basename(p) for p in averaged],
                   train_minutes=seconds / 60, steps_per_s=step / max(seconds, 1e-9), rank=rank)

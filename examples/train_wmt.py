@@ -470,7 +470,8 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
 
 def check_resume_flags(args, preset: Preset) -> None:
     """What --resume can check from the flags alone: that there is a run, and that these flags
-    build the model it holds (in one line naming the flag, not a traceback per parameter)."""
+    build the model it holds (in one line naming the flag, not a traceback per parameter; the
+    vocabulary is the tokenizer's, which check_resume compares)."""
     path = os.path.join(args.out_dir, "last.npz")
     if not os.path.exists(path):
         raise SystemExit(f"error: --resume: {path} does not exist, so {args.out_dir} holds no run to "
@@ -482,6 +483,10 @@ def check_resume_flags(args, preset: Preset) -> None:
         if key in saved and saved[key] != now[key]:
             raise SystemExit(f"error: {path} holds a model with {flag} {saved[key]}, but these settings give "
                              f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")
+    differ = [f"{k} {saved[k]} (now {now[k]})" for k in saved if k in now and saved[k] != now[k]]
+    if differ:
+        raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
+                         f"--preset and model flags, or start a new run")
 
 
 def check_resume(args, ckpt, run: Run, path: str) -> None:
@@ -497,11 +502,6 @@ def check_resume(args, ckpt, run: Run, path: str) -> None:
         if value is not None and key in sched and sched[key] != value:
             raise SystemExit(f"error: {path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
                              f"keeps its schedule; drop {flag} or start a new run")
-    saved, now = ckpt.config or {}, vars(run.model.config)
-    differ = [f"{k} {saved[k]} (now {now[k]})" for k in saved if k in now and saved[k] != now[k]]
-    if differ:
-        raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
-                         f"--preset and model flags, or start a new run")
     if run.world.is_main:
         for p in checkpoints(args.out_dir)[-average_last(args):]:
             try:

@@ -37,7 +37,6 @@ import numpy as np
 from . import backend
 from .autograd import no_grad
 from .functional.softmax import log_softmax_array
-from .nn.attention import reorder_cache
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -60,8 +59,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 def _prepare(model, src):
     src = src if isinstance(src, Tensor) else Tensor(np.asarray(src))
-    lengths = backend.to_device((src.data != model.config.pad_id).sum(axis=1), "cpu")
     src_mask = model.src_key_mask(src)  # shared by every layer and step
+    lengths = backend.to_device(src_mask.mask.sum(axis=1), "cpu")
     return src, lengths, src_mask, model.encode(src, src_mask)
 
 
@@ -147,7 +146,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
         source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
         tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
         active, width = active[slots], k
-        memory, src_mask = _reorder(cache, memory, src_mask, rows, source_rows, xp)
+        memory, src_mask = _reorder(model, cache, memory, src_mask, rows, source_rows, xp)
 
     results = []
     for sid, hyps in enumerate(finished):
@@ -206,17 +205,14 @@ def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: in
             np.where(live, top_scores, -np.inf)[slots])
 
 
-def _reorder(cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
+def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
     """Keep the decoder's state of the surviving beams: the self-attention caches follow
     ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
     beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""
-    for layer in cache:
-        reorder_cache(layer["self"], xp.asarray(rows))
-    if source_rows is None:
+    index = None if source_rows is None else xp.asarray(source_rows)
+    model.reorder_cache(cache, xp.asarray(rows), index)
+    if index is None:
         return memory, src_mask
-    index = xp.asarray(source_rows)
-    for layer in cache:
-        reorder_cache(layer["cross"], index)
     return Tensor(memory.data[index]), src_mask.select(index)
 
 

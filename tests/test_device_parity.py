@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import minitransformer as mt
 import minitransformer.functional as F
 from minitransformer import amp, backend, kernels, nn
+from minitransformer.autograd import _topological_order
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import train_step
@@ -127,13 +128,7 @@ def test_the_kernels_did_the_work_on_cuda():
     model = small_model().to("cuda")
     src, tgt_in, tgt_out = (mt.tensor(a, device="cuda") for a in copy_batch(np.random.default_rng(0), 4, 7))
     loss = F.cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
-    ops, stack, visited = set(), [loss], set()
-    while stack:  # every op of the graph
-        t = stack.pop()
-        if t is not None and t._ctx is not None and id(t) not in visited:
-            visited.add(id(t))
-            ops.add(t._ctx.fn.__name__)
-            stack.extend(t._ctx.inputs)
+    ops = {node.fn.__name__ for node in _topological_order(loss._ctx)}  # every op of the graph
     assert {"FusedAttention", "FusedLayerNorm", "FusedCrossEntropy"} <= ops, ops
 
 

@@ -219,11 +219,14 @@ class Transformer(Module):
         return [{"self": {}, "cross": {}} for _ in range(self.config.num_decoder_layers)]
 
     @staticmethod
-    def reorder_cache(cache: list, index) -> None:
-        """Keep batch rows ``index`` of every layer's cache (beam search)."""
+    def reorder_cache(cache: list, index, source_index=None) -> None:
+        """Keep batch rows ``index`` of every layer's self-attention cache (beam search), and
+        rows ``source_index`` of its cross-attention cache, which holds the source side and so
+        changes only when sentences leave the batch (None: left as it is)."""
         for layer in cache:
             reorder_cache(layer["self"], index)
-            reorder_cache(layer["cross"], index)
+            if source_index is not None:
+                reorder_cache(layer["cross"], source_index)
 
     def extra_repr(self) -> str:
         c = self.config

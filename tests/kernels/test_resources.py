@@ -47,11 +47,6 @@ KNOWN_SPILLS = {
 
 
 @pytest.fixture(scope="module")
-def C():
-    return emulator.build()
-
-
-@pytest.fixture(scope="module")
 def usage():
     return resources.kernel_usage()
 

@@ -180,11 +180,12 @@ def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
     common = ["g++", "-std=c++20", "-fPIC", "-pthread", "-w", f"-I{_cuda_include()}",
               f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
     headers = [text for name, text in sources.items() if name.endswith(".cuh")]
+    emu = EMU_H.read_text()
     commands, objects = {}, {}
     for name, text in sources.items():
         if name.endswith("_cu.cpp"):  # kernels: the variant's flags, and emu.h ahead of the source
             flags = [*common, *_FLAGS[sanitize], "-include", str(EMU_H)]
-            key = _digest(_compiler_version(), *flags, EMU_H.read_text(), *headers, text)
+            key = _digest(_compiler_version(), *flags, emu, *headers, text)
         elif name.endswith(".cpp"):  # bindings.cpp, host code: plain in every variant, built once
             flags = [*common, *_FLAGS[None]]
             key = _digest(_compiler_version(), *flags, *headers, text)  # it includes launch_config.cuh
@@ -225,8 +226,10 @@ def load(path: Path):
     return module
 
 
+@functools.cache
 def build():
-    """Compile (or reuse) the plain emulated extension and return the imported module."""
+    """Compile (or reuse) the plain emulated extension and return the imported module: once a
+    process (the emulated device and the kernel tests share it)."""
     return load(compile_variant())
 
 
