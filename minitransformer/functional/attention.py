@@ -108,30 +108,36 @@ class ScaledDotProductAttention(Function):
         p = p.astype(v.dtype, copy=False)
         keep = None
         if dropout_p > 0.0:
-            gen = backend.generator(backend.device_of(q))
-            keep = (gen.random(p.shape, dtype=np.float32) >= dropout_p) * p.dtype.type(1 / (1 - dropout_p))
-            p_used = p * keep
-        else:
-            p_used = p
+            keep, keep_scale = backend.dropout_mask(backend.device_of(q), p.shape, dropout_p)
+            ctx.keep_scale = p.dtype.type(keep_scale)
         ctx.save_for_backward(q, k, v, p, keep)
         ctx.scale = scale
-        return (p_used @ v).astype(v.dtype, copy=False)  # (..., T, d_v)
+        return (_dropped(p, keep, ctx) @ v).astype(v.dtype, copy=False)  # (..., T, d_v)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, p, keep = ctx.saved
-        p_used = p if keep is None else p * keep
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        gv = p_used.swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
+        gv = _dropped(p, keep, ctx).swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
         gp, p = backend.upcast(g @ v.swapaxes(-1, -2), p)  # (..., T, S)
         if keep is not None:
             gp *= keep
+            gp *= ctx.keep_scale
         gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
         gs *= ctx.scale
         gs = gs.astype(q.dtype, copy=False)
         gq = gs @ k if need_q else None  # (..., T, d_k)
         gk = gs.swapaxes(-1, -2) @ q if need_k else None  # (..., S, d_k)
         return gq, gk, gv, None, None, None, None
+
+
+def _dropped(p, keep, ctx):
+    """P with attention dropout's mask applied (P itself without dropout)."""
+    if keep is None:
+        return p
+    p = p * keep
+    p *= ctx.keep_scale
+    return p
 
 
 class FusedAttention(Function):

@@ -162,21 +162,24 @@ class Where(Function):
 class Dropout(Function):
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
 
-    The scaled mask is saved, so backward applies exactly the mask forward drew.
+    The boolean mask is saved, so backward applies exactly the mask forward drew.
     """
 
     @staticmethod
     def forward(ctx, x, p):
-        gen = backend.generator(backend.device_of(x))
-        keep = gen.random(x.shape, dtype=np.float32) >= p  # generators draw float32 or float64 only
-        scaled_mask = keep * x.dtype.type(1.0 / (1.0 - p))
-        ctx.save_for_backward(scaled_mask)
-        return x * scaled_mask
+        keep, scale = backend.dropout_mask(backend.device_of(x), x.shape, p)
+        ctx.save_for_backward(keep)
+        ctx.scale = x.dtype.type(scale)
+        out = x * keep
+        out *= ctx.scale
+        return out
 
     @staticmethod
     def backward(ctx, g):
-        (scaled_mask,) = ctx.saved
-        return g * scaled_mask, None
+        (keep,) = ctx.saved
+        grad = g * keep
+        grad *= ctx.scale
+        return grad, None
 
 
 class Cast(Function):

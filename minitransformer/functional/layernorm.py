@@ -5,15 +5,19 @@ of the Transformer (paper section 3.1: LayerNorm(x + Sublayer(x))).
     rstd = 1 / sqrt(var + eps)      xhat = (x - mean) * rstd
     y    = xhat * weight + bias
 
-Forward saves only the per-row statistics ``mean`` and ``rstd`` (besides x and weight); backward
-rebuilds xhat from them:
+Forward saves xhat and rstd (besides weight); backward is
 
     dweight = sum_rows g * xhat        dbias = sum_rows g
     dxhat   = g * weight
     dx      = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
 
-16-bit inputs are normalised in float32 (the statistics are saved in float32) and the output
-is rounded back to their dtype, as the fused kernel does.
+Each line is as few passes over the (rows, D) arrays as NumPy allows: the products that are
+summed at once go through ``einsum``, which never builds the product array, and the rest
+works in place. (The fused kernel saves mean and rstd instead and rebuilds xhat, trading
+compute for memory, which a GPU has less of.)
+
+16-bit inputs are normalised in float32 (the statistics and xhat are saved in float32) and
+the output is rounded back to their dtype, as the fused kernel does.
 """
 
 from __future__ import annotations
@@ -23,42 +27,37 @@ from ..autograd import Function
 from ..tensor import Tensor
 
 
-def layer_norm_stats(x, eps: float):
-    """Per-row ``(mean, rstd)`` with keepdims, in x's dtype (use float32 x for 16-bit data)."""
-    mean = x.mean(axis=-1, keepdims=True)
-    centered = x - mean
-    var = (centered * centered).mean(axis=-1, keepdims=True)
-    return mean, 1.0 / (var + eps) ** 0.5
-
-
 class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         x32, w32, b32 = backend.upcast(x, weight, bias)
-        mean, rstd = layer_norm_stats(x32, eps)
-        y = (x32 - mean) * rstd  # (..., D)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        if weight is not None:
-            y *= w32
+        xp = backend.array_module_of(x32)
+        d = x.shape[-1]
+        xhat = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D), centred
+        var = xp.einsum("...d,...d->...", xhat, xhat)[..., None] / d
+        rstd = 1.0 / xp.sqrt(var + eps)
+        xhat *= rstd
+        ctx.save_for_backward(xhat, weight, rstd)
+        y = xhat * w32 if weight is not None else xhat.copy()
         if bias is not None:
             y += b32
         return y.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
-        x, weight, mean, rstd = ctx.saved
-        x, weight, g = backend.upcast(x, weight, g)
+        xhat, weight, rstd = ctx.saved
+        weight, g = backend.upcast(weight, g)
+        xp = backend.array_module_of(g)
         _, need_w, need_b, _ = ctx.needs_input_grad
-        xhat = (x - mean) * rstd
-        rows = tuple(range(g.ndim - 1))
-        gw = (g * xhat).sum(axis=rows) if need_w else None
-        gb = g.sum(axis=rows) if need_b else None
-        gxhat = g * weight if weight is not None else g
-        gx = rstd * (
-            gxhat
-            - gxhat.mean(axis=-1, keepdims=True)
-            - xhat * (gxhat * xhat).mean(axis=-1, keepdims=True)
-        )
+        d = g.shape[-1]
+        gw = xp.einsum("nd,nd->d", g.reshape(-1, d), xhat.reshape(-1, d)) if need_w else None
+        gb = g.reshape(-1, d).sum(axis=0) if need_b else None
+        gx = g * weight if weight is not None else g.copy()  # dxhat, then dx in place
+        a = gx.mean(axis=-1, keepdims=True)
+        b = xp.einsum("...d,...d->...", gx, xhat)[..., None] / d
+        gx -= a
+        gx -= xhat * b
+        gx *= rstd
         return gx, gw, gb, None
 
 

@@ -13,11 +13,19 @@ Positions whose target equals ``ignore_index`` (padding) contribute neither loss
 position (0 where ignored). The gradient with respect to the logits is  softmax(z) - q  per
 position, times that position's weight.
 
-16-bit logits are handled in float32 (the log-softmax, and the loss, which is returned in
+16-bit logits are handled in float32 (the softmax, and the loss, which is returned in
 float32); the gradient comes back in the logits' dtype.
 
-The log-probabilities are computed once and turned into probabilities in place, so the
-(N, V) logits cost one extra array of their size, not three.
+The (N, V) logits are the largest array of a training step (N target tokens times a vocabulary
+of thousands), so forward reads them once per block of rows that fits the cache, computing
+each row's loss and already its gradient from the same exponentials, as csrc/softmax.cu's
+fused kernel does:
+
+    m = max_k z_k     e_k = exp(z_k - m)     s = sum_k e_k     lse = m + log s
+    nll = lse - z_y   smoothing term = lse - mean_k z_k      grad_k = (e_k / s - q_k) * w
+
+where w is the position's weight in the reduction (0 for padding, 1/n_valid for "mean").
+Backward only multiplies it by the upstream gradient.
 """
 
 from __future__ import annotations
@@ -25,14 +33,13 @@ from __future__ import annotations
 from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
-from .softmax import log_softmax_array
 
 
 class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, target, label_smoothing, ignore_index, reduction, stats):
         xp = backend.array_module_of(logits)
-        v = logits.shape[-1]
+        eps, v = label_smoothing, logits.shape[-1]
         z = logits.reshape(-1, v)  # (N, V)
         t = target.reshape(-1)  # (N,)
         valid = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
@@ -40,38 +47,64 @@ class CrossEntropy(Function):
         if t.size and (int(t.min()) < 0 or int(t.max()) >= v):
             raise IndexError(f"cross_entropy: target ids must be in [0, {v}), got "
                              f"min {int(t.min())} and max {int(t.max())}")
-        logp = log_softmax_array(z, axis=-1)  # (N, V)
-        rows = xp.arange(t.size)
-        nll = -logp[rows, t]
-        loss = nll if label_smoothing == 0.0 else (
-            (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
-        )
-        weight = valid.astype(logp.dtype)  # float32 for 16-bit logits, like logp
+        dtype = backend.compute_dtype(z.dtype)  # float32 for 16-bit logits
         n_valid = int(valid.sum())
-        if stats is not None:  # the unsmoothed NLL, for perplexity, from the same log-softmax
-            stats["nll_sum"] = float((nll * weight).sum())
-            stats["n_tokens"] = n_valid
-        loss = loss * weight
+        weight = valid.astype(dtype)
         if reduction == "mean":
             weight /= max(n_valid, 1)  # an all-padding batch gives 0, not 0/0
-            out = loss.sum() / max(n_valid, 1)
-        elif reduction == "sum":
-            out = loss.sum()
+        grad = xp.empty(z.shape, dtype) if ctx.needs_input_grad[0] else None
+        lse, z_mean = xp.empty(len(t), dtype), xp.empty(len(t), dtype)
+
+        def rows_of(rows):  # in cache: z[rows] is read from memory once
+            zr = z[rows].astype(dtype, copy=False)
+            m = zr.max(axis=1, keepdims=True)
+            m = xp.where(xp.isfinite(m), m, 0)  # a row of -inf logits: e = 0, s = 1 below
+            e = xp.empty_like(zr) if grad is None else grad[rows]
+            xp.exp(xp.subtract(zr, m, out=e), out=e)
+            s = e.sum(axis=1, keepdims=True)
+            s = xp.where(s == 0, 1, s)
+            lse[rows] = (m + xp.log(s))[:, 0]
+            if eps:
+                z_mean[rows] = zr.mean(axis=1)
+            if grad is not None:  # (softmax - q) * w, the -(1 - eps) at the target added below
+                w = weight[rows, None]
+                e *= w / s
+                e -= (eps / v) * w
+
+        backend.for_row_blocks(xp, len(t), v * z.itemsize, rows_of)
+        rows = xp.arange(len(t))
+        nll = lse - z[rows, t].astype(dtype, copy=False)
+        loss = nll if eps == 0.0 else (1.0 - eps) * nll + eps * (lse - z_mean)
+        if grad is not None:
+            grad[rows, t] -= (1.0 - eps) * weight
+        if stats is not None:  # the unsmoothed NLL, for perplexity
+            stats["nll_sum"] = float((nll * valid).sum())
+            stats["n_tokens"] = n_valid
+        if reduction == "none":
+            out = (loss * valid).reshape(target.shape)
         else:
-            out = loss.reshape(target.shape)
-        xp.exp(logp, out=logp)  # now the probabilities, reusing the memory
-        ctx.save_for_backward(logp, t, weight)
-        ctx.shape, ctx.eps, ctx.reduction = logits.shape, label_smoothing, reduction
+            out = (loss * weight).sum()
+        ctx.save_for_backward(grad)
+        ctx.shape, ctx.reduction, ctx.applied = logits.shape, reduction, 1.0
         return xp.asarray(out)
 
     @staticmethod
     def backward(ctx, g):
-        prob, t, weight = ctx.saved
-        xp = backend.array_module_of(prob)
-        grad = prob - ctx.eps / prob.shape[-1]  # softmax - q, off-target part
-        grad[xp.arange(t.size), t] -= 1.0 - ctx.eps
-        w = weight * g.reshape(-1) if ctx.reduction == "none" else weight * g
-        grad *= w[:, None]
+        (grad,) = ctx.saved
+        if ctx.reduction == "none":
+            return (grad * g.reshape(-1, 1)).reshape(ctx.shape), None, None, None, None, None
+        # Scaled in place, by rows in cache, as a new (N, V) array would cost more than the
+        # product itself; the factor applied so far is kept, so a retained graph's second
+        # backward rescales it.
+        if ctx.applied == 0:
+            raise RuntimeError("cross_entropy: a backward with a zero upstream gradient zeroed the "
+                               "saved gradient; this second backward cannot rebuild it")
+        factor, ctx.applied = g / ctx.applied, g
+
+        def rows_of(rows):
+            grad[rows] *= factor
+
+        backend.for_row_blocks(backend.array_module_of(grad), len(grad), grad[0].nbytes, rows_of)
         return grad.reshape(ctx.shape), None, None, None, None, None
 
 

@@ -28,7 +28,8 @@ def smoothed_ce_reference(logits, target, eps, ignore_index):
 @given(n=st.integers(1, 5), v=st.integers(2, 6), seed=seeds,
        eps=st.sampled_from([0.0, 0.1, 0.5]), reduction=st.sampled_from(["mean", "sum", "none"]),
        with_ignore=st.booleans())
-def test_cross_entropy_matches_formula_and_gradients(device, n, v, seed, eps, reduction, with_ignore):
+def test_cross_entropy_matches_formula_and_gradients(device, row_blocks, n, v, seed, eps, reduction,
+                                                     with_ignore):
     rng = np.random.default_rng(seed)
     logits = randn(device, 2, n, v, seed=seed, scale=2.0)
     target_np = rng.integers(0, v, size=(2, n))
@@ -69,3 +70,17 @@ def test_bad_targets_are_reported(device):
         F.cross_entropy(logits, mt.tensor([0, 4, 1], device=device))
     with pytest.raises(ValueError, match=r"\(2,\).*\(3, 4\)"):
         F.cross_entropy(logits, mt.tensor([0, 1], device=device))
+
+
+def test_a_retained_graph_backwards_twice_through_the_loss(row_blocks):
+    """The NumPy path scales its saved gradient in place, remembering the factor: a second
+    backward with another upstream gradient still gives the right sum. (The fused kernel's
+    path refuses a second backward instead; see FusedCrossEntropy.)"""
+    logits = randn("cpu", 6, 9, seed=2)
+    target = mt.tensor([1, 0, 3, 8, 2, 0])
+    loss = F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=0)
+    (loss * 3.0).backward(retain_graph=True)
+    (loss * -0.5).backward()
+    fresh = randn("cpu", 6, 9, seed=2)
+    F.cross_entropy(fresh, target, label_smoothing=0.1, ignore_index=0).backward()
+    np.testing.assert_allclose(logits.grad.numpy(), 2.5 * fresh.grad.numpy(), rtol=1e-5, atol=1e-7)
