@@ -67,7 +67,9 @@ def test_loss_falls_and_evaluation_is_deterministic():
     for b in data:
         train_step(model, opt, sched, *b, label_smoothing=0.0)
     last = evaluate_loss(model, data[:3])
-    assert last[0] < 0.6 * first[0]
+    # Over six dropout seeds the loss ends at 0.32-0.63 of where it started: a model that
+    # does not learn stays near 1.
+    assert last[0] < 0.7 * first[0]
     assert evaluate_loss(model, data[:3]) == last
 
 
