@@ -293,12 +293,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per batch and side (the preset's)")
     p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
-    p.add_argument("--return-freed-memory", action="store_true",
-                   help="leave glibc's malloc as it is (train_wmt.py keeps freed memory for reuse: "
-                   "backend.keep_freed_host_memory), to measure what that buys")
     args = p.parse_args(argv)
-    if not args.return_freed_memory:
-        mt.backend.keep_freed_host_memory()  # as train_wmt.py does
     if args.base:
         args.d_model, args.d_ff, args.heads, args.layers = 512, 2048, 8, 6
         args.vocab, args.batch, args.len = 37000, 100, 31

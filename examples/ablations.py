@@ -58,7 +58,6 @@ from dataclasses import dataclass  # noqa: E402
 
 import train_wmt  # noqa: E402
 
-import minitransformer as mt  # noqa: E402
 from minitransformer import distributed, nn  # noqa: E402
 from minitransformer.decoding import translate  # noqa: E402
 from minitransformer.train import evaluate_loss  # noqa: E402
@@ -246,7 +245,6 @@ def main(argv=None) -> list[dict] | None:
     if args.list:
         print_rows(args)
         return None
-    mt.backend.keep_freed_host_memory()  # as train_wmt.py does
     world = distributed.init("cpu")
     tag = f" rank {world.rank}" if world.world_size > 1 else ""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s{tag} %(name)s: %(message)s", stream=sys.stderr)

@@ -267,7 +267,6 @@ USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError)
 def main(argv=None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    mt.backend.keep_freed_host_memory()  # each step's large temporaries reuse the last step's memory
     try:
         return train_and_evaluate(args)
     except USER_ERRORS as e:

