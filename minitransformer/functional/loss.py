@@ -90,7 +90,7 @@ class CrossEntropy(Function):
         else:
             out = (loss * weight).sum()
         ctx.save_for_backward(grad)
-        ctx.shape, ctx.reduction, ctx.applied = logits.shape, reduction, 1.0
+        ctx.shape, ctx.reduction, ctx.applied = logits.shape, reduction, None
         return xp.asarray(out)
 
     @staticmethod
@@ -99,11 +99,14 @@ class CrossEntropy(Function):
         if ctx.reduction == "none":
             return (grad * g.reshape(-1, 1)).reshape(ctx.shape), None, None, None, None, None
         # Scaled in place, as a new (N, V) array would cost more than the product itself; the
-        # factor applied so far is kept, so that a retained graph's second backward rescales it.
-        if ctx.applied == 0:
+        # factor applied is kept, so that a retained graph's second backward rescales it.
+        if ctx.applied is None:
+            grad *= g
+        elif ctx.applied == 0:
             raise RuntimeError("cross_entropy: a backward with a zero upstream gradient zeroed the "
                                "saved gradient; this second backward cannot rebuild it")
-        grad *= g / ctx.applied
+        else:
+            grad *= g / ctx.applied
         ctx.applied = g
         return grad.reshape(ctx.shape), None, None, None, None, None
 
