@@ -386,6 +386,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if batch.epoch >= budget.epochs or step >= budget.max_steps:  # also a resumed run that had finished
             # Not trained on: put it back, so that a checkpoint taken now resumes with it.
             run.batcher.position = (batch.epoch, batch.step)
+            stop_reason = "max steps" if step >= budget.max_steps else "epochs"
             break
         mt.manual_seed(step_seed(args.seed, step, world.rank))
         src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (batch.src, batch.tgt_in, batch.tgt_out))

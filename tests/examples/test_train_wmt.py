@@ -2,6 +2,7 @@
 checkpoints, resume, averaging, beam search, BLEU, translate.py and plot_attention.py."""
 
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def losses(out_dir):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
-def test_train_resume_average_translate(tmp_path):
+def test_train_resume_average_translate(tmp_path, caplog):
     straight, split = tmp_path / "straight", tmp_path / "split"
     result = train_wmt.main(SMALL + ["--out-dir", str(straight), "--max-steps", "9"])
     assert result["steps"] == 9 and result["test_sentences"] == 12
@@ -49,6 +50,10 @@ def test_train_resume_average_translate(tmp_path):
     assert sorted(resumed) == list(range(1, 10))
     assert [resumed[s] for s in (7, 8, 9)] == [expected[s] for s in (7, 8, 9)]
     assert resumed[9] < resumed[1]
+    with caplog.at_level(logging.INFO, logger="train_wmt"):  # a finished run resumed: nothing to train
+        train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "9", "--resume"])
+    assert "training stopped (max steps) after 9 steps" in caplog.text
+    assert losses(split) == resumed
 
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(straight)],
                          input="A man is riding a bike.\nTwo dogs play in the snow.\n",
