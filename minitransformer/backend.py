@@ -24,6 +24,7 @@ The module also owns the random number generators (one per device), so that
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -218,14 +219,15 @@ def dropout_mask(device: str, shape: tuple, p: float):
 
     On the CPU each element takes 16 random bits (a quarter of one 64-bit draw of the
     generator) and is dropped when they fall below round(p * 2^16): no float conversion, a
-    quarter of the bits of a float32 draw. The drop probability used is that count / 2^16,
-    within 2^-17 of p, and ``scale`` is exactly its keep probability's inverse, so the
-    expectation of ``x * keep * scale`` is x. On CuPy, float32 draws are compared with p.
+    quarter of the bits of a float32 draw. The drop probability used is that count / 2^16
+    (within 2^-17 of p; at most 1 - 2^-16, and 0 for p < 2^-17), and ``scale`` is the inverse
+    of its keep probability, so that ``x * keep * scale`` has expectation x (up to the rounding
+    of ``scale`` to x's dtype). On CuPy, float32 draws are compared with p.
     """
     gen = generator(device)
     if device == "cpu":
         dropped = min(round(p * 2**16), 2**16 - 1)  # p near 1 still keeps some
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         bits = gen.bit_generator.random_raw((size + 3) // 4).view(np.uint16)[:size]
         return (bits >= dropped).reshape(shape), 2**16 / (2**16 - dropped)
     return gen.random(shape, dtype=np.float32) >= p, 1.0 / (1.0 - p)  # float32 or float64 only

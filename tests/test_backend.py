@@ -31,3 +31,14 @@ def test_dropout_mask_is_reproducible_and_fresh(device):
     a, b, c = (backend.to_device(x, "cpu") for x in (a, b, c))
     np.testing.assert_array_equal(a, c)
     assert (a != b).any()
+
+
+def test_dropout_mask_at_the_edges():
+    """p below 2^-17 drops nothing on the CPU (scale 1); p next to 1 still keeps about one
+    element in 2^16, with a finite scale; an empty shape gives an empty mask."""
+    keep, scale = backend.dropout_mask("cpu", (1000, 100), 2**-18)
+    assert keep.all() and scale == 1.0
+    keep, scale = backend.dropout_mask("cpu", (1000, 1000), 1 - 2**-20)
+    assert scale == 2**16 and 0 < keep.sum() < 50  # 10^6 draws at 2^-16: 15 expected, 4 the std
+    keep, scale = backend.dropout_mask("cpu", (3, 0, 2), 0.5)
+    assert keep.shape == (3, 0, 2) and keep.dtype == bool and scale == 2.0

@@ -34,7 +34,7 @@ from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
 
-BLOCK_BYTES = 1 << 19  # 512 KiB of logits a block: they and their exponentials fit an L2 cache
+BLOCK_BYTES = 1 << 19  # 512 KiB of (float32) logits a block: they and their exponentials fit an L2 cache
 
 
 class CrossEntropy(Function):
@@ -74,19 +74,20 @@ class CrossEntropy(Function):
                 e -= (eps / v) * w
 
         # NumPy: blocks of rows; CuPy: all rows at once (its kernels run asynchronously anyway).
-        per_block = max(1, BLOCK_BYTES // (v * z.itemsize)) if backend.device_of(z) == "cpu" else len(t)
+        on_cpu = backend.device_of(z) == "cpu"
+        per_block = max(1, BLOCK_BYTES // (v * dtype.itemsize) if on_cpu else len(t))
         for start in range(0, len(t), per_block):
             rows_of(slice(start, start + per_block))
         rows = xp.arange(len(t))
-        nll = lse - z[rows, t].astype(dtype, copy=False)
-        loss = nll if eps == 0.0 else (1.0 - eps) * nll + eps * (lse - z_mean)
+        nll = xp.where(valid, lse - z[rows, t].astype(dtype, copy=False), 0)  # 0, not inf * 0, if ignored
+        loss = nll if eps == 0.0 else xp.where(valid, (1.0 - eps) * nll + eps * (lse - z_mean), 0)
         if grad is not None:
             grad[rows, t] -= (1.0 - eps) * weight
         if stats is not None:  # the unsmoothed NLL, for perplexity
-            stats["nll_sum"] = float((nll * valid).sum())
+            stats["nll_sum"] = float(nll.sum())
             stats["n_tokens"] = n_valid
         if reduction == "none":
-            out = (loss * valid).reshape(target.shape)
+            out = loss.reshape(target.shape)
         else:
             out = (loss * weight).sum()
         ctx.save_for_backward(grad)
@@ -100,14 +101,15 @@ class CrossEntropy(Function):
             return (grad * g.reshape(-1, 1)).reshape(ctx.shape), None, None, None, None, None
         # Scaled in place, as a new (N, V) array would cost more than the product itself; the
         # factor applied is kept, so that a retained graph's second backward rescales it.
+        # (No backward in the package changes the gradient it is handed, which this relies on.)
         if ctx.applied is None:
             grad *= g
-        elif ctx.applied == 0:
-            raise RuntimeError("cross_entropy: a backward with a zero upstream gradient zeroed the "
-                               "saved gradient; this second backward cannot rebuild it")
+        elif ctx.applied == 0 or not backend.array_module_of(grad).isfinite(ctx.applied):
+            raise RuntimeError(f"cross_entropy: the first backward scaled the saved gradient by "
+                               f"{float(ctx.applied)}; a second backward cannot undo that")
         else:
             grad *= g / ctx.applied
-        ctx.applied = g
+        ctx.applied = g.copy()
         return grad.reshape(ctx.shape), None, None, None, None, None
 
 

@@ -38,7 +38,7 @@ def stable_softmax_parts(x, axis: int):
 
 def softmax_array(x, axis: int = -1):
     """The softmax of an array (no autograd), in float32 for 16-bit ``x``: also used by
-    attention and the loss."""
+    attention."""
     xp = backend.array_module_of(x)
     _, e, s = stable_softmax_parts(x, axis)
     e /= xp.where(s == 0, 1, s)  # an all -inf row: 0 / 1 = zeros

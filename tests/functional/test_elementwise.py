@@ -92,9 +92,8 @@ def test_dropout_scale_and_mask_reuse(device):
     kept = y.numpy() != 0
     assert abs(kept.mean() - (1 - p)) < 0.01  # 20,000 draws: std of the mean is 0.003
     # The CPU drops an element when 16 random bits fall below round(p 2^16): the scale is the
-    # inverse of that keep probability, within 2^-16 of 1 / (1 - p).
+    # inverse of that keep probability (at p = 0.3, 4.4e-6 away from 1 / (1 - p)).
     keep_p = 1 - round(p * 2**16) / 2**16 if device == "cpu" else 1 - p
-    assert abs(keep_p - (1 - p)) <= 2**-17
     np.testing.assert_allclose(y.numpy()[kept], x.numpy()[kept] / keep_p, rtol=1e-6)
     # backward uses exactly the forward mask, scaled the same way
     np.testing.assert_allclose(x.grad.numpy(), kept / keep_p, rtol=1e-6)

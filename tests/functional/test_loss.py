@@ -9,15 +9,6 @@ from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import randn, seeds
 
 
-@pytest.fixture(params=["one block", "many blocks"])
-def row_blocks(request, monkeypatch):
-    """The NumPy path in blocks of rows as they come (one for small logits), and in blocks of
-    a row or two, so that block boundaries are crossed on small arrays."""
-    if request.param == "many blocks":
-        monkeypatch.setattr(loss_module, "BLOCK_BYTES", 24)
-    return request.param
-
-
 def smoothed_ce_reference(logits, target, eps, ignore_index):
     """The explicit formula: -sum_k q_k log p_k with q = (1-eps) onehot + eps/V, per position."""
     v = logits.shape[-1]
@@ -38,8 +29,7 @@ def smoothed_ce_reference(logits, target, eps, ignore_index):
 @given(n=st.integers(1, 5), v=st.integers(2, 6), seed=seeds,
        eps=st.sampled_from([0.0, 0.1, 0.5]), reduction=st.sampled_from(["mean", "sum", "none"]),
        with_ignore=st.booleans())
-def test_cross_entropy_matches_formula_and_gradients(device, row_blocks, n, v, seed, eps, reduction,
-                                                     with_ignore):
+def test_cross_entropy_matches_formula_and_gradients(device, n, v, seed, eps, reduction, with_ignore):
     rng = np.random.default_rng(seed)
     logits = randn(device, 2, n, v, seed=seed, scale=2.0)
     target_np = rng.integers(0, v, size=(2, n))
@@ -82,15 +72,65 @@ def test_bad_targets_are_reported(device):
         F.cross_entropy(logits, mt.tensor([0, 1], device=device))
 
 
-def test_a_retained_graph_backwards_twice_through_the_loss(row_blocks):
+@given(n=st.integers(1, 12), v=st.integers(2, 9), block_bytes=st.integers(1, 300), seed=seeds,
+       eps=st.sampled_from([0.0, 0.1]), reduction=st.sampled_from(["mean", "sum", "none"]))
+def test_blocks_of_any_size_give_the_same_loss_and_gradient(monkeypatch, n, v, block_bytes, seed, eps,
+                                                            reduction):
+    """The NumPy path works through blocks of rows: blocks of one row, of several with a
+    shorter last one, and one block for all must agree (float64, so bit for bit up to the
+    order of a row's own sums, which blocks do not change)."""
+    target = mt.tensor(np.random.default_rng(seed).integers(0, v, size=n))
+
+    def loss_and_grad():
+        logits = randn("cpu", n, v, seed=seed, scale=3.0)
+        loss = F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=0, reduction=reduction)
+        loss.sum().backward() if reduction == "none" else loss.backward()
+        return loss.numpy(), logits.grad.numpy()
+
+    whole = loss_and_grad()
+    monkeypatch.setattr(loss_module, "BLOCK_BYTES", block_bytes)  # rows of v * 8 bytes
+    blocked = loss_and_grad()
+    for a, b in zip(whole, blocked):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_empty_batch(device, reduction):
+    logits = randn(device, 2, 0, 5)
+    loss = F.cross_entropy(logits, mt.tensor(np.zeros((2, 0), int), device=device), 0.1, 0, reduction)
+    assert loss.shape == ((2, 0) if reduction == "none" else ())
+    np.testing.assert_array_equal(loss.numpy(), 0.0)
+    loss.sum().backward()
+    assert logits.grad.shape == (2, 0, 5)
+
+
+def test_an_ignored_row_of_infinite_logits_costs_nothing(device):
+    """Its target is ignored, so whatever its logits, it adds neither loss nor NaN."""
+    data = np.random.default_rng(4).standard_normal((3, 6))
+    data[1] = -np.inf
+    data[1, 2] = 0.0
+    target = np.array([3, 0, 5])
+    logits = mt.tensor(data, device=device, requires_grad=True)
+    for eps in (0.0, 0.1):
+        loss = F.cross_entropy(logits, mt.tensor(target, device=device), eps, ignore_index=0, reduction="none")
+        expected = smoothed_ce_reference(data[[0, 2]], target[[0, 2]], eps, None)
+        np.testing.assert_allclose(loss.numpy()[[0, 2]], expected, rtol=1e-10)
+        assert loss.numpy()[1] == 0.0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_retained_graph_backwards_twice_through_the_loss(reduction):
     """The NumPy path scales its saved gradient in place, remembering the factor: a second
     backward with another upstream gradient still gives the right sum. (The fused kernel's
     path refuses a second backward instead; see FusedCrossEntropy.)"""
     logits = randn("cpu", 6, 9, seed=2)
     target = mt.tensor([1, 0, 3, 8, 2, 0])
-    loss = F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=0)
+    loss = F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=0, reduction=reduction)
     (loss * 3.0).backward(retain_graph=True)
-    (loss * -0.5).backward()
+    (loss * -0.5).backward(retain_graph=True)
     fresh = randn("cpu", 6, 9, seed=2)
-    F.cross_entropy(fresh, target, label_smoothing=0.1, ignore_index=0).backward()
-    np.testing.assert_allclose(logits.grad.numpy(), 2.5 * fresh.grad.numpy(), rtol=1e-5, atol=1e-7)
+    F.cross_entropy(fresh, target, label_smoothing=0.1, ignore_index=0, reduction=reduction).backward()
+    np.testing.assert_allclose(logits.grad.numpy(), 2.5 * fresh.grad.numpy(), rtol=1e-12)
+    (loss * 0.0).backward(retain_graph=True)  # zeroes the saved gradient: no later backward can undo it
+    with pytest.raises(RuntimeError, match="cannot undo"):
+        loss.backward()
