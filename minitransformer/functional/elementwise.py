@@ -7,8 +7,6 @@ op here has to. Either operand may be a plain Python number, which gets no gradi
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import backend
 from ..autograd import Function
 from ..tensor import Tensor
