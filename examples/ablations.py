@@ -207,9 +207,6 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     train, val, tok = corpus
     run_args = row_run_args(args, row, progress)
     os.makedirs(run_args.out_dir, exist_ok=True)
-    if not run_args.resume:  # stopped before its first last.npz: what it saved cannot be resumed
-        for path in train_wmt.checkpoints(run_args.out_dir):
-            os.remove(path)
     preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, time_budget=None)  # our budget
     alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
     run = train_wmt.prepare(run_args, preset, alone, train, val, tok)

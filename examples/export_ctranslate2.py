@@ -30,6 +30,7 @@ from collections import defaultdict
 import numpy as np
 
 from minitransformer import data, export
+from minitransformer.autograd import no_grad
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
 from train_wmt import bleu
@@ -86,7 +87,8 @@ def teacher_forced_gap(model, tok, translator, src, hyps, size: int = 64) -> flo
     for lo in range(0, len(src), size):
         s, h = src[lo: lo + size], hyps[lo: lo + size]
         batch = data.collate(s, h)
-        logp = log_softmax_array(model(batch.src, batch.tgt_in).numpy())
+        with no_grad():
+            logp = log_softmax_array(model(batch.src, batch.tgt_in).numpy())
         for row, (ids, theirs) in enumerate(zip(h, export.ctranslate2_log_probs(translator, pieces, s, h))):
             ours = logp[row, np.arange(len(ids) + 1), ids + [data.EOS_ID]]
             worst = max(worst, float(np.abs(ours - theirs).max()))

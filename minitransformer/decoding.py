@@ -40,6 +40,7 @@ from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
+MAX_LEN_EXTRA = 50  # a translation may run this many tokens past its source (section 6.1)
 
 
 @contextlib.contextmanager
@@ -75,7 +76,7 @@ def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: 
 
 
 @no_grad()
-def greedy_decode(model, src, max_len_extra: int = 50) -> list[list[int]]:
+def greedy_decode(model, src, max_len_extra: int = MAX_LEN_EXTRA) -> list[list[int]]:
     """The most probable next token at every step; returns token ids without BOS/EOS."""
     with _eval_mode(model):
         return _greedy(model, src, max_len_extra)
@@ -106,7 +107,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
 
 
 @no_grad()
-def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extra: int = 50,
+def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA,
                 return_scores: bool = False):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
     hypothesis's token ids without BOS/EOS (and its score when ``return_scores``)."""

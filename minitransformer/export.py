@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from .data import EOS_ID
-from .decoding import length_penalty
+from .decoding import MAX_LEN_EXTRA, length_penalty
 from .functional.softmax import log_softmax_array
 from .nn.embedding import sinusoid_table
 
@@ -80,8 +80,8 @@ def to_ctranslate2(model, tokenizer, output_dir: str, quantization: str | None =
         (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.h, pre_norm=False)
     embedding = _array(model.src_embed.weight)  # (V, d_model)
     # Ours grows on demand; CTranslate2's table is fixed: rows for the longest output beam search
-    # gives a source of max_len tokens (max_len + 50), and CTranslate2 reads no further.
-    positions = sinusoid_table(cfg.max_len + 50, cfg.d_model).astype(np.float32)
+    # gives a source of max_len tokens (max_len + MAX_LEN_EXTRA), and CTranslate2 reads no further.
+    positions = sinusoid_table(cfg.max_len + MAX_LEN_EXTRA, cfg.d_model).astype(np.float32)
     for stack in (spec.encoder, spec.decoder):
         stack.position_encodings.encodings = positions
         stack.scale_embeddings = True  # x sqrt(d_model), section 3.4
@@ -124,7 +124,7 @@ def load_translator(model_dir: str, threads: int = 0, compute_type: str = "defau
                                      inter_threads=1, intra_threads=threads)
 
 
-def decode_options(src: list[list[int]], beam_size: int, max_len_extra: int = 50) -> dict:
+def decode_options(src: list[list[int]], beam_size: int, max_len_extra: int = MAX_LEN_EXTRA) -> dict:
     """``translate_batch`` options that make CTranslate2 search as ``decoding.beam_search``.
 
     Its maximum length is one per batch and does not count EOS; ours is per sentence, source
@@ -149,7 +149,7 @@ class Pieces:
 
 
 def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam_size: int = 4,
-                          alpha: float = 0.6, max_len_extra: int = 50) -> list[list[int]]:
+                          alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA) -> list[list[int]]:
     """CTranslate2's own beam search (its length penalty L^alpha) of one batch of source ids
     (without EOS): the best hypothesis of each, as ids without EOS."""
     results = translator.translate_batch(pieces.to_pieces(src), length_penalty=alpha,
@@ -158,7 +158,7 @@ def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam
 
 
 def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], beam_size: int = 4,
-                            alpha: float = 0.6, max_len_extra: int = 50) -> list[tuple[list[int], float]]:
+                            alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA) -> list[tuple[list[int], float]]:
     """CTranslate2's beam search scored as ours: all ``beam_size`` finished hypotheses with their
     log-probabilities, each divided by GNMT's ((5 + L) / 6)^alpha (L counts EOS); the best of
     each sentence, with its score (as ``beam_search(..., return_scores=True)``).

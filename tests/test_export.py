@@ -2,6 +2,7 @@
 what is checked is the mapping of every weight and decoding option, not translation quality)."""
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from minitransformer.functional.softmax import log_softmax_array
 from tests.helpers import sentences, tiny_run
 
 pytest.importorskip("ctranslate2")
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from export_ctranslate2 import same_length_batches  # noqa: E402
 from translate import load_model  # noqa: E402
 
@@ -56,11 +57,8 @@ def test_int8_export_translates(exported, tmp_path):
     assert len(hyps) == 5 and all(set(h) <= set(range(tok.vocab_size)) - {data.PAD_ID, data.BOS_ID} for h in hyps)
 
 
-def test_only_the_papers_model_is_exported(exported, tmp_path):
+def test_only_the_papers_model_is_exported(exported, tmp_path, monkeypatch):
     model, tok, *_ = exported
-    model.config.norm_first = True
-    try:
-        with pytest.raises(ValueError, match="post-norm"):
-            export.to_ctranslate2(model, tok, str(tmp_path))
-    finally:
-        model.config.norm_first = False
+    monkeypatch.setattr(model.config, "norm_first", True)
+    with pytest.raises(ValueError, match="post-norm"):
+        export.to_ctranslate2(model, tok, str(tmp_path))

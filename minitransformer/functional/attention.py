@@ -35,6 +35,7 @@ import numpy as np
 from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
+from .elementwise import apply_dropout
 from .softmax import softmax_array
 
 
@@ -112,13 +113,15 @@ class ScaledDotProductAttention(Function):
             ctx.keep_scale = p.dtype.type(keep_scale)
         ctx.save_for_backward(q, k, v, p, keep)
         ctx.scale = scale
-        return (_dropped(p, keep, ctx) @ v).astype(v.dtype, copy=False)  # (..., T, d_v)
+        p_used = p if keep is None else apply_dropout(p, keep, ctx.keep_scale)
+        return (p_used @ v).astype(v.dtype, copy=False)  # (..., T, d_v)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, p, keep = ctx.saved
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        gv = _dropped(p, keep, ctx).swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
+        p_used = p if keep is None else apply_dropout(p, keep, ctx.keep_scale)
+        gv = p_used.swapaxes(-1, -2) @ g if need_v else None  # (..., S, d_v)
         gp, p = backend.upcast(g @ v.swapaxes(-1, -2), p)  # (..., T, S)
         if keep is not None:
             gp *= keep
@@ -129,15 +132,6 @@ class ScaledDotProductAttention(Function):
         gq = gs @ k if need_q else None  # (..., T, d_k)
         gk = gs.swapaxes(-1, -2) @ q if need_k else None  # (..., S, d_k)
         return gq, gk, gv, None, None, None, None
-
-
-def _dropped(p, keep, ctx):
-    """P with attention dropout's mask applied (P itself without dropout)."""
-    if keep is None:
-        return p
-    p = p * keep
-    p *= ctx.keep_scale
-    return p
 
 
 class FusedAttention(Function):

@@ -168,16 +168,19 @@ class Dropout(Function):
         keep, scale = backend.dropout_mask(backend.device_of(x), x.shape, p)
         ctx.save_for_backward(keep)
         ctx.scale = x.dtype.type(scale)
-        out = x * keep
-        out *= ctx.scale
-        return out
+        return apply_dropout(x, keep, ctx.scale)
 
     @staticmethod
     def backward(ctx, g):
         (keep,) = ctx.saved
-        grad = g * keep
-        grad *= ctx.scale
-        return grad, None
+        return apply_dropout(g, keep, ctx.scale), None
+
+
+def apply_dropout(x, keep, scale):
+    """``x * keep * scale`` in a new array: a dropout mask applied (also by attention's)."""
+    out = x * keep
+    out *= scale
+    return out
 
 
 class Cast(Function):

@@ -135,14 +135,19 @@ def _ptr(a) -> int:
 
 
 @functools.cache
-def _shared_memory_limit(device_id: int) -> int:
-    return int(backend._cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+def _device_attribute(device_id: int, name: str) -> int:
+    return int(backend._cupy.cuda.Device(device_id).attributes[name])
+
+
+def device_attribute(name: str) -> int:
+    """An attribute of the current device, read once per device: CuPy's ``Device.attributes``
+    asks the driver for every attribute."""
+    return _device_attribute(backend._cupy.cuda.Device().id, name)
 
 
 def shared_memory_limit() -> int:
-    """Bytes of shared memory one block may use on the current device (see the module doc).
-    Read once per device: CuPy's ``Device.attributes`` asks the driver for every attribute."""
-    return _shared_memory_limit(backend._cupy.cuda.Device().id)
+    """Bytes of shared memory one block may use on the current device (see the module doc)."""
+    return device_attribute("MaxSharedMemoryPerBlockOptin")
 
 
 # --------------------------------------------------------------------------- attention
@@ -328,7 +333,7 @@ def layernorm_backward(x, weight, mean, rstd, grad, weight_grad: bool = True, bi
     mean = _device_array(cupy, mean, fn, "mean")
     rstd = _device_array(cupy, rstd, fn, "rstd")
     # Enough blocks to fill the GPU a few times over; each writes one partial row of dw, db.
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = device_attribute("MultiProcessorCount")
     blocks = max(1, min(-(-N // 4), 4 * sms))
     partial = cupy.empty((blocks, 2, D), dtype=cupy.float32)
     dx = cupy.empty_like(x)
