@@ -180,13 +180,15 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
     return train, val, test, tok
 
 
-def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:
-    """Corpus sacreBLEU (cased, 13a tokenization of detokenized text) and its signature."""
+def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
+    """Corpus sacreBLEU (cased, 13a tokenization of detokenized text), its signature, and the
+    hypotheses' length over the references' (below 1, the brevity penalty exp(1 - 1/ratio)
+    applies)."""
     from sacrebleu.metrics import BLEU
 
     metric = BLEU()
     score = metric.corpus_score(hyps, [refs])
-    return score.score, str(metric.get_signature())
+    return score.score, str(metric.get_signature()), score.sys_len / max(score.ref_len, 1)
 
 
 # --------------------------------------------------------------------------- training
@@ -548,13 +550,13 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
     n = min(args.bleu_sample, len(run.val))
     with run.autocast():
         hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
-    score, signature = bleu(hyps, run.val.tgt[:n])
-    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, seconds=seconds,
-                  signature=signature)
+    score, signature, ratio = bleu(hyps, run.val.tgt[:n])
+    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, length_ratio=ratio,
+                  seconds=seconds, signature=signature)
     with open(run.log_path, "a") as f:
         f.write(json.dumps(record) + "\n")
-    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences (sacreBLEU %s)",
-             step, math.log(ppl), ppl, score, n, signature)
+    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences, length ratio %.3f "
+             "(sacreBLEU %s)", step, math.log(ppl), ppl, score, n, ratio, signature)
     extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args),
              "tokenizer": os.path.basename(run.tok.path)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
@@ -587,8 +589,8 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     decode_seconds = time.perf_counter() - start
     with open(os.path.join(args.out_dir, "test.hyp.de"), "w") as f:
         f.write("\n".join(hyps) + "\n")
-    score, signature = bleu(hyps, test.tgt)
-    result = dict(bleu=score, signature=signature, steps=step, train_minutes=train_seconds / 60,
+    score, signature, ratio = bleu(hyps, test.tgt)
+    result = dict(bleu=score, signature=signature, length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
                   decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
                   test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
                   precision=args.precision)
@@ -596,7 +598,7 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
         json.dump(result, f, indent=2)
     plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))
     print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "
-          f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged)")
+          f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged; length ratio {ratio:.3f})")
     print(f"sacreBLEU signature: {signature}")
     return result
 

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 
 from minitransformer import data, nn
-from minitransformer.checkpoint import load_checkpoint
+from minitransformer.checkpoint import Checkpoint, load_checkpoint
 from minitransformer.decoding import translate
 
 
@@ -33,14 +33,20 @@ def load_model(checkpoint: str, device: str, dtype: str = "float32", tokenizer: 
     """The checkpoint's model; with ``tokenizer``, checked to be the one it was trained with:
     the one the checkpoint names (train_wmt.py names its tokenizer by a fingerprint of its
     training text and settings), and of its vocabulary size."""
-    ckpt = load_checkpoint(checkpoint)
+    return model_from(load_checkpoint(checkpoint), checkpoint, device, dtype, tokenizer)
+
+
+def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
+               tokenizer: data.Tokenizer | None = None) -> nn.Transformer:
+    """``load_model`` of a checkpoint already read (an average, say); ``name`` is what errors
+    call it."""
     if ckpt.config is None:
-        raise SystemExit(f"{checkpoint} holds no model config")
+        raise SystemExit(f"{name} holds no model config")
     named = ckpt.extra.get("tokenizer")
     if tokenizer is not None and named is not None and named != tokenizer.path.name:
-        raise SystemExit(f"{checkpoint} was trained with the tokenizer {named}, not {tokenizer.path}")
+        raise SystemExit(f"{name} was trained with the tokenizer {named}, not {tokenizer.path}")
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
-        raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {checkpoint} "
+        raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {name} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
     model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
     model.load_state_dict(ckpt.model)

@@ -68,8 +68,8 @@ def tiny_run(folder, seed=0):
     return folder
 
 
-def tiny_test_set(folder, n=12):
-    """A Multi30k-shaped folder with only a test_2016_flickr of ``n`` pairs (random sentences)."""
+def tiny_test_set(folder, n=12, split="test_2016_flickr"):
+    """A Multi30k-shaped folder with only ``split``, of ``n`` pairs (random sentences)."""
     for lang, seed in (("en", 6), ("de", 7)):
-        (folder / f"test_2016_flickr.{lang}").write_text("\n".join(sentences(n, seed)) + "\n")
+        (folder / f"{split}.{lang}").write_text("\n".join(sentences(n, seed)) + "\n")
     return folder

@@ -1,0 +1,88 @@
+"""Choose the decoding settings of a trained run on the validation set: how many of its last
+checkpoints to average, the beam size and the length penalty alpha.
+
+    python examples/tune_decoding.py --run runs/multi30k --data-dir ../shared/data/multi30k \
+        --average 1,5,10 --beam 4,8 --alpha 0.6,1.0,1.4
+
+Every combination beam-searches the whole validation split and is scored with sacreBLEU; the
+table also gives the length ratio (hypotheses over references), since a ratio below 1 costs
+the brevity penalty exp(1 - 1/ratio). The test split is never read here: settings are chosen
+on validation, and the test set gives the final figure once (train_wmt.py's --beam, --alpha
+and --average-last apply them). The table goes to stdout and to <run>/decoding_sweep.json.
+
+The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
+--average-last of them, so train with a larger --average-last than the largest --average here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from train_wmt import PRESETS, bleu, checkpoints
+from translate import find_run_files, model_from
+
+from minitransformer import data
+from minitransformer.checkpoint import average_checkpoints
+from minitransformer.decoding import translate
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir with its ckpt-<step>.npz files")
+    p.add_argument("--data-dir", required=True, help="the corpus folder")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k", help="names the corpus")
+    p.add_argument("--average", type=int_list, default=[5], help="numbers of last checkpoints to average")
+    p.add_argument("--beam", type=int_list, default=[4], help="beam sizes")
+    p.add_argument("--alpha", type=float_list, default=[0.6], help="length penalties")
+    p.add_argument("--limit-val", type=int, help="only the first N validation pairs")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    _, tokenizer = find_run_files(args.run)
+    tok = data.Tokenizer(tokenizer)
+    val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
+    if args.limit_val:
+        val = val.subset(range(min(args.limit_val, len(val))))
+    saved = checkpoints(args.run)
+    if max(args.average) > len(saved):
+        raise SystemExit(f"error: --average {max(args.average)}, but {args.run} keeps {len(saved)} step "
+                         f"checkpoints (train with a larger --average-last)")
+    rows = []
+    for n in args.average:
+        paths = saved[-n:]
+        model = model_from(average_checkpoints(paths), f"the average of {paths}", args.device, tokenizer=tok)
+        for beam in args.beam:
+            for alpha in args.alpha:
+                start = time.perf_counter()
+                hyps = translate(model, tok, val.src, args.device, beam, alpha)
+                score, signature, ratio = bleu(hyps, val.tgt)
+                rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
+                                 beam=beam, alpha=alpha, bleu=score, length_ratio=ratio,
+                                 seconds=time.perf_counter() - start, sentences=len(val), signature=signature))
+                print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {score:6.2f}  "
+                      f"length ratio {ratio:.3f}  ({rows[-1]['seconds']:.1f} s)", flush=True)
+    best = max(rows, key=lambda r: r["bleu"])
+    print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
+          f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")
+    with open(os.path.join(args.run, "decoding_sweep.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
