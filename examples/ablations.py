@@ -59,6 +59,7 @@ from dataclasses import dataclass  # noqa: E402
 import train_wmt  # noqa: E402
 
 from minitransformer import distributed, nn  # noqa: E402
+from minitransformer.files import atomic_write  # noqa: E402
 from minitransformer.decoding import translate  # noqa: E402
 from minitransformer.train import evaluate_loss  # noqa: E402
 
@@ -215,7 +216,7 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     averaged = train_wmt.average(run, step)
     _, ppl = evaluate_loss(run.model, run.val_batches)
     hyps = translate(run.model, tok, val.src, "cpu", run_args.beam, run_args.alpha, progress=progress)
-    bleu, signature = train_wmt.bleu(hyps, val.tgt)
+    bleu, signature, _ = train_wmt.bleu(hyps, val.tgt)
     result = dict(row=row.name, group=row.group, changes=row.changes, **settings(run.model.config), steps=step,
                   params=run.model.num_parameters(), dev_ppl=ppl, dev_bleu=bleu, signature=signature,
                   dev_sentences=len(val), averaged=[os.path.basename(p) for p in averaged],
@@ -228,9 +229,8 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
 
 def write_json(path: str, obj) -> None:
     """Written whole or not at all: result.json's existence marks a finished row."""
-    with open(path + ".tmp", "w") as f:
+    with atomic_write(path) as f:
         json.dump(obj, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def result_path(args, row: Row) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import data, distributed, nn
+from minitransformer import data, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
@@ -515,14 +515,11 @@ def check_resume(args, ckpt, run: Run, path: str) -> None:
 
 
 def remove_unfinished_writes(out_dir: str) -> None:
-    """Delete the temp files of checkpoint writes that a kill interrupted (save_checkpoint
-    writes .tmp-*.npz, then renames it): nothing reads them, and they would stay forever."""
-    stale = glob.glob(os.path.join(out_dir, ".tmp-*.npz"))
-    for path in stale:
-        os.remove(path)
+    """Delete the temporary files of checkpoint (and log) writes that a kill interrupted."""
+    stale = files.remove_unfinished_writes(out_dir)
     if stale:
-        log.warning("removed %d unfinished checkpoint write(s) left in %s by an interrupted run: %s",
-                    len(stale), out_dir, ", ".join(os.path.basename(p) for p in stale))
+        log.warning("removed %d unfinished write(s) left in %s by an interrupted run: %s",
+                    len(stale), out_dir, ", ".join(stale))
 
 
 def truncate_log(log_path: str, step: int) -> None:
@@ -538,10 +535,8 @@ def truncate_log(log_path: str, step: int) -> None:
                 continue
             if row.get("step", math.inf) <= step:
                 rows.append(line if line.endswith("\n") else line + "\n")
-    tmp = log_path + ".tmp"
-    with open(tmp, "w") as f:
+    with files.atomic_write(log_path) as f:
         f.writelines(rows)
-    os.replace(tmp, log_path)
 
 
 def validate_and_save(run: Run, step: int, seconds: float) -> None:

@@ -11,8 +11,8 @@ A checkpoint is a NumPy ``.npz`` archive (no pickle: loading one never runs code
 In mixed-precision training the parameters saved are the float32 master weights (see ``amp``),
 so one checkpoint serves resuming in any precision, decoding and averaging.
 
-``save_checkpoint`` writes to a temporary file in the same directory, fsyncs it, and renames it
-over the target: a crash mid-write leaves the previous checkpoint intact. ``load_checkpoint``
+``save_checkpoint`` writes through ``files.atomic_write`` (a temporary file in the same folder,
+fsynced and renamed over the target): a crash mid-write leaves the previous checkpoint intact. ``load_checkpoint``
 turns a truncated, foreign or corrupt file into a ``CheckpointError`` that names it.
 
 ``average_checkpoints`` averages the parameters of several checkpoints, as the paper does for
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import backend
+from .files import atomic_write
 
 FORMAT = "minitransformer-checkpoint"
 VERSION = 1
@@ -74,27 +74,8 @@ def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict
         meta["optimizer"] = state
     arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_write(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def load_checkpoint(path: str, metadata_only: bool = False) -> Checkpoint:

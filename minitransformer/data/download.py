@@ -56,6 +56,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
+from ..files import atomic_write
 from .corpus import missing_files
 
 logger = logging.getLogger(__name__)
@@ -187,9 +188,8 @@ class _Manifest:
 
     def record(self, name: str, entry: dict) -> None:
         self.data["files"][name] = entry
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        with atomic_write(self.path) as f:
+            f.write(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
 def _verify(path: Path, file: RemoteFile, manifest: _Manifest, url: str) -> dict:
@@ -298,11 +298,9 @@ def _extract(archive: Path, members: tuple[tuple[str, str], ...], dest: Path) ->
                 if name not in wanted or not member.isfile():
                     continue
                 target = dest / wanted.pop(name)
-                tmp = target.with_name(target.name + ".tmp")
-                with tar.extractfile(member) as src, open(tmp, "wb") as out:
+                with tar.extractfile(member) as src, atomic_write(target, "wb") as out:
                     while chunk := src.read(_CHUNK):
                         out.write(chunk)
-                os.replace(tmp, target)
                 logger.info("extracted %s from %s", target.name, archive.name)
     except (tarfile.TarError, EOFError, zlib.error) as e:
         raise DownloadError(f"{archive} is not a readable tar archive ({e})") from None

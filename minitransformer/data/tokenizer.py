@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from ..files import atomic_write
 from .corpus import ParallelCorpus
 
 logger = logging.getLogger(__name__)
@@ -167,9 +168,8 @@ def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
             f"sentencepiece could not train a {config.vocab_size}-piece BPE vocabulary on "
             f"{counted.count} sentences: {e}"
         ) from None
-    tmp = model_path.with_name(f".{model_path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(proto.getvalue())
-    os.replace(tmp, model_path)
+    with atomic_write(model_path, "wb") as f:
+        f.write(proto.getvalue())
     logger.info("trained a %d-piece BPE tokenizer on %d sentences: %s",
                 config.vocab_size, counted.count, model_path)
     return Tokenizer(model_path)

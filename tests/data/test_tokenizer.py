@@ -89,7 +89,7 @@ def test_cache_reuses_then_retrains_on_changed_settings(sample_pairs, tmp_path, 
     changed = ParallelCorpus(sample_pairs.src[:-1] + ["A different last sentence."],
                              sample_pairs.tgt, sample_pairs.src_paths, sample_pairs.tgt_paths)
     assert load_or_train(changed, tmp_path, SMALL).path not in (first.path, bigger.path)
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_cache_beside_data_or_in_user_cache(sample_pairs, tmp_path, monkeypatch):
