@@ -138,6 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
     p.add_argument("--d-model", type=int, help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
+    p.add_argument("--dropout", type=float, help="P_drop of section 5.4 (preset)")
     p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
@@ -195,12 +196,14 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
 
 
 def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
-    """The preset's model, with --d-model (and d_ff = 4 d_model) and --layers applied."""
+    """The preset's model, with --d-model (and d_ff = 4 d_model), --layers and --dropout applied."""
     params = dict(preset.model)
     if args.d_model:
         params.update(d_model=args.d_model, d_ff=4 * args.d_model)
     if args.layers:
         params.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
+    if args.dropout is not None:
+        params.update(dropout=args.dropout)
     return nn.TransformerConfig(vocab_size=vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
                                 eos_id=data.EOS_ID, **params)
 
@@ -482,7 +485,7 @@ def check_resume_flags(args, preset: Preset) -> None:
     saved = load_checkpoint(path, metadata_only=True).config or {}
     now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
     for flag, key in (("--d-model", "d_model"), ("--layers", "num_encoder_layers"),
-                      ("--layers", "num_decoder_layers")):
+                      ("--layers", "num_decoder_layers"), ("--dropout", "dropout")):
         if key in saved and saved[key] != now[key]:
             raise SystemExit(f"error: {path} holds a model with {flag} {saved[key]}, but these settings give "
                              f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")
