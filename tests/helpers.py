@@ -1,12 +1,20 @@
 """Helpers shared by the tests: fresh random inputs, hypothesis strategies, a tiny trained run."""
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minitransformer as mt
 from minitransformer import data, nn
 from minitransformer.checkpoint import save_checkpoint
+
+# The repository's sibling shared/ folder holds the official Multi30k task-1 files; CI has them.
+MULTI30K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+needs_multi30k = pytest.mark.skipif(not (MULTI30K_DIR / "train.en.gz").is_file(),
+                                    reason=f"no Multi30k copy at {MULTI30K_DIR}")
 
 # Small shapes keep finite differences cheap (two forward passes per input element) while
 # still covering size-1 axes, which is where broadcasting bugs hide.

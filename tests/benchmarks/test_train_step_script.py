@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from minitransformer import nn
+from tests.helpers import MULTI30K_DIR as DATA
+from tests.helpers import needs_multi30k
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_step.py"
 
@@ -64,10 +64,7 @@ def test_the_script_prints_the_floor_and_the_ratio():
     assert ratio > 0
 
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
-
-
-@pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no Multi30k copy at {DATA}")
+@needs_multi30k
 def test_real_batches_of_the_multi30k_preset(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(DATA), "--cache-dir", str(tmp_path),
                            "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "300",

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from minitransformer.data import load_multi30k
-
-# The repository's sibling shared/ folder holds the official Multi30k task-1 files.
-MULTI30K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
+from tests.helpers import MULTI30K_DIR
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,14 @@ the one a single process writes (tests/examples/test_ablations.py has the toy sw
 
 import json
 
-from tests.examples.test_ablations import needs_data, sweep
+from tests.examples.test_ablations import sweep
+from tests.helpers import needs_multi30k
 
 # Measured per run, not a property of the row: left out of the comparison.
 TIMINGS = ("train_minutes", "steps_per_s", "rank")
 
 
-@needs_data
+@needs_multi30k
 def test_two_ranks_write_the_table_of_one_process(mpiexec, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     sweep(one)

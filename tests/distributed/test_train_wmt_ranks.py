@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import MULTI30K_DIR as DATA
+from tests.helpers import needs_multi30k
+
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
 
 
-@pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no Multi30k copy at {DATA}")
+@needs_multi30k
 def test_two_ranks_train_and_only_rank_0_writes(mpiexec, tmp_path):
     out = tmp_path / "run"
     cmd = [mpiexec, "-n", "2", sys.executable, str(REPO / "examples" / "train_wmt.py"),

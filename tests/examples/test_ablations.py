@@ -12,8 +12,10 @@ import time
 
 import pytest
 
+from tests.helpers import MULTI30K_DIR as DATA
+from tests.helpers import needs_multi30k
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SCRIPT = ROOT / "examples" / "ablations.py"
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -26,7 +28,6 @@ TOY = ["--data-dir", str(DATA), "--rows", "A1", "--limit-train", "300", "--limit
 # One BLAS thread everywhere, as each of two ranks has: the tables are compared to the last digit.
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-needs_data = pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no Multi30k copy at {DATA}")
 
 
 def sweep(out_dir, *launcher, timeout=300) -> subprocess.CompletedProcess:
@@ -60,7 +61,7 @@ def test_rows_named_by_group_or_name_and_refused_with_one_line(capsys):
     assert len(listing) == 19 and listing[0].startswith("base") and "d_k=16 d_v=64" in listing[6]
 
 
-@needs_data
+@needs_multi30k
 def test_a_killed_sweep_resumes_its_row_and_skips_finished_ones(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     sweep(straight)

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
+from tests.helpers import MULTI30K_DIR as DATA
+from tests.helpers import needs_multi30k
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
-pytestmark = pytest.mark.skipif(not (DATA / "train.en.gz").exists(), reason=f"no Multi30k copy at {DATA}")
+pytestmark = needs_multi30k
 
 sys.path.insert(0, str(ROOT / "examples"))
 import train_wmt  # noqa: E402
