@@ -380,11 +380,20 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
     the time budget.
     """
     args, world = run.args, run.world
-    if world.is_main and history_s >= budget.seconds:
-        log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
-                    "to train it further", budget.seconds / 60)
-    progress = progress_bar(run, step, budget)
     start = time.perf_counter() - history_s
+
+    def out_of_time() -> bool:
+        late = time.perf_counter() - start >= budget.seconds
+        if world.world_size > 1:  # one rank's clock must not stop it alone: agree
+            late = bool(world.comm.all_reduce_scalar(int(late), "max"))
+        return late
+
+    if history_s >= budget.seconds:  # a resumed run that had spent its budget trains no more
+        if world.is_main:
+            log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
+                        "to train it further", budget.seconds / 60)
+        return step, history_s
+    progress = progress_bar(run, step, budget)
     rate = TokenRate()
     stop_reason, skipped_in_a_row = "epochs", 0
     for batch in run.batcher:
@@ -413,16 +422,16 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if progress is not None:
             progress.update(1)
 
-        out_of_time = time.perf_counter() - start >= budget.seconds
-        if world.world_size > 1:  # one rank's clock must not stop it alone: agree
-            out_of_time = bool(world.comm.all_reduce_scalar(int(out_of_time), "max"))
-        done = step >= budget.max_steps or out_of_time
+        late = out_of_time()
+        done = step >= budget.max_steps or late
         if step % budget.eval_every == 0 or done:
             if world.is_main:
-                validate_and_save(run, step, time.perf_counter() - start)
+                validate_and_save(run, step, start)
             world.comm.barrier()
+            if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
+                done = late = True         # not one step later with a near copy of it
         if done:
-            stop_reason = "time budget" if out_of_time else "max steps"
+            stop_reason = "time budget" if late else "max steps"
             break
     if progress is not None:
         progress.close()
@@ -430,7 +439,8 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
     if world.is_main:
         saved = checkpoints(args.out_dir)
         if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
-            validate_and_save(run, step, seconds)
+            validate_and_save(run, step, start)
+            seconds = time.perf_counter() - start
         log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
 
@@ -542,8 +552,11 @@ def truncate_log(log_path: str, step: int) -> None:
         f.writelines(rows)
 
 
-def validate_and_save(run: Run, step: int, seconds: float) -> None:
+def validate_and_save(run: Run, step: int, start: float) -> None:
+    """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
+    the checkpoint's time trained includes this validation, as the budget does."""
     args = run.args
+    seconds = time.perf_counter() - start
     loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
     n = min(args.bleu_sample, len(run.val))
     with run.autocast():
@@ -555,7 +568,8 @@ def validate_and_save(run: Run, step: int, seconds: float) -> None:
         f.write(json.dumps(record) + "\n")
     log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences, length ratio %.3f "
              "(sacreBLEU %s)", step, math.log(ppl), ppl, score, n, ratio, signature)
-    extra = {"step": step, "train_seconds": seconds, "batcher": run.batcher.state_dict(), "args": vars(args),
+    extra = {"step": step, "train_seconds": time.perf_counter() - start, "batcher": run.batcher.state_dict(),
+             "args": vars(args),
              "tokenizer": os.path.basename(run.tok.path)}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
     # last.npz first: a kill between the two writes leaves a run that --resume continues (and

@@ -3,9 +3,12 @@ checkpoints, resume, averaging, beam search, BLEU, translate.py and plot_attenti
 
 import json
 import logging
+import os
 import pathlib
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -196,3 +199,29 @@ def test_model_flags_override_the_preset():
         64, 256, 2, 2, 0.3)
     default = train_wmt.model_config(train_wmt.parse_args([]), preset, vocab_size=100)
     assert (default.d_model, default.dropout) == (preset.model["d_model"], preset.model["dropout"])
+
+
+def test_a_validation_that_spends_the_budget_ends_training_at_its_checkpoint(tmp_path, monkeypatch, caplog):
+    """Validation counts against the time budget: when it spends the rest, training stops at the
+    checkpoint it just wrote (not one step later, with a near copy of it to average), that
+    checkpoint's clock includes it, and a resumed run with no budget left trains no more."""
+    offset = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0])
+    monkeypatch.setattr(train_wmt, "time", clock)
+    evaluate = train_wmt.evaluate_loss
+
+    def an_hour_long_validation(*args, **kwargs):
+        offset[0] += 3600
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_wmt, "evaluate_loss", an_hour_long_validation)
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path), "--time-budget", "30",
+                    "--eval-every", "2", "--max-steps", "10"]
+    result = train_wmt.main(args)
+    assert result["steps"] == 2 and [os.path.basename(p) for p in train_wmt.checkpoints(tmp_path)] == ["ckpt-2.npz"]
+    assert load_checkpoint(str(tmp_path / "last.npz"), metadata_only=True).extra["train_seconds"] >= 3600
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="train_wmt"):
+        assert train_wmt.main(args + ["--resume"])["steps"] == 2
+    assert "already trained for its 30.0-minute budget" in caplog.text
+    assert sorted(losses(tmp_path)) == [1, 2]
