@@ -57,6 +57,8 @@ class Preset:
     max_len: int
     average_last: int
     time_budget: float | None = None  # minutes
+    beam: int = 4  # beam search (section 6.1: 4, and alpha 0.6 for WMT14)
+    alpha: float = 0.6
 
 
 PRESETS = {
@@ -128,8 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--resume", action="store_true", help="continue from --out-dir/last.npz")
     p.add_argument("--average-last", type=int, help="checkpoints averaged for the final model (preset)")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty")
+    p.add_argument("--beam", type=int, help="beam size (preset)")
+    p.add_argument("--alpha", type=float, help="length penalty (preset)")
     p.add_argument("--warmup", type=int, help="warmup steps of the schedule (preset)")
     p.add_argument("--lr-factor", type=float, help="scale of the schedule of section 5.3 (preset)")
     p.add_argument("--limit-train", type=int, help="use only the first N training pairs (smoke tests)")
@@ -147,6 +149,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "checkpoint, no GPU), which otherwise prints as one line; also MT_DEBUG=1")
     args = p.parse_args(argv)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
+    preset = PRESETS[args.preset]
+    args.beam = args.beam or preset.beam
+    args.alpha = preset.alpha if args.alpha is None else args.alpha
     return args
 
 
@@ -588,7 +593,8 @@ def average(run: Run, step: int) -> list[str]:
     run.model.load_state_dict(average_checkpoints(paths).model)
     save_checkpoint(os.path.join(run.args.out_dir, "averaged.npz"), run.model,
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
-                           "tokenizer": os.path.basename(run.tok.path)})
+                           "tokenizer": os.path.basename(run.tok.path),
+                           "beam": run.args.beam, "alpha": run.args.alpha})  # translate.py's defaults
     return paths
 
 

@@ -100,8 +100,8 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--beam", type=int, help="beam size (default: the run's, else 4)")
+    p.add_argument("--alpha", type=float, help="length penalty (default: the run's, else 0.6)")
     p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch")
     args = p.parse_args(argv)
     if not (args.run or (args.checkpoint and args.tokenizer)):
@@ -113,7 +113,11 @@ def main(argv=None) -> None:
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
 
     tok = data.Tokenizer(tokenizer)
-    model = load_model(checkpoint, args.device, args.dtype, tok)
+    ckpt = load_checkpoint(checkpoint)
+    model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
+    # train_wmt.py saves the beam and alpha it scored the test set with beside the averaged model.
+    beam = args.beam or ckpt.extra.get("beam", 4)
+    alpha = ckpt.extra.get("alpha", 0.6) if args.alpha is None else args.alpha
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     progress = None
@@ -125,7 +129,7 @@ def main(argv=None) -> None:
         source.seek(0)
     try:
         for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
-            hyps = translate(model, tok, lines, args.device, args.beam, args.alpha, args.max_tokens,
+            hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens,
                              first_line=first)
             out.write("".join(h + "\n" for h in hyps))
             out.flush()

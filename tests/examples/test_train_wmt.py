@@ -44,6 +44,10 @@ def test_train_resume_average_translate(tmp_path, caplog):
     assert len(hyps) == 12
     assert (straight / "curves.png").stat().st_size > 10_000
     assert json.loads((straight / "bleu.json").read_text())["bleu"] == result["bleu"]
+    preset = train_wmt.PRESETS["multi30k"]  # the beam search it scored with, saved for translate.py
+    assert (result["beam"], result["alpha"]) == (preset.beam, preset.alpha)
+    averaged = load_checkpoint(str(straight / "averaged.npz"), metadata_only=True).extra
+    assert (averaged["beam"], averaged["alpha"]) == (preset.beam, preset.alpha)
 
     with pytest.raises(SystemExit, match="--resume"):  # never mixes with an earlier run's checkpoints
         train_wmt.main(SMALL + ["--out-dir", str(straight), "--max-steps", "3"])

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from minitransformer import data, decoding
+from minitransformer.checkpoint import load_checkpoint, save_checkpoint
 from tests.helpers import sentences, tiny_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -112,3 +113,22 @@ def test_plot_attention_refuses_an_empty_sentence(run, capsys):
     with pytest.raises(SystemExit):
         plot_attention.main(["--run", str(run), "  "])
     assert "the sentence is empty" in capsys.readouterr().err
+
+
+def test_beam_and_alpha_default_to_the_runs(run, tmp_path, monkeypatch):
+    """train_wmt.py saves the beam and alpha it chose beside the averaged model; translate.py
+    uses them unless told otherwise, and 4 and 0.6 for a checkpoint without them."""
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    tiny_run(ours, seed=0)
+    ckpt = load_checkpoint(str(ours / "averaged.npz"))
+    save_checkpoint(str(ours / "averaged.npz"), translate.model_from(ckpt, "averaged.npz", "cpu"),
+                    extra={**ckpt.extra, "beam": 3, "alpha": 1.7})
+    seen = []
+    monkeypatch.setattr(translate, "translate",
+                        lambda model, tok, lines, device, beam, alpha, *a, **k: seen.append((beam, alpha)) or lines)
+    src = tmp_path / "in.en"
+    src.write_text("A dog runs.\n")
+    for folder, flags in ((ours, []), (ours, ["--beam", "2", "--alpha", "0"]), (run, [])):
+        translate.main(["--run", str(folder), "--input", str(src), "--output", str(tmp_path / "out.de"), *flags])
+    assert seen == [(3, 1.7), (2, 0.0), (4, 0.6)]
