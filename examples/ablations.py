@@ -59,8 +59,8 @@ from dataclasses import dataclass  # noqa: E402
 import train_wmt  # noqa: E402
 
 from minitransformer import distributed, nn  # noqa: E402
-from minitransformer.files import atomic_write  # noqa: E402
 from minitransformer.decoding import translate  # noqa: E402
+from minitransformer.files import atomic_write  # noqa: E402
 from minitransformer.train import evaluate_loss  # noqa: E402
 
 log = logging.getLogger("ablations")

@@ -63,13 +63,14 @@ class Preset:
 
 PRESETS = {
     # Sized for a 2-core CPU and an hour: a narrow, 3+3-layer model, big enough for Multi30k.
-    # alpha 2.0 was chosen on the validation split (examples/tune_decoding.py; benchmarks/RESULTS.md):
-    # this small model's translations run short, and 0.6 left a brevity penalty of 0.91.
+    # Beam 8 and alpha 2.0 were chosen on the validation split (examples/tune_decoding.py;
+    # benchmarks/RESULTS.md): this small model's translations run short, and beam 4 with alpha 0.6
+    # left a brevity penalty of 0.91.
     "multi30k": Preset("multi30k", "multi30k",
                        dict(d_model=256, d_ff=1024, h=4, num_encoder_layers=3, num_decoder_layers=3,
                             dropout=0.1, label_smoothing=0.1),
                        max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=30, max_len=100, average_last=5,
-                       time_budget=55.0, alpha=2.0),
+                       time_budget=55.0, beam=8, alpha=2.0),
     # The paper's setups (Table 3); max_tokens is per GPU: 8 GPUs x 3,125 = 25,000 per side.
     "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=3125, warmup=4000, lr_factor=1.0,
                          epochs=100, max_len=256, average_last=5),
@@ -150,10 +151,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="show the traceback of an error a user can act on (a missing corpus, a bad "
                         "checkpoint, no GPU), which otherwise prints as one line; also MT_DEBUG=1")
     args = p.parse_args(argv)
+    if args.beam is not None and args.beam < 1:
+        p.error(f"--beam {args.beam}: a beam holds at least 1 hypothesis")
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
-    preset = PRESETS[args.preset]
-    args.beam = args.beam or preset.beam
-    args.alpha = preset.alpha if args.alpha is None else args.alpha
     return args
 
 
@@ -293,8 +293,12 @@ def train_and_evaluate(args) -> dict:
         mt.backend.check_device(args.device)
     except RuntimeError as e:
         raise SetupError(f"--device {args.device}: {e}") from e
+    saved = {}
     if args.resume:  # before minutes of reading, vocabulary training and encoding
-        check_resume_flags(args, preset)
+        saved = check_resume_flags(args, preset)
+    for key in ("beam", "alpha"):  # not given: the run's own (a resumed run keeps its beam search), or the preset's
+        if getattr(args, key) is None:
+            setattr(args, key, saved.get(key, getattr(preset, key)))
     world = distributed.init(args.device)
     os.makedirs(args.out_dir, exist_ok=True)
     train, val, test, tok = load_data(args, preset, world)
@@ -491,15 +495,16 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
                              tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
-def check_resume_flags(args, preset: Preset) -> None:
+def check_resume_flags(args, preset: Preset) -> dict:
     """What --resume can check from the flags alone: that there is a run, and that these flags
     build the model it holds (in one line naming the flag, not a traceback per parameter; the
-    vocabulary is the tokenizer's, which check_resume compares)."""
+    vocabulary is the tokenizer's, which check_resume compares). Returns the run's saved flags."""
     path = os.path.join(args.out_dir, "last.npz")
     if not os.path.exists(path):
         raise SystemExit(f"error: --resume: {path} does not exist, so {args.out_dir} holds no run to "
                          f"continue; drop --resume to start one there")
-    saved = load_checkpoint(path, metadata_only=True).config or {}
+    meta = load_checkpoint(path, metadata_only=True)
+    saved = meta.config or {}
     now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
     for flag, key in (("--d-model", "d_model"), ("--layers", "num_encoder_layers"),
                       ("--layers", "num_decoder_layers"), ("--dropout", "dropout")):
@@ -510,6 +515,7 @@ def check_resume_flags(args, preset: Preset) -> None:
     if differ:
         raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
                          f"--preset and model flags, or start a new run")
+    return meta.extra.get("args", {})
 
 
 def check_resume(args, ckpt, run: Run, path: str) -> None:
@@ -535,7 +541,8 @@ def check_resume(args, ckpt, run: Run, path: str) -> None:
 
 
 def remove_unfinished_writes(out_dir: str) -> None:
-    """Delete the temporary files of checkpoint (and log) writes that a kill interrupted."""
+    """Delete the temporary files that a kill left of the run's writes (checkpoints, the log, the
+    tokenizer, results)."""
     stale = files.remove_unfinished_writes(out_dir)
     if stale:
         log.warning("removed %d unfinished write(s) left in %s by an interrupted run: %s",
@@ -607,14 +614,14 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     with run.autocast():
         hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)
     decode_seconds = time.perf_counter() - start
-    with open(os.path.join(args.out_dir, "test.hyp.de"), "w") as f:
+    with files.atomic_write(os.path.join(args.out_dir, "test.hyp.de")) as f:
         f.write("\n".join(hyps) + "\n")
     score, signature, ratio = bleu(hyps, test.tgt)
     result = dict(bleu=score, signature=signature, length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
                   decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
                   test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
                   precision=args.precision)
-    with open(os.path.join(args.out_dir, "bleu.json"), "w") as f:
+    with files.atomic_write(os.path.join(args.out_dir, "bleu.json")) as f:
         json.dump(result, f, indent=2)
     plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))
     print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "

@@ -104,6 +104,8 @@ def main(argv=None) -> None:
     p.add_argument("--alpha", type=float, help="length penalty (default: the run's, else 0.6)")
     p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch")
     args = p.parse_args(argv)
+    if args.beam is not None and args.beam < 1:
+        p.error(f"--beam {args.beam}: a beam holds at least 1 hypothesis")
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
     if args.input and not os.path.isfile(args.input):
@@ -115,9 +117,11 @@ def main(argv=None) -> None:
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
-    # train_wmt.py saves the beam and alpha it scored the test set with beside the averaged model.
-    beam = args.beam or ckpt.extra.get("beam", 4)
-    alpha = ckpt.extra.get("alpha", 0.6) if args.alpha is None else args.alpha
+    # train_wmt.py saves the beam and alpha it decodes with beside the averaged model, and its
+    # flags in every checkpoint.
+    run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
+    beam = args.beam or run_flags.get("beam") or 4
+    alpha = run_flags.get("alpha", 0.6) if args.alpha is None else args.alpha
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     progress = None

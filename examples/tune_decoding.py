@@ -11,7 +11,9 @@ on validation, and the test set gives the final figure once (train_wmt.py's --be
 and --average-last apply them). The table goes to stdout and to <run>/decoding_sweep.json.
 
 The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
---average-last of them, so train with a larger --average-last than the largest --average here.
+--average-last of them, so train with an --average-last at least as large as the largest --average here. A finished run
+takes the chosen settings with ``train_wmt.py --resume --average-last N --beam B --alpha A``: it
+trains no more, and averages and scores the test set again.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from translate import find_run_files, model_from
 
 from minitransformer import data
 from minitransformer.checkpoint import average_checkpoints
+from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
 
 
 def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+    """Positive integers, comma-separated, each once."""
+    values = [int(x) for x in text.split(",")]
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: every value must be at least 1")
+    return list(dict.fromkeys(values))
 
 
 def float_list(text: str) -> list[float]:
@@ -79,7 +86,7 @@ def main(argv=None) -> list[dict]:
     best = max(rows, key=lambda r: r["bleu"])
     print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
           f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")
-    with open(os.path.join(args.run, "decoding_sweep.json"), "w") as f:
+    with atomic_write(os.path.join(args.run, "decoding_sweep.json")) as f:
         json.dump(rows, f, indent=2)
     return rows
 

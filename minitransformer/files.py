@@ -1,4 +1,4 @@
-"""Files written whole or not at all, the one way every writer in the package does it.
+"""Files written whole or not at all: checkpoints, tokenizers, logs, manifests and results.
 
 ``atomic_write`` writes into a temporary file ``.tmp-<name>-<random>`` in the target's folder,
 fsyncs it, renames it over the target and fsyncs the folder: a crash at any moment leaves either
@@ -28,10 +28,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w"):
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=folder)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        with open(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        f = open(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    try:
+        with f:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -56,6 +56,10 @@ def test_rows_named_by_group_or_name_and_refused_with_one_line(capsys):
                                                                      "divisible by h=16")):
         assert expected in str(exit_.value.code) and "\n" not in str(exit_.value.code)
 
+    # Every row decodes with the paper's beam search, whatever train_wmt.py's preset chose for its own.
+    run_args = ablations.row_run_args(ablations.parse_args(["--rows", "A1", "--max-steps", "3"]), rows[1], False)
+    assert (run_args.beam, run_args.alpha) == (4, 0.6) != (ablations.PRESET.beam, ablations.PRESET.alpha)
+
     ablations.main(["--list"])
     listing = capsys.readouterr().out.splitlines()
     assert len(listing) == 19 and listing[0].startswith("base") and "d_k=16 d_v=64" in listing[6]

@@ -134,7 +134,7 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
     with pytest.raises(SystemExit, match="does not exist") as e:  # --resume into an empty folder
         train_wmt.main(args + ["--max-steps", "3", "--resume"])
     assert "drop --resume" in one_line_error(e)
-    train_wmt.main(args + ["--max-steps", "6"])  # ckpt-3.npz, ckpt-6.npz, last.npz
+    train_wmt.main(args + ["--max-steps", "6", "--alpha", "1.3"])  # ckpt-3.npz, ckpt-6.npz, last.npz
     with pytest.raises(SystemExit, match="--d-model 32, but these settings give 48") as e:
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--d-model", "48"])
     one_line_error(e)
@@ -146,14 +146,16 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
     # A checkpoint to be averaged, cut short (a full disk); and a write that a kill interrupted.
     ckpt = tmp_path / "ckpt-3.npz"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"half a checkpoint")
+    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"half a checkpoint")  # as older versions named it
+    (tmp_path / ".tmp-last.npz-x7f2q").write_bytes(b"half a checkpoint")  # as files.atomic_write does
     with pytest.raises(SystemExit, match=r"ckpt-3\.npz .*truncated.*delete it") as e:
         train_wmt.main(args + ["--max-steps", "9", "--resume"])
     one_line_error(e)
-    assert not (tmp_path / ".tmp-k1ll3d.npz").exists()
+    assert not (tmp_path / ".tmp-k1ll3d.npz").exists() and not (tmp_path / ".tmp-last.npz-x7f2q").exists()
     ckpt.unlink()  # as the message says
     result = train_wmt.main(args + ["--max-steps", "9", "--resume"])
     assert result["averaged"] == ["ckpt-6.npz", "ckpt-9.npz"]
+    assert result["alpha"] == 1.3  # a resumed run keeps its beam search unless told otherwise
 
 
 def misaligned_corpus(tmp_path) -> pathlib.Path:

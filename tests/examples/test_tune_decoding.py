@@ -62,3 +62,7 @@ def test_more_checkpoints_than_the_run_kept_is_one_line(run_with_checkpoints):
     run, corpus = run_with_checkpoints
     with pytest.raises(SystemExit, match="--average 4, but .* keeps 3 step checkpoints"):
         tune_decoding.main(["--run", str(run), "--data-dir", str(corpus), "--average", "4"])
+    for flag in ("--average", "--beam"):  # 0 would average every checkpoint / keep no hypothesis
+        with pytest.raises(SystemExit) as e:
+            tune_decoding.main(["--run", str(run), "--data-dir", str(corpus), flag, "2,0"])
+        assert e.value.code == 2
