@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from minitransformer import data, export  # noqa: E402
+from minitransformer import data, decoding, export  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
 from train_wmt import bleu  # noqa: E402
 from translate import find_run_files, load_model  # noqa: E402
@@ -63,8 +63,8 @@ def main(argv=None) -> dict:
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
     p.add_argument("--limit", type=int, default=1000, help="test sentences")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--beam", type=int, default=decoding.BEAM)
+    p.add_argument("--alpha", type=float, default=decoding.ALPHA)
     p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch, as translate.py")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the figures here")

@@ -59,7 +59,7 @@ from dataclasses import dataclass  # noqa: E402
 import train_wmt  # noqa: E402
 
 from minitransformer import distributed, nn  # noqa: E402
-from minitransformer.decoding import translate  # noqa: E402
+from minitransformer.decoding import ALPHA, BEAM, translate  # noqa: E402
 from minitransformer.files import atomic_write  # noqa: E402
 from minitransformer.train import evaluate_loss  # noqa: E402
 
@@ -194,7 +194,7 @@ def row_run_args(args, row: Row, progress: bool) -> argparse.Namespace:
     out_dir = os.path.join(args.out_dir, row.name)
     # The paper's beam search for every row (Table 3: section 6.1's beam 4 and alpha 0.6, whatever
     # train_wmt.py's preset chose for its own test figure), so that a resumed sweep stays comparable.
-    run_args = train_wmt.parse_args(["--out-dir", out_dir, "--beam", "4", "--alpha", "0.6"])
+    run_args = train_wmt.parse_args(["--out-dir", out_dir, "--beam", str(BEAM), "--alpha", str(ALPHA)])
     vars(run_args).update(
         data_dir=args.data_dir, seed=args.seed, max_steps=args.max_steps, time_budget=args.budget_minutes,
         eval_every=args.eval_every or (max(1, args.max_steps // 10) if args.max_steps else 50),

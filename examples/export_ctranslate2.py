@@ -29,7 +29,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from minitransformer import data, export
+from minitransformer import data, decoding, export
 from minitransformer.autograd import no_grad
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
@@ -102,8 +102,8 @@ def main(argv=None) -> dict:
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
     p.add_argument("--out", default=None, help="export folder (default: <run>/ctranslate2)")
     p.add_argument("--limit", type=int, default=None, help="check only the first N test sentences")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--beam", type=int, default=decoding.BEAM)
+    p.add_argument("--alpha", type=float, default=decoding.ALPHA)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (of one source length)")
     p.add_argument("--threads", type=int, default=0, help="CTranslate2's threads (0: its default)")
     args = p.parse_args(argv)

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import data
+from minitransformer import data, decoding
 from minitransformer.decoding import beam_search
 from translate import find_run_files, load_model
 
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     p.add_argument("sentence", help="an English sentence")
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: <run>/attention)")
-    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--beam", type=int, default=decoding.BEAM)
     args = p.parse_args(argv)
     if not args.sentence.strip():
         p.error("the sentence is empty: there is no attention to draw")

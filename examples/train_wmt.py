@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import data, distributed, files, nn
+from minitransformer import data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
@@ -57,8 +57,8 @@ class Preset:
     max_len: int
     average_last: int
     time_budget: float | None = None  # minutes
-    beam: int = 4  # beam search (section 6.1: 4, and alpha 0.6 for WMT14)
-    alpha: float = 0.6
+    beam: int = decoding.BEAM  # beam search: the paper's unless a preset chose its own
+    alpha: float = decoding.ALPHA
 
 
 PRESETS = {

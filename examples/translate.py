@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from minitransformer import data, nn
+from minitransformer import data, decoding, nn
 from minitransformer.checkpoint import Checkpoint, load_checkpoint
 from minitransformer.decoding import translate
 
@@ -120,8 +120,8 @@ def main(argv=None) -> None:
     # train_wmt.py saves the beam and alpha it decodes with beside the averaged model, and its
     # flags in every checkpoint.
     run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
-    beam = args.beam or run_flags.get("beam") or 4
-    alpha = run_flags.get("alpha", 0.6) if args.alpha is None else args.alpha
+    beam = args.beam or run_flags.get("beam") or decoding.BEAM
+    alpha = run_flags.get("alpha", decoding.ALPHA) if args.alpha is None else args.alpha
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     progress = None

@@ -41,6 +41,7 @@ from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
 MAX_LEN_EXTRA = 50  # a translation may run this many tokens past its source (section 6.1)
+BEAM, ALPHA = 4, 0.6  # the paper's beam size and length penalty (section 6.1)
 
 
 @contextlib.contextmanager
@@ -107,7 +108,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
 
 
 @no_grad()
-def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA,
+def beam_search(model, src, beam_size: int = BEAM, alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA,
                 return_scores: bool = False):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
     hypothesis's token ids without BOS/EOS (and its score when ``return_scores``)."""
@@ -217,8 +218,8 @@ def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.n
     return Tensor(memory.data[index]), src_mask.select(index)
 
 
-def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = 4,
-              alpha: float = 0.6, max_tokens: int = 2048, progress: bool = False, first_line: int = 1
+def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = BEAM,
+              alpha: float = ALPHA, max_tokens: int = 2048, progress: bool = False, first_line: int = 1
               ) -> list[str]:
     """Beam-search raw sentences in length-sorted batches of about ``max_tokens`` source
     tokens; returns one detokenized translation per sentence, in the input order.

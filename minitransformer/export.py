@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from .data import EOS_ID
-from .decoding import MAX_LEN_EXTRA, length_penalty
+from .decoding import ALPHA, BEAM, MAX_LEN_EXTRA, length_penalty
 from .functional.softmax import log_softmax_array
 from .nn.embedding import sinusoid_table
 
@@ -148,8 +148,8 @@ class Pieces:
         return [[self.ids[p] for p in pieces] for pieces in batch]
 
 
-def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam_size: int = 4,
-                          alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA) -> list[list[int]]:
+def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam_size: int = BEAM,
+                          alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA) -> list[list[int]]:
     """CTranslate2's own beam search (its length penalty L^alpha) of one batch of source ids
     (without EOS): the best hypothesis of each, as ids without EOS."""
     results = translator.translate_batch(pieces.to_pieces(src), length_penalty=alpha,
@@ -157,8 +157,8 @@ def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam
     return pieces.to_ids([r.hypotheses[0] for r in results])
 
 
-def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], beam_size: int = 4,
-                            alpha: float = 0.6, max_len_extra: int = MAX_LEN_EXTRA) -> list[tuple[list[int], float]]:
+def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], beam_size: int = BEAM,
+                            alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA) -> list[tuple[list[int], float]]:
     """CTranslate2's beam search scored as ours: all ``beam_size`` finished hypotheses with their
     log-probabilities, each divided by GNMT's ((5 + L) / 6)^alpha (L counts EOS); the best of
     each sentence, with its score (as ``beam_search(..., return_scores=True)``).
