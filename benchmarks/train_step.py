@@ -16,7 +16,8 @@ parameters, a negligible cost.) With ``--precision bf16`` or ``fp16`` ours runs 
 ``--base`` is the paper's base model at ~3,100 target tokens (one GPU's share of a 25k-token
 batch on 8 GPUs). ``--breakdown`` also times our step's phases (forward and loss, backward,
 gradient all-reduce through DistributedDataParallel at world size 1, Adam), which with the
-gradient size are what the README's 8-GPU scaling model needs.
+gradient size are what the README's 8-GPU scaling model needs. ``--ops`` times every autograd
+op's forward and backward and the optimiser apart, in ms per step: where the step's time goes.
 
 Also times the step's GEMM floor (``time_gemm_floor``): the same step's matrix products alone,
 the paper's model as separate per-projection products, so a step that fused some (Q, K and V
@@ -38,9 +39,11 @@ import numpy as np
 
 import minitransformer as mt
 from minitransformer import nn
+from minitransformer.autograd import Function
 from minitransformer import distributed
 from minitransformer.amp import PRECISIONS, scaler_for
 from minitransformer.optim import Adam, grad_norm
+from minitransformer import train
 from minitransformer.train import compute_loss, train_step
 
 
@@ -78,6 +81,8 @@ def time_ours(args, data) -> list[float]:
     print(f"minitransformer: {model.num_parameters():,} parameters")
     if args.breakdown:
         breakdown(args, model, opt, amp_dtype, scaler, data)
+    if args.ops:
+        op_times(args, model, opt, amp_dtype, scaler, data)
     return times
 
 
@@ -116,6 +121,56 @@ def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
           f"{len(ddp.buckets)} buckets, {ddp.flats[0].dtype}):")
     for name, times in phases.items():
         print(f"  {name:18} {statistics.median(times) * 1e3:8.2f} ms")
+
+
+def all_functions(cls=Function) -> list:
+    """Every ``Function`` subclass defined so far (the differentiable ops)."""
+    return [c for sub in cls.__subclasses__() for c in (sub, *all_functions(sub))]
+
+
+def op_times(args, model, opt, amp_dtype, scaler, data) -> None:
+    """Total time in each op's ``forward`` and ``backward`` (every ``Function``, wrapped with a
+    timer for these steps only), in the gradient norm, in Adam, and in the rest (Python between ops, the
+    walk), in ms per step, over the steps after --warmup. The wrappers cost a few
+    microseconds per call, charged to "the rest"."""
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a):
+            start = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                sync(args.device)
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+        return staticmethod(wrapper)
+
+    originals = {}
+    for fn in all_functions():
+        originals[fn] = (fn.__dict__["forward"], fn.__dict__["backward"])
+        fn.forward = timed(f"{fn.__name__} forward", fn.forward)
+        fn.backward = timed(f"{fn.__name__} backward", fn.backward)
+    opt.step = timed("Adam", opt.step).__func__
+    train.grad_norm = timed("grad norm", grad_norm).__func__
+
+    try:
+        steps = data[args.warmup:]
+        start = time.perf_counter()
+        for src, tgt_in, tgt_out in steps:
+            src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
+            train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, amp_dtype=amp_dtype,
+                       scaler=scaler)
+            sync(args.device)
+        total = time.perf_counter() - start
+    finally:
+        for fn, (forward, backward) in originals.items():
+            fn.forward, fn.backward = forward, backward
+        del opt.step
+        train.grad_norm = grad_norm
+    spent["the rest (Python, the walk, timers)"] = total - sum(spent.values())
+    print(f"where the step's time goes (ms per step, mean of {len(steps)} steps of {total / len(steps) * 1e3:.1f} ms):")
+    for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:36} {seconds / len(steps) * 1e3:8.2f}")
 
 
 def step_gemms(args, b: int, s: int, t: int) -> list[tuple[int, int, int, int]]:
@@ -288,6 +343,7 @@ def main(argv=None) -> None:
     p.add_argument("--base", action="store_true",
                    help="the paper's base model (d_model 512, 6+6 layers, vocabulary 37,000), batch 100 x 31")
     p.add_argument("--breakdown", action="store_true", help="also time the phases of our step")
+    p.add_argument("--ops", action="store_true", help="also time each op's forward and backward")
     p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
                    "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
     p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per batch and side (the preset's)")

@@ -13,12 +13,18 @@ from .. import backend
 def grad_norm(params) -> float:
     """sqrt(sum of squared gradient entries) over all parameters (inf or nan if any is).
 
-    The per-parameter sums stay on the device and are added there: one host sync, not one
-    per parameter."""
-    parts = [(p.grad.data * p.grad.data).sum(dtype=np.float64) for p in params if p.grad is not None]
-    if not parts:
+    Each parameter's sum of squares is a BLAS dot product of the gradient with itself, in its
+    own dtype (no squared copy); the sums stay on the device and are added there in float64:
+    one host sync, not one per parameter. A float32 sum overflows only for a norm beyond 1e19;
+    then the sums are redone in float64, so only a truly non-finite gradient reads as one."""
+    grads = [p.grad.data.reshape(-1) for p in params if p.grad is not None]
+    if not grads:
         return 0.0
-    return math.sqrt(float(backend.array_module_of(parts[0]).stack(parts).sum()))
+    xp = backend.array_module_of(grads[0])
+    total = float(xp.stack([xp.dot(g, g) for g in grads]).astype(np.float64).sum())
+    if not math.isfinite(total):
+        total = float(xp.stack([xp.dot(g.astype(np.float64), g.astype(np.float64)) for g in grads]).sum())
+    return math.sqrt(total)
 
 
 def clip_grad_norm_(params, max_norm: float) -> float:
