@@ -5,6 +5,7 @@ step of PyTorch's ``torch.nn.Transformer`` with a matching configuration, in the
     python benchmarks/train_step.py --device cuda --batch 128 --len 64
     python benchmarks/train_step.py --device cuda --precision bf16     # mixed precision, both sides
     python benchmarks/train_step.py --device cuda --base --breakdown   # the scaling model's inputs
+    mpiexec -n 2 python benchmarks/train_step.py     # data parallel: a rank per core, each its rows
 
 Both models: post-norm layers, ReLU feed-forward, dropout 0.1, sinusoidal positions, one
 embedding matrix shared with the output projection, label-smoothed cross-entropy, Adam.
@@ -18,6 +19,11 @@ batch on 8 GPUs). ``--breakdown`` also times our step's phases (forward and loss
 gradient all-reduce through DistributedDataParallel at world size 1, Adam), which with the
 gradient size are what the README's 8-GPU scaling model needs. ``--ops`` times every autograd
 op's forward and backward and the optimiser apart, in ms per step: where the step's time goes.
+
+Under ``mpiexec -n W`` the step is data parallel as in train_wmt.py: every rank trains on its
+share of each batch's sentences (the same batches, split by rows), DistributedDataParallel
+all-reduces the gradients, and rank 0 reports; the floor and torch still run the whole batch,
+on rank 0 with all the node's cores while the other ranks wait.
 
 Also times the step's GEMM floor (``time_gemm_floor``): the same step's matrix products alone,
 the paper's model as separate per-projection products, so a step that fused some (Q, K and V
@@ -61,7 +67,13 @@ def sync(device):
         cupy.cuda.get_current_stream().synchronize()
 
 
-def time_ours(args, data) -> list[float]:
+def rows_of(world, data) -> list:
+    """This rank's share of every batch: a contiguous block of its sentences."""
+    share = lambda a: np.array_split(a, world.world_size)[world.rank]  # noqa: E731
+    return [tuple(share(a) for a in step) for step in data]
+
+
+def time_ours(args, world, data) -> list[float]:
     mt.manual_seed(0)
     cfg = nn.TransformerConfig(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, h=args.heads,
                                num_encoder_layers=args.layers, num_decoder_layers=args.layers, dropout=0.1)
@@ -69,28 +81,31 @@ def time_ours(args, data) -> list[float]:
     opt = Adam(model.parameters(), lr=1e-4)
     amp_dtype = PRECISIONS[args.precision]
     scaler = scaler_for(amp_dtype)
+    ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
+    data = rows_of(world, data)
     times = []
     for src, tgt_in, tgt_out in data:
         src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
         sync(args.device)
+        world.comm.barrier()
         start = time.perf_counter()
-        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, amp_dtype=amp_dtype,
+        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, ddp=ddp, amp_dtype=amp_dtype,
                    scaler=scaler)
         sync(args.device)
         times.append(time.perf_counter() - start)
-    print(f"minitransformer: {model.num_parameters():,} parameters")
+    if world.is_main:
+        print(f"minitransformer: {model.num_parameters():,} parameters, {world.world_size} rank(s)")
     if args.breakdown:
-        breakdown(args, model, opt, amp_dtype, scaler, data)
+        breakdown(args, world, model, opt, amp_dtype, scaler, data)
     if args.ops:
-        op_times(args, model, opt, amp_dtype, scaler, data)
+        op_times(args, world, ddp, model, opt, amp_dtype, scaler, data)
     return times
 
 
-def breakdown(args, model, opt, amp_dtype, scaler, data) -> None:
+def breakdown(args, world, model, opt, amp_dtype, scaler, data) -> None:
     """Median time of each phase of a step (synchronised between phases, so their sum exceeds
     the step's time a little), with the gradients all-reduced by DDP as on 8 GPUs (world size
     1 here: NCCL's copy on a GPU, nothing on the CPU), and the bytes that all-reduce moves."""
-    world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
     ddp = distributed.DistributedDataParallel(model, world)
     phases = {"forward+loss": [], "backward": [], "all-reduce (DDP)": [], "grad norm + Adam": []}
     for src, tgt_in, tgt_out in data[args.warmup:]:
@@ -128,11 +143,11 @@ def all_functions(cls=Function) -> list:
     return [c for sub in cls.__subclasses__() for c in (sub, *all_functions(sub))]
 
 
-def op_times(args, model, opt, amp_dtype, scaler, data) -> None:
+def op_times(args, world, ddp, model, opt, amp_dtype, scaler, data) -> None:
     """Total time in each op's ``forward`` and ``backward`` (every ``Function``, wrapped with a
-    timer for these steps only), in the gradient norm, in Adam, and in the rest (Python between ops, the
-    walk), in ms per step, over the steps after --warmup. The wrappers cost a few
-    microseconds per call, charged to "the rest"."""
+    timer for these steps only), in the gradient norm, in Adam, and in the rest (Python between
+    ops, the walk, the all-reduce), in ms per step, over the steps after --warmup, on rank 0. The
+    wrappers cost a few microseconds per call, charged to "the rest"."""
     spent: dict[str, float] = {}
 
     def timed(name, fn):
@@ -158,8 +173,8 @@ def op_times(args, model, opt, amp_dtype, scaler, data) -> None:
         start = time.perf_counter()
         for src, tgt_in, tgt_out in steps:
             src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
-            train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, amp_dtype=amp_dtype,
-                       scaler=scaler)
+            train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, ddp=ddp,
+                       amp_dtype=amp_dtype, scaler=scaler)
             sync(args.device)
         total = time.perf_counter() - start
     finally:
@@ -167,7 +182,9 @@ def op_times(args, model, opt, amp_dtype, scaler, data) -> None:
             fn.forward, fn.backward = forward, backward
         del opt.step
         train.grad_norm = grad_norm
-    spent["the rest (Python, the walk, timers)"] = total - sum(spent.values())
+    spent["the rest (Python, all-reduce, timers)"] = total - sum(spent.values())
+    if not world.is_main:
+        return
     print(f"where the step's time goes (ms per step, mean of {len(steps)} steps of {total / len(steps) * 1e3:.1f} ms):")
     for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:36} {seconds / len(steps) * 1e3:8.2f}")
@@ -346,7 +363,8 @@ def main(argv=None) -> None:
     p.add_argument("--ops", action="store_true", help="also time each op's forward and backward")
     p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
                    "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
-    p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per batch and side (the preset's)")
+    p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per step and side, all ranks "
+                   "together (the preset's)")
     p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
     args = p.parse_args(argv)
@@ -362,9 +380,15 @@ def main(argv=None) -> None:
         rng = np.random.default_rng(0)
         data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
         shape = f"batch {args.batch} x {args.len} tokens"
-    ours = time_ours(args, data)[args.warmup:]
-    floor, flops = time_gemm_floor(args, data)
-    peer = time_torch(args, data)
+    world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
+    if args.breakdown and world.world_size > 1:
+        p.error("--breakdown times the phases of a one-rank step: run it without mpiexec")
+    ours = time_ours(args, world, data)[args.warmup:]
+    with distributed.main_process_alone(world) as main:
+        if not main:
+            return
+        floor, flops = time_gemm_floor(args, data)
+        peer = time_torch(args, data)
     ms = statistics.median(ours) * 1e3
     floor_ms = statistics.median(floor) * 1e3
     print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "

@@ -25,43 +25,29 @@ of the averaged model, parameters. The dev set is the validation split; no test 
 
 Under ``mpiexec -n N`` every rank trains its share of the rows one after another, alone (no
 data parallelism: a row's result does not depend on how many ranks ran the sweep), with an
-equal share of the node's cores for its BLAS; one process trains them all. The ranks share
-``--out-dir`` (one machine, or a shared filesystem). A row whose result.json exists is
-skipped, and an interrupted row resumes from its last checkpoint, so a stopped sweep continues
-where it was. Rank 0 writes table.md (laid out as Table 3: the base row, then only the settings
+equal share of the node's cores for its BLAS (``distributed.init``); one process trains them
+all. The ranks share ``--out-dir`` (one machine, or a shared filesystem). A row whose
+result.json exists is skipped, and an interrupted row resumes from its last checkpoint, so a
+stopped sweep continues where it was. Rank 0 writes table.md (laid out as Table 3: the base row, then only the settings
 each row changes), table.json and ablations.png.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import logging
 import os
+import sys
+from dataclasses import dataclass
 
+import train_wmt
 
-def _share_the_cores() -> None:
-    """Give each rank that mpiexec started on this node an equal share of its cores for NumPy's
-    BLAS, which reads its thread count when NumPy is imported: hence before the imports below.
-    A lone process keeps every core; a thread count set by the user wins."""
-    local_ranks = int(os.environ.get("MPI_LOCALNRANKS")  # MPICH's hydra, Intel MPI
-                      or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)  # Open MPI
-    if local_ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local_ranks))
-
-
-_share_the_cores()
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import train_wmt  # noqa: E402
-
-from minitransformer import distributed, nn  # noqa: E402
-from minitransformer.decoding import ALPHA, BEAM, translate  # noqa: E402
-from minitransformer.files import atomic_write  # noqa: E402
-from minitransformer.train import evaluate_loss  # noqa: E402
+from minitransformer import distributed, nn
+from minitransformer.decoding import ALPHA, BEAM, translate
+from minitransformer.files import atomic_write
+from minitransformer.train import evaluate_loss
 
 log = logging.getLogger("ablations")
 PRESET = train_wmt.PRESETS["multi30k"]

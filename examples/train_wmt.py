@@ -50,7 +50,7 @@ class Preset:
     corpus: str
     tokenizer: str  # key of data.PRESETS
     model: dict  # TransformerConfig fields
-    max_tokens: int  # per rank and step, each side, padding included
+    max_tokens: int  # per step and side, padding included, all ranks together
     warmup: int
     lr_factor: float
     epochs: int
@@ -71,11 +71,11 @@ PRESETS = {
                             dropout=0.1, label_smoothing=0.1),
                        max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=30, max_len=100, average_last=5,
                        time_budget=55.0, beam=8, alpha=2.0),
-    # The paper's setups (Table 3); max_tokens is per GPU: 8 GPUs x 3,125 = 25,000 per side.
-    "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=3125, warmup=4000, lr_factor=1.0,
+    # The paper's setups (Table 3): 25,000 tokens a side per step, 3,125 per GPU on 8 GPUs.
+    "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=25000, warmup=4000, lr_factor=1.0,
                          epochs=100, max_len=256, average_last=5),
     "wmt14-big": Preset("wmt14", "wmt14", dict(d_model=1024, d_ff=4096, h=16, dropout=0.3),
-                        max_tokens=3125, warmup=4000, lr_factor=1.0, epochs=100, max_len=256, average_last=20),
+                        max_tokens=25000, warmup=4000, lr_factor=1.0, epochs=100, max_len=256, average_last=20),
 }
 PAPER_STEPS = {"wmt14-base": 100_000, "wmt14-big": 300_000}
 
@@ -122,7 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
                         "dynamic loss scaling (meant for GPUs)")
-    p.add_argument("--max-tokens", type=int, help="tokens per batch and side, per rank (preset)")
+    p.add_argument("--max-tokens", type=int, help="tokens per step and side, padding included, all ranks "
+                   "together: each rank batches its share (preset)")
     p.add_argument("--epochs", type=int, help="epochs to train (preset)")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
     p.add_argument("--time-budget", type=float, help="stop training after this many minutes (preset)")
@@ -305,9 +306,17 @@ def train_and_evaluate(args) -> dict:
     run = prepare(args, preset, world, train, val, tok)
     step, history_s = start_or_resume(run)
     step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
-    if not world.is_main:
-        return {}
-    return finish(run, test, step, train_seconds)
+    with distributed.main_process_alone(world) as main:
+        return finish(run, test, step, train_seconds) if main else {}
+
+
+def rank_tokens(args, preset: Preset, world) -> int:
+    """Tokens a side in each rank's batch: its share of the step's (--max-tokens or the preset's),
+    so that a step is the same batch whatever the number of ranks, and so is the schedule."""
+    tokens = args.max_tokens or preset.max_tokens
+    if tokens < world.world_size:
+        raise SetupError(f"--max-tokens {tokens} cannot be shared among {world.world_size} ranks")
+    return tokens // world.world_size
 
 
 def prepare(args, preset: Preset, world, train, val, tok) -> Run:
@@ -321,7 +330,7 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
-                                max_tokens=args.max_tokens or preset.max_tokens, max_len=preset.max_len,
+                                max_tokens=rank_tokens(args, preset, world), max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
@@ -436,9 +445,9 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         late = out_of_time()
         done = step >= budget.max_steps or late
         if step % budget.eval_every == 0 or done:
-            if world.is_main:
-                validate_and_save(run, step, start)
-            world.comm.barrier()
+            with distributed.main_process_alone(world) as main:
+                if main:
+                    validate_and_save(run, step, start)
             if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
                 done = late = True         # not one step later with a near copy of it
         if done:
@@ -447,12 +456,13 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
     if progress is not None:
         progress.close()
     seconds = time.perf_counter() - start
-    if world.is_main:
-        saved = checkpoints(args.out_dir)
-        if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
-            validate_and_save(run, step, start)
-            seconds = time.perf_counter() - start
-        log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
+    with distributed.main_process_alone(world) as main:
+        if main:
+            saved = checkpoints(args.out_dir)
+            if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
+                validate_and_save(run, step, start)
+                seconds = time.perf_counter() - start
+            log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
 
 

@@ -26,6 +26,7 @@ from .world import (
     init,
     is_main_process,
     launched_by_mpi,
+    main_process_alone,
     run_main,
 )
 
@@ -33,5 +34,5 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES", "Bucket", "Communicator", "DistributedDataParallel",
     "LocalCommunicator", "MPICommunicator", "NCCLCommunicator", "StepStats", "World",
     "get_rank", "get_world", "get_world_size", "init", "is_main_process", "launched_by_mpi",
-    "register_post_accumulate_grad_hook", "run_main",
+    "main_process_alone", "register_post_accumulate_grad_hook", "run_main",
 ]

@@ -27,6 +27,7 @@ Only rank 0 should log, evaluate and write checkpoints: ``is_main_process()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -113,14 +114,8 @@ def init(device: str = "cpu", backend_name: str | None = None) -> World:
     if backend_name == "local" and world_size > 1:
         raise ValueError(f"backend 'local' serves one process, but mpiexec started {world_size}")
 
-    cores = os.cpu_count() or 1
-    if device == "cpu" and local_size > 1 and local_rank == 0 and not any(
-            v in os.environ for v in _BLAS_THREAD_VARS):
-        log.warning(
-            "%d ranks share this node's %d CPU cores, but OMP_NUM_THREADS is not set: each rank's "
-            "BLAS starts a thread per core and they slow each other down (3x measured with 2 "
-            "ranks on 2 cores). Launch with: mpiexec -n %d -genv OMP_NUM_THREADS %d ...",
-            local_size, cores, world_size, max(1, cores // local_size))
+    if device == "cpu" and local_size > 1:
+        _share_the_cores(local_rank, local_size)
     if device == "cuda":
         _use_gpu(local_rank, local_size)
     if backend_name == "nccl":
@@ -187,6 +182,53 @@ def is_main_process() -> bool:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _share_the_cores(local_rank: int, local_size: int) -> None:
+    """Give this rank an equal share of the node's cores for NumPy's BLAS (threadpoolctl sets
+    it at run time). Each rank's BLAS would otherwise start a thread per core and the ranks
+    would slow each other down (3x measured with 2 ranks on 2 cores). A thread count the user
+    set (OMP_NUM_THREADS and kin) wins."""
+    global _shared_cores
+    if any(v in os.environ for v in _BLAS_THREAD_VARS):
+        return
+    share = max(1, _cores() // local_size)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        if local_rank == 0:
+            log.warning("%d ranks share this node's %d CPU cores, and threadpoolctl is not installed "
+                        "to give each its share: pip install 'minitransformer[mpi]', or launch with "
+                        "mpiexec -n %d -genv OMP_NUM_THREADS %d ...", local_size, _cores(), local_size, share)
+        return
+    threadpool_limits(share, user_api="blas")
+    _shared_cores = True
+
+
+_shared_cores = False  # True once _share_the_cores has cut this rank's BLAS threads
+
+
+@contextlib.contextmanager
+def main_process_alone(world: World):
+    """Rank 0 works alone inside: ``with main_process_alone(world) as main: if main: ...``.
+
+    For what only rank 0 does while the others wait (validation, checkpoints, the final
+    test): on CPUs its BLAS takes every core of the node again (``init`` gave it a share), and
+    the other ranks wait in a barrier that does not spin, leaving the cores to it."""
+    try:
+        if world.is_main and world.world_size > 1 and _shared_cores:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(_cores(), user_api="blas"):
+                yield True
+        else:
+            yield world.is_main
+    finally:
+        world.comm.barrier()
 
 
 def _mpi():

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from minitransformer import nn
 from tests.helpers import MULTI30K_DIR as DATA
 from tests.helpers import needs_multi30k
@@ -74,3 +76,14 @@ def test_real_batches_of_the_multi30k_preset(tmp_path):
     assert "Multi30k batches of the multi30k preset" in proc.stdout and "vocab 8000" in proc.stdout
     assert float(proc.stdout.split("step / floor")[1].split()[0]) > 0
     assert list(tmp_path.glob("spm-*.model"))  # the preset's vocabulary, trained once into --cache-dir
+
+
+def test_each_rank_takes_its_block_of_every_batch():
+    rng = np.random.default_rng()
+    data = [tuple(rng.integers(0, 50, (int(rng.integers(3, 12)), 4)) for _ in range(3)) for _ in range(2)]
+    rows_of = load_script().rows_of
+    for size in (1, 2, 3):
+        shares = [rows_of(argparse.Namespace(rank=r, world_size=size), data) for r in range(size)]
+        for step, batch in enumerate(data):
+            for i, array in enumerate(batch):
+                np.testing.assert_array_equal(np.concatenate([s[step][i] for s in shares]), array)

@@ -164,9 +164,19 @@ def nccl_ids(world) -> dict:
     return {"error": ""}
 
 
+def blas_threads(world) -> dict:
+    from threadpoolctl import threadpool_info
+
+    threads = lambda: [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
+    with dist.main_process_alone(world) as main:
+        alone = threads()
+    return {"threads": threads(), "alone": alone, "main": main, "cores": len(os.sched_getaffinity(0))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("collectives", "train", "state", "nccl_ids", "raise", "exit"))
+    ap.add_argument("scenario", choices=("collectives", "train", "state", "nccl_ids", "blas_threads", "raise",
+                                               "exit"))
     ap.add_argument("out_dir")
     ap.add_argument("seed", type=int)
     ap.add_argument("--world-size", type=int, default=2)
@@ -203,6 +213,8 @@ def main() -> None:
         out = state(world, args.seed)
     elif args.scenario == "nccl_ids":
         out = nccl_ids(world)
+    elif args.scenario == "blas_threads":
+        out = blas_threads(world)
     else:
         out = train(world, args.seed, args)
     np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)

@@ -179,3 +179,22 @@ def test_a_rank_that_raises_ends_the_whole_job(mpirun, tmp_path):
     assert "boom from rank 1" in proc.stderr
     assert "[rank 1/2] uncaught exception" in proc.stderr
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
+
+
+def test_each_cpu_rank_gets_its_share_of_the_cores(mpirun, tmp_path, monkeypatch):
+    """Two ranks on one node: init gives each rank's BLAS half the cores (at least one), unless
+    the user set a thread count, which wins; rank 0 takes them all while it works alone."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    _, ranks = run_ok(mpirun, tmp_path, "blas_threads")
+    cores = int(ranks[0]["cores"])
+    share = max(1, cores // 2)
+    assert [out["threads"].tolist() for out in ranks] == [[share], [share]]
+    assert [bool(out["main"]) for out in ranks] == [True, False]
+    assert [out["alone"].tolist() for out in ranks] == [[cores], [share]]
+    if share + 1 > cores:
+        pytest.skip("one core: no other thread count to set and see kept")
+    monkeypatch.setenv("OMP_NUM_THREADS", str(share + 1))
+    _, ranks = run_ok(mpirun, tmp_path, "blas_threads")
+    assert [out["threads"].tolist() for out in ranks] == [[share + 1], [share + 1]]
+    assert [out["alone"].tolist() for out in ranks] == [[share + 1], [share + 1]]

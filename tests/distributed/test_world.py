@@ -33,6 +33,12 @@ def test_a_lone_process_is_a_world_of_one(lone_process):
         dist.init("cpu", "mpi")
 
 
+def test_a_lone_process_works_alone_as_it_is(lone_process):
+    world = dist.init("cpu")
+    with dist.main_process_alone(world) as main:
+        assert main
+
+
 def test_backend_and_device_must_match(lone_process):
     with pytest.raises(ValueError, match="does not serve device"):
         dist.init("cpu", "nccl")

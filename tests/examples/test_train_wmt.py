@@ -231,3 +231,16 @@ def test_a_validation_that_spends_the_budget_ends_training_at_its_checkpoint(tmp
         assert train_wmt.main(args + ["--resume"])["steps"] == 2
     assert "already trained for its 30.0-minute budget" in caplog.text
     assert sorted(losses(tmp_path)) == [1, 2]
+
+
+def test_the_step_batch_is_shared_among_the_ranks():
+    """--max-tokens (or the preset's) is the step's batch: each of W ranks batches a W-th of it,
+    so the step, and the schedule tuned for it, do not change with the number of ranks."""
+    preset = train_wmt.PRESETS["multi30k"]
+    world = lambda size: types.SimpleNamespace(world_size=size)  # noqa: E731
+    no_flag = types.SimpleNamespace(max_tokens=None)
+    assert [train_wmt.rank_tokens(no_flag, preset, world(w)) for w in (1, 2, 4)] == [2500, 1250, 625]
+    assert train_wmt.rank_tokens(types.SimpleNamespace(max_tokens=601), preset, world(2)) == 300
+    assert train_wmt.PRESETS["wmt14-base"].max_tokens // 8 == 3125  # the paper's 25,000 on 8 GPUs
+    with pytest.raises(train_wmt.SetupError, match="cannot be shared among 4 ranks"):
+        train_wmt.rank_tokens(types.SimpleNamespace(max_tokens=3), preset, world(4))
