@@ -372,17 +372,23 @@ def main(argv=None) -> None:
         args.d_model, args.d_ff, args.heads, args.layers = 512, 2048, 8, 6
         args.vocab, args.batch, args.len = 37000, 100, 31
 
+    world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
+    if args.breakdown and world.world_size > 1:
+        p.error("--breakdown times the phases of a one-rank step: run it without mpiexec")
     if args.data_dir:
-        data = multi30k_batches(args)
+        with distributed.main_process_alone(world) as main:
+            if main:  # the BPE vocabulary, trained once if --cache-dir has none
+                data = multi30k_batches(args)
+        if not main:
+            data = multi30k_batches(args)
         tokens = statistics.fmean(src.size + tgt.size for src, tgt, _ in data[args.warmup:])
         shape = f"Multi30k batches of the multi30k preset (mean {tokens:.0f} tokens, padding included)"
     else:
         rng = np.random.default_rng(0)
         data = [batch(rng, args.batch, args.len, args.vocab) for _ in range(args.warmup + args.steps)]
         shape = f"batch {args.batch} x {args.len} tokens"
-    world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
-    if args.breakdown and world.world_size > 1:
-        p.error("--breakdown times the phases of a one-rank step: run it without mpiexec")
+    if min(len(src) for src, _, _ in data) < world.world_size:
+        p.error(f"{world.world_size} ranks need at least as many sentences in every batch")
     ours = time_ours(args, world, data)[args.warmup:]
     with distributed.main_process_alone(world) as main:
         if not main:

@@ -134,7 +134,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("--layers", "num_encoder_layers")):
         p.add_argument(flag, type=int, default=PRESET.model[field], help=f"the base row's {field}")
     for flag in ("--warmup", "--lr-factor", "--max-tokens", "--vocab-size", "--limit-train", "--limit-val"):
-        p.add_argument(flag, type=float if flag == "--lr-factor" else int, help="as in train_wmt.py")
+        p.add_argument(flag, type=float if flag == "--lr-factor" else int,
+                       help="as in train_wmt.py (every row trains alone: --max-tokens is its whole batch)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if not (args.list or args.max_steps or args.budget_minutes):

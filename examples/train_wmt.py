@@ -314,8 +314,10 @@ def rank_tokens(args, preset: Preset, world) -> int:
     """Tokens a side in each rank's batch: its share of the step's (--max-tokens or the preset's),
     so that a step is the same batch whatever the number of ranks, and so is the schedule."""
     tokens = args.max_tokens or preset.max_tokens
-    if tokens < world.world_size:
-        raise SetupError(f"--max-tokens {tokens} cannot be shared among {world.world_size} ranks")
+    if tokens // world.world_size < preset.max_len:
+        raise SetupError(f"--max-tokens {tokens} shared among {world.world_size} ranks gives each "
+                         f"{tokens // world.world_size}, fewer than the longest sentence the preset keeps "
+                         f"({preset.max_len}): raise --max-tokens or run fewer ranks")
     return tokens // world.world_size
 
 
@@ -361,7 +363,9 @@ def start_or_resume(run: Run) -> tuple[int, float]:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
         except ValueError as e:  # --max-tokens, --seed, the data subset or the ranks changed
             raise SetupError(f"{last_path}: {e}; resume with the run's --max-tokens, --seed, --limit-train "
-                             f"and number of ranks, or start a new run") from e
+                             f"and number of ranks, or start a new run. (--max-tokens is the step's, all ranks "
+                             f"together; runs from before commit aab03bb saved it per rank: N saved on W ranks "
+                             f"resumes with --max-tokens N*W.)") from e
         step = ckpt.extra["step"]
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])

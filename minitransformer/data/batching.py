@@ -38,6 +38,7 @@ The masks are built here, once per batch, and the model expands them for each at
 
 ``max_tokens`` is per rank and step; the paper's 25,000 + 25,000 tokens per step were
 spread over 8 GPUs, i.e. ``max_tokens`` of about 3,100 with W = 8 (or 25,000 with W = 1).
+(train_wmt.py's ``--max-tokens`` is the step's: it gives each rank a W-th.)
 Everything depends only on (seed, epoch), so a run resumed from ``state_dict()`` sees
 exactly the batches it would have seen without the interruption.
 """

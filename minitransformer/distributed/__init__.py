@@ -1,8 +1,9 @@
 """Data-parallel training over MPI-launched ranks: NCCL on GPUs, MPI on CPUs.
 
-    world.py   init(device): rank, world size, local rank -> GPU, from the MPI launcher;
-               is_main_process(); every rank aborts when one raises (a SystemExit only
-               under run_main)
+    world.py   init(device): rank, world size, local rank -> GPU (on CPUs, a share of the
+               node's cores for each rank's BLAS), from the MPI launcher; is_main_process();
+               main_process_alone(world), for what rank 0 does while the others wait; every
+               rank aborts when one raises (a SystemExit only under run_main)
     comm.py    communicators: all_reduce (sync and async), broadcast, barrier, scalar reduce;
                NCCLCommunicator, MPICommunicator, LocalCommunicator (one process)
     grad_hooks.py  register_post_accumulate_grad_hook: a hook run once a leaf's gradient is
@@ -11,8 +12,8 @@
                overlaps backward, averaging by the global token count, agreed step skipping
 
 A program written against this package runs unchanged as one process (``python train.py``)
-and as N ranks (``mpiexec -n N python train.py``). MPI (the ``[mpi]`` extra: mpi4py and the
-``mpich`` wheel) is needed only for the latter.
+and as N ranks (``mpiexec -n N python train.py``). MPI (the ``[mpi]`` extra: mpi4py, the
+``mpich`` wheel, and threadpoolctl for the CPU cores' shares) is needed only for the latter.
 """
 
 from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator

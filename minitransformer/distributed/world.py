@@ -1,8 +1,7 @@
 """Who this process is: its rank, the world size, and its GPU, read from the MPI launcher.
 
     mpiexec -n 8 python examples/train_wmt.py --device cuda     8 ranks, one GPU each
-    mpiexec -n 2 -genv OMP_NUM_THREADS 1 python examples/train_wmt.py --device cpu
-                                                                 2 ranks on CPUs, a core each
+    mpiexec -n 2 python examples/train_wmt.py --device cpu      2 ranks on CPUs, half the cores each
     python examples/train_wmt.py --device cpu                    1 rank, no MPI needed
 
 Every copy of the program calls ``init(device)`` once, before it builds the model:
@@ -198,12 +197,14 @@ def _share_the_cores(local_rank: int, local_size: int) -> None:
         return
     share = max(1, _cores() // local_size)
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
-        if local_rank == 0:
-            log.warning("%d ranks share this node's %d CPU cores, and threadpoolctl is not installed "
-                        "to give each its share: pip install 'minitransformer[mpi]', or launch with "
-                        "mpiexec -n %d -genv OMP_NUM_THREADS %d ...", local_size, _cores(), local_size, share)
+        threadpool_info = None
+    if threadpool_info is None or not any(i["user_api"] == "blas" for i in threadpool_info()):
+        if local_rank == 0:  # no threadpoolctl, or one too old to know NumPy's BLAS
+            log.warning("%d ranks share this node's %d CPU cores, and threadpoolctl cannot give each "
+                        "its share: pip install 'minitransformer[mpi]', or set each rank's "
+                        "OMP_NUM_THREADS (mpiexec -genv OMP_NUM_THREADS %d ...)", local_size, _cores(), share)
         return
     threadpool_limits(share, user_api="blas")
     _shared_cores = True

@@ -13,17 +13,20 @@ from .. import backend
 def grad_norm(params) -> float:
     """sqrt(sum of squared gradient entries) over all parameters (inf or nan if any is).
 
-    Each parameter's sum of squares is a BLAS dot product of the gradient with itself, in its
-    own dtype (no squared copy); the sums stay on the device and are added there in float64:
-    one host sync, not one per parameter. A float32 sum overflows only for a norm beyond 1e19;
-    then the sums are redone in float64, so only a truly non-finite gradient reads as one."""
+    Each parameter's sum of squares is a BLAS dot product of the gradient with itself in
+    float32 (16-bit gradients are widened first), with no squared copy; the sums stay on the
+    device and are added there in float64: one host sync, not one per parameter. A float32 sum
+    overflows only for a norm beyond 1e19; then the sums are redone in float64, so only a truly
+    non-finite gradient reads as one."""
     grads = [p.grad.data.reshape(-1) for p in params if p.grad is not None]
     if not grads:
         return 0.0
     xp = backend.array_module_of(grads[0])
+    grads = [g.astype(np.float32) if g.dtype.itemsize < 4 else g for g in grads]
     total = float(xp.stack([xp.dot(g, g) for g in grads]).astype(np.float64).sum())
     if not math.isfinite(total):
-        total = float(xp.stack([xp.dot(g.astype(np.float64), g.astype(np.float64)) for g in grads]).sum())
+        wide = [g.astype(np.float64) for g in grads]
+        total = float(xp.stack([xp.dot(g, g) for g in wide]).sum())
     return math.sqrt(total)
 
 

@@ -242,5 +242,5 @@ def test_the_step_batch_is_shared_among_the_ranks():
     assert [train_wmt.rank_tokens(no_flag, preset, world(w)) for w in (1, 2, 4)] == [2500, 1250, 625]
     assert train_wmt.rank_tokens(types.SimpleNamespace(max_tokens=601), preset, world(2)) == 300
     assert train_wmt.PRESETS["wmt14-base"].max_tokens // 8 == 3125  # the paper's 25,000 on 8 GPUs
-    with pytest.raises(train_wmt.SetupError, match="cannot be shared among 4 ranks"):
-        train_wmt.rank_tokens(types.SimpleNamespace(max_tokens=3), preset, world(4))
+    with pytest.raises(train_wmt.SetupError, match="among 4 ranks gives each 99, fewer than the longest"):
+        train_wmt.rank_tokens(types.SimpleNamespace(max_tokens=399), preset, world(4))

@@ -73,3 +73,21 @@ def test_clip_grad_norm():
     np.testing.assert_allclose(b.grad.numpy(), gb / total, rtol=1e-6)
     a.grad = mt.tensor([np.nan, 0, 0])
     assert not math.isfinite(grad_norm([a, b]))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_grad_norm_neither_overflows_nor_loses_small_gradients(dtype):
+    """The sums of squares are float32 dot products (16-bit gradients widened first), redone in
+    float64 when they overflow: a float16 gradient of norm above 256, a float32 one above 1e19,
+    and one of norm 1e-4 all come out right; only a truly non-finite gradient reads as one."""
+    rng = np.random.default_rng()
+    big = 1e3 if dtype == "float16" else 1e20
+    for scale in (1e-4 / 30, 1.0, big):  # 1e-4: squares of 3e-6 are below float16's range
+        g = (rng.standard_normal(1000) * scale).astype(dtype)
+        p = mt.zeros(1000, requires_grad=True)
+        p.grad = mt.tensor(g)
+        exact = math.sqrt((g.astype(np.float64) ** 2).sum())
+        assert grad_norm([p]) == pytest.approx(exact, rel=1e-5)
+    g[3] = np.inf
+    p.grad = mt.tensor(g)
+    assert grad_norm([p]) == math.inf
