@@ -44,12 +44,10 @@ from pathlib import Path
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import nn
-from minitransformer.autograd import Function
-from minitransformer import distributed
+from minitransformer import distributed, nn, train
 from minitransformer.amp import PRECISIONS, scaler_for
+from minitransformer.autograd import Function
 from minitransformer.optim import Adam, grad_norm
-from minitransformer import train
 from minitransformer.train import compute_loss, train_step
 
 
@@ -95,10 +93,10 @@ def time_ours(args, world, data) -> list[float]:
         times.append(time.perf_counter() - start)
     if world.is_main:
         print(f"minitransformer: {model.num_parameters():,} parameters, {world.world_size} rank(s)")
-    if args.breakdown:
-        breakdown(args, world, model, opt, amp_dtype, scaler, data)
     if args.ops:
         op_times(args, world, ddp, model, opt, amp_dtype, scaler, data)
+    if args.breakdown:  # last: the DDP it adds hooks the model's gradients
+        breakdown(args, world, model, opt, amp_dtype, scaler, data)
     return times
 
 

@@ -28,8 +28,8 @@ data parallelism: a row's result does not depend on how many ranks ran the sweep
 equal share of the node's cores for its BLAS (``distributed.init``); one process trains them
 all. The ranks share ``--out-dir`` (one machine, or a shared filesystem). A row whose
 result.json exists is skipped, and an interrupted row resumes from its last checkpoint, so a
-stopped sweep continues where it was. Rank 0 writes table.md (laid out as Table 3: the base row, then only the settings
-each row changes), table.json and ablations.png.
+stopped sweep continues where it was. Rank 0 writes table.md (laid out as Table 3: the base
+row, then only the settings each row changes), table.json and ablations.png.
 """
 
 from __future__ import annotations
