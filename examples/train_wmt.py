@@ -164,9 +164,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load_data(args, preset: Preset, world, with_test: bool = True):
     """(train, val, test, tokenizer); test is None unless ``with_test``."""
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
-    if world.is_main:
-        ensure_dataset(preset.corpus, data_dir)
-    world.comm.barrier()
+    with distributed.main_process_alone(world) as main:
+        if main:
+            ensure_dataset(preset.corpus, data_dir)
     train = data.load_corpus(preset.corpus, data_dir, "train")
     if args.limit_train:
         train = train.subset(range(min(args.limit_train, len(train))))
@@ -181,10 +181,10 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
-    if world.is_main:  # rank 0 trains (or finds) the vocabulary, the others then load it
-        tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
-    world.comm.barrier()
-    if not world.is_main:
+    with distributed.main_process_alone(world) as main:
+        if main:  # rank 0 trains (or finds) the vocabulary, the others then load it
+            tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
+    if not main:
         tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
     return train, val, test, tok
 
