@@ -8,7 +8,9 @@ Every combination beam-searches the whole validation split and is scored with sa
 table also gives the length ratio (hypotheses over references), since a ratio below 1 costs
 the brevity penalty exp(1 - 1/ratio). The test split is never read here: settings are chosen
 on validation, and the test set gives the final figure once (train_wmt.py's --beam, --alpha
-and --average-last apply them). The table goes to stdout and to <run>/decoding_sweep.json.
+and --average-last apply them). The table goes to stdout and into <run>/decoding_sweep.json,
+which keeps the rows of earlier sweeps of the run (a setting swept again replaces its row), so
+that a grid built over several calls stays in one file.
 
 The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
 --average-last of them, so train with an --average-last at least as large as the largest --average here. A finished run
@@ -86,9 +88,23 @@ def main(argv=None) -> list[dict]:
     best = max(rows, key=lambda r: r["bleu"])
     print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
           f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")
-    with atomic_write(os.path.join(args.run, "decoding_sweep.json")) as f:
-        json.dump(rows, f, indent=2)
+    save_rows(os.path.join(args.run, "decoding_sweep.json"), rows)
     return rows
+
+
+def save_rows(path: str, rows: list[dict]) -> None:
+    """Merge ``rows`` into the sweep file at ``path``: a row of the same checkpoints, beam, alpha
+    and sentence count replaces the earlier one; the others stay, in their order."""
+    def key(row):
+        return tuple(row[k] for k in ("first", "last", "average", "beam", "alpha", "sentences"))
+
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = {key(r): r for r in json.load(f)}
+    kept.update((key(r), r) for r in rows)
+    with atomic_write(path) as f:
+        json.dump(list(kept.values()), f, indent=2)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,17 @@ def test_each_row_is_the_averaged_model_decoded_and_scored(run_with_checkpoints,
     assert f"average {best['average']}, beam {best['beam']}, alpha {best['alpha']}" in capsys.readouterr().out
 
 
+def test_a_second_sweep_adds_its_rows_to_the_file(run_with_checkpoints):
+    run, corpus = run_with_checkpoints
+    sweep = ["--run", str(run), "--data-dir", str(corpus), "--average", "2", "--beam", "2"]
+    first = tune_decoding.main(sweep + ["--alpha", "0.6,1.0"])
+    second = tune_decoding.main(sweep + ["--alpha", "1.0,2.0"])  # 1.0 again: its row is replaced
+    saved = json.loads((run / "decoding_sweep.json").read_text())
+    assert [r["alpha"] for r in saved] == [0.6, 1.0, 2.0]
+    assert saved == [first[0], second[0], second[1]]
+    assert second[0]["seconds"] != first[1]["seconds"]  # the second sweep's row, not the first's
+
+
 def test_more_checkpoints_than_the_run_kept_is_one_line(run_with_checkpoints):
     run, corpus = run_with_checkpoints
     with pytest.raises(SystemExit, match="--average 4, but .* keeps 3 step checkpoints"):
