@@ -16,8 +16,9 @@ Fixed ids, whatever the vocabulary size, so every layer can name them:
     BOS_ID = 2   first decoder input (the batcher puts it in front of each target)
     EOS_ID = 3   ends every source and target sequence; decoding stops at it
 
-Sizes: ``PRESETS["multi30k"]`` uses 8,000 pieces (29,000 short caption pairs: a larger
-vocabulary leaves most pieces too rare to learn), ``PRESETS["wmt14"]`` 37,000 as in the
+Sizes: ``PRESETS["multi30k"]`` uses 8,000 pieces (29,000 short caption pairs; in the main
+job's hour 4,000 and 16,000 both scored lower on validation: benchmarks/RESULTS.md),
+``PRESETS["wmt14"]`` 37,000 as in the
 paper, trained on a 4M-sentence random sample of the 9M training sentences (both sides),
 which sentencepiece draws itself.
 
