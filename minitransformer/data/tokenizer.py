@@ -18,9 +18,8 @@ Fixed ids, whatever the vocabulary size, so every layer can name them:
 
 Sizes: ``PRESETS["multi30k"]`` uses 8,000 pieces (29,000 short caption pairs; in the main
 job's hour 4,000 and 16,000 both scored lower on validation: benchmarks/RESULTS.md),
-``PRESETS["wmt14"]`` 37,000 as in the
-paper, trained on a 4M-sentence random sample of the 9M training sentences (both sides),
-which sentencepiece draws itself.
+``PRESETS["wmt14"]`` 37,000 as in the paper, trained on a 4M-sentence random sample of the
+9M training sentences (both sides), which sentencepiece draws itself.
 
 ``load_or_train`` caches the model beside the data, in a file named by a fingerprint of the
 settings and of the training sentences, so changing ``vocab_size`` (or the data) trains a
