@@ -374,11 +374,8 @@ def main(argv=None) -> None:
     if args.breakdown and world.world_size > 1:
         p.error("--breakdown times the phases of a one-rank step: run it without mpiexec")
     if args.data_dir:
-        with distributed.main_process_alone(world) as main:
-            if main:  # the BPE vocabulary, trained once if --cache-dir has none
-                data = multi30k_batches(args)
-        if not main:
-            data = multi30k_batches(args)
+        # Rank 0 first: it trains the BPE vocabulary if --cache-dir has none, the others load it.
+        data = distributed.main_process_first(world, lambda: multi30k_batches(args))
         tokens = statistics.fmean(src.size + tgt.size for src, tgt, _ in data[args.warmup:])
         shape = f"Multi30k batches of the multi30k preset (mean {tokens:.0f} tokens, padding included)"
     else:

@@ -181,11 +181,8 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
-    with distributed.main_process_alone(world) as main:
-        if main:  # rank 0 trains (or finds) the vocabulary, the others then load it
-            tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
-    if not main:
-        tok = data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg)
+    tok = distributed.main_process_first(  # rank 0 trains (or finds) the vocabulary, the others load it
+        world, lambda: data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg))
     return train, val, test, tok
 
 
@@ -314,11 +311,12 @@ def rank_tokens(args, preset: Preset, world) -> int:
     """Tokens a side in each rank's batch: its share of the step's (--max-tokens or the preset's),
     so that a step is the same batch whatever the number of ranks, and so is the schedule."""
     tokens = args.max_tokens or preset.max_tokens
-    if tokens // world.world_size < preset.max_len:
+    share = tokens // world.world_size
+    if share < preset.max_len:
         raise SetupError(f"--max-tokens {tokens} shared among {world.world_size} ranks gives each "
-                         f"{tokens // world.world_size}, fewer than the longest sentence the preset keeps "
+                         f"{share}, fewer than the longest sentence the preset keeps "
                          f"({preset.max_len}): raise --max-tokens or run fewer ranks")
-    return tokens // world.world_size
+    return share
 
 
 def prepare(args, preset: Preset, world, train, val, tok) -> Run:

@@ -2,7 +2,8 @@
 
     world.py   init(device): rank, world size, local rank -> GPU (on CPUs, a share of the
                node's cores for each rank's BLAS), from the MPI launcher; is_main_process();
-               main_process_alone(world), for what rank 0 does while the others wait; every
+               main_process_alone(world), for what rank 0 does while the others wait, and
+               main_process_first(world, fn), for what rank 0 caches for them; every
                rank aborts when one raises (a SystemExit only under run_main)
     comm.py    communicators: all_reduce (sync and async), broadcast, barrier, scalar reduce;
                NCCLCommunicator, MPICommunicator, LocalCommunicator (one process)
@@ -28,6 +29,7 @@ from .world import (
     is_main_process,
     launched_by_mpi,
     main_process_alone,
+    main_process_first,
     run_main,
 )
 
@@ -35,5 +37,5 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES", "Bucket", "Communicator", "DistributedDataParallel",
     "LocalCommunicator", "MPICommunicator", "NCCLCommunicator", "StepStats", "World",
     "get_rank", "get_world", "get_world_size", "init", "is_main_process", "launched_by_mpi",
-    "main_process_alone", "register_post_accumulate_grad_hook", "run_main",
+    "main_process_alone", "main_process_first", "register_post_accumulate_grad_hook", "run_main",
 ]

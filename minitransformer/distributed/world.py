@@ -232,6 +232,15 @@ def main_process_alone(world: World):
         world.comm.barrier()
 
 
+def main_process_first(world: World, fn):
+    """``fn()`` on every rank, rank 0 first and alone (with every core, as above), then the
+    others: for work whose result rank 0 leaves on disk for them, such as a trained vocabulary."""
+    with main_process_alone(world) as main:
+        if main:
+            return fn()
+    return fn()
+
+
 def _mpi():
     try:
         from mpi4py import MPI

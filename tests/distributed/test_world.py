@@ -39,6 +39,12 @@ def test_a_lone_process_works_alone_as_it_is(lone_process):
         assert main
 
 
+def test_a_lone_process_runs_main_process_first_once(lone_process):
+    calls = []
+    assert dist.main_process_first(dist.init("cpu"), lambda: calls.append(1) or "result") == "result"
+    assert calls == [1]
+
+
 def test_backend_and_device_must_match(lone_process):
     with pytest.raises(ValueError, match="does not serve device"):
         dist.init("cpu", "nccl")
