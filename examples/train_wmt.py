@@ -145,6 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
     p.add_argument("--dropout", type=float, help="P_drop of section 5.4 (preset)")
+    p.add_argument("--label-smoothing", type=float, help="epsilon_ls of section 5.4 (preset)")
     p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
@@ -201,7 +202,8 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
 
 
 def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
-    """The preset's model, with --d-model (and d_ff = 4 d_model), --layers and --dropout applied."""
+    """The preset's model, with --d-model (and d_ff = 4 d_model), --layers, --dropout and
+    --label-smoothing applied."""
     params = dict(preset.model)
     if args.d_model:
         params.update(d_model=args.d_model, d_ff=4 * args.d_model)
@@ -209,6 +211,8 @@ def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
         params.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
     if args.dropout is not None:
         params.update(dropout=args.dropout)
+    if args.label_smoothing is not None:
+        params.update(label_smoothing=args.label_smoothing)
     return nn.TransformerConfig(vocab_size=vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
                                 eos_id=data.EOS_ID, **params)
 
@@ -519,7 +523,8 @@ def check_resume_flags(args, preset: Preset) -> dict:
     saved = meta.config or {}
     now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
     for flag, key in (("--d-model", "d_model"), ("--layers", "num_encoder_layers"),
-                      ("--layers", "num_decoder_layers"), ("--dropout", "dropout")):
+                      ("--layers", "num_decoder_layers"), ("--dropout", "dropout"),
+                      ("--label-smoothing", "label_smoothing")):
         if key in saved and saved[key] != now[key]:
             raise SystemExit(f"error: {path} holds a model with {flag} {saved[key]}, but these settings give "
                              f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")

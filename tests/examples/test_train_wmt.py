@@ -142,6 +142,8 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--layers", "2"])
     with pytest.raises(SystemExit, match="--dropout 0.1, but these settings give 0.3"):
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--dropout", "0.3"])
+    with pytest.raises(SystemExit, match="--label-smoothing 0.1, but these settings give 0.2"):
+        train_wmt.main(args + ["--max-steps", "9", "--resume", "--label-smoothing", "0.2"])
 
     # A checkpoint to be averaged, cut short (a full disk); and a write that a kill interrupted.
     ckpt = tmp_path / "ckpt-3.npz"
@@ -199,12 +201,13 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, monkey
 
 def test_model_flags_override_the_preset():
     preset = train_wmt.PRESETS["multi30k"]
-    config = train_wmt.model_config(train_wmt.parse_args(["--d-model", "64", "--layers", "2", "--dropout", "0.3"]),
-                                    preset, vocab_size=100)
-    assert (config.d_model, config.d_ff, config.num_encoder_layers, config.num_decoder_layers, config.dropout) == (
-        64, 256, 2, 2, 0.3)
+    config = train_wmt.model_config(train_wmt.parse_args(["--d-model", "64", "--layers", "2", "--dropout", "0.3",
+                                                          "--label-smoothing", "0.2"]), preset, vocab_size=100)
+    assert (config.d_model, config.d_ff, config.num_encoder_layers, config.num_decoder_layers, config.dropout,
+            config.label_smoothing) == (64, 256, 2, 2, 0.3, 0.2)
     default = train_wmt.model_config(train_wmt.parse_args([]), preset, vocab_size=100)
-    assert (default.d_model, default.dropout) == (preset.model["d_model"], preset.model["dropout"])
+    assert (default.d_model, default.dropout, default.label_smoothing) == (
+        preset.model["d_model"], preset.model["dropout"], preset.model["label_smoothing"])
 
 
 def test_a_validation_that_spends_the_budget_ends_training_at_its_checkpoint(tmp_path, monkeypatch, caplog):
