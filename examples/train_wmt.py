@@ -453,7 +453,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if step % budget.eval_every == 0 or done:
             with distributed.main_process_alone(world) as main:
                 if main:
-                    validate_and_save(run, step, start)
+                    validate_and_save(run, step, start, supersede=budget.eval_every // 2 if done else 0)
             if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
                 done = late = True         # not one step later with a near copy of it
         if done:
@@ -466,7 +466,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if main:
             saved = checkpoints(args.out_dir)
             if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
-                validate_and_save(run, step, start)
+                validate_and_save(run, step, start, supersede=budget.eval_every // 2)
                 seconds = time.perf_counter() - start
             log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
@@ -583,9 +583,11 @@ def truncate_log(log_path: str, step: int) -> None:
         f.writelines(rows)
 
 
-def validate_and_save(run: Run, step: int, start: float) -> None:
+def validate_and_save(run: Run, step: int, start: float, supersede: int = 0) -> None:
     """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
-    the checkpoint's time trained includes this validation, as the budget does."""
+    the checkpoint's time trained includes this validation, as the budget does. The checkpoint
+    replaces the one before it if that is fewer than ``supersede`` steps older: a run stopped by
+    its time budget shortly after a checkpoint would otherwise average a near copy twice."""
     args = run.args
     seconds = time.perf_counter() - start
     loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
@@ -608,7 +610,12 @@ def validate_and_save(run: Run, step: int, start: float) -> None:
     save_checkpoint(os.path.join(args.out_dir, "last.npz"), run.model, run.optimizer, run.schedule,
                     extra=extra, scaler=run.scaler)
     save_checkpoint(os.path.join(args.out_dir, f"ckpt-{step}.npz"), run.model, extra=extra)
-    for old in checkpoints(args.out_dir)[:-average_last(args)]:
+    saved = checkpoints(args.out_dir)
+    if len(saved) > 1 and step - checkpoint_step(saved[-2]) < supersede:
+        log.info("%s replaces %s, %d steps older", os.path.basename(saved[-1]), os.path.basename(saved[-2]),
+                 step - checkpoint_step(saved[-2]))
+        os.remove(saved.pop(-2))
+    for old in saved[:-average_last(args)]:
         os.remove(old)
 
 

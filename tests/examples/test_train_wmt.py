@@ -236,6 +236,16 @@ def test_a_validation_that_spends_the_budget_ends_training_at_its_checkpoint(tmp
     assert sorted(losses(tmp_path)) == [1, 2]
 
 
+def test_a_stop_just_after_a_checkpoint_replaces_it_rather_than_averaging_a_near_copy(tmp_path):
+    """The last checkpoint, written where training stops, replaces the regular one before it when
+    that is less than half a checkpoint interval older, and joins the others when it is not."""
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--eval-every", "4", "--average-last", "3"]
+    near = train_wmt.main(args + ["--out-dir", str(tmp_path / "near"), "--max-steps", "9"])
+    assert near["averaged"] == ["ckpt-4.npz", "ckpt-9.npz"]
+    far = train_wmt.main(args + ["--out-dir", str(tmp_path / "far"), "--max-steps", "11"])
+    assert far["averaged"] == ["ckpt-4.npz", "ckpt-8.npz", "ckpt-11.npz"]
+
+
 def test_the_step_batch_is_shared_among_the_ranks():
     """--max-tokens (or the preset's) is the step's batch: each of W ranks batches a W-th of it,
     so the step, and the schedule tuned for it, do not change with the number of ranks."""
