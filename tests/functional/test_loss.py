@@ -131,6 +131,14 @@ def test_a_retained_graph_backwards_twice_through_the_loss(reduction):
     fresh = randn("cpu", 6, 9, seed=2)
     F.cross_entropy(fresh, target, label_smoothing=0.1, ignore_index=0, reduction=reduction).backward()
     np.testing.assert_allclose(logits.grad.numpy(), 2.5 * fresh.grad.numpy(), rtol=1e-12)
+    # An upstream gradient of exactly 1 (a summed loss under data parallelism) skips the scaling
+    # pass; the bookkeeping must still hold for a backward after it.
+    again = randn("cpu", 6, 9, seed=2)
+    loss2 = F.cross_entropy(again, target, label_smoothing=0.1, ignore_index=0, reduction=reduction)
+    loss2.backward(retain_graph=True)
+    np.testing.assert_allclose(again.grad.numpy(), fresh.grad.numpy(), rtol=1e-12)
+    (loss2 * 3.0).backward(retain_graph=True)
+    np.testing.assert_allclose(again.grad.numpy(), 4.0 * fresh.grad.numpy(), rtol=1e-12)
     (loss * 0.0).backward(retain_graph=True)  # zeroes the saved gradient: no later backward can undo it
     with pytest.raises(RuntimeError, match="cannot undo"):
         loss.backward()
