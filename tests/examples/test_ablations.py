@@ -39,12 +39,12 @@ def sweep(out_dir, *launcher, timeout=300) -> subprocess.CompletedProcess:
 
 
 def test_rows_named_by_group_or_name_and_refused_with_one_line(capsys):
-    rows = ablations.table_rows(ablations.PRESET.model)
+    rows = ablations.table_rows(ablations.BASE)
     assert [r.name for r in ablations.select("base,A1,E", rows)] == ["base", "A1", "E1"]
     assert [r.name for r in ablations.select("D", rows)] == ["base", "D1", "D2", "D3", "D4"]  # base comes along
     a = {r.name: r.changes for r in rows if r.group == "A"}
     assert a == {"A1": {"h": 1}, "A2": {"h": 2}, "A3": {"h": 8}, "A4": {"h": 16}}  # d_k = d_v = d_model / h
-    a1 = ablations.settings(ablations.row_config(ablations.PRESET.model, rows[1], 100))
+    a1 = ablations.settings(ablations.row_config(ablations.BASE, rows[1], 100))
     assert (a1["h"], a1["d_k"], a1["d_v"]) == (1, 256, 256)
     assert {r.name: r.changes for r in rows if r.group == "B"}["B1"] == {"d_k": 32, "d_v": 64}
 

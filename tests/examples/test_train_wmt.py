@@ -140,10 +140,11 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
     one_line_error(e)
     with pytest.raises(SystemExit, match="--layers 1, but these settings give 2"):
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--layers", "2"])
-    with pytest.raises(SystemExit, match="--dropout 0.1, but these settings give 0.3"):
+    model = train_wmt.PRESETS["multi30k"].model  # the run's P_drop and eps_ls
+    with pytest.raises(SystemExit, match=f"--dropout {model['dropout']}, but these settings give 0.3"):
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--dropout", "0.3"])
-    with pytest.raises(SystemExit, match="--label-smoothing 0.1, but these settings give 0.2"):
-        train_wmt.main(args + ["--max-steps", "9", "--resume", "--label-smoothing", "0.2"])
+    with pytest.raises(SystemExit, match=f"--label-smoothing {model['label_smoothing']}, but these settings give 0.3"):
+        train_wmt.main(args + ["--max-steps", "9", "--resume", "--label-smoothing", "0.3"])
 
     # A checkpoint to be averaged, cut short (a full disk); and a write that a kill interrupted.
     ckpt = tmp_path / "ckpt-3.npz"
