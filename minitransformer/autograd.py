@@ -20,9 +20,7 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
    ``backward``. A gradient whose shape differs from its input's was broadcast in the forward
    pass, so it is summed back to the input's shape here, once for every op.
 3. Leaves (tensors created by the user with ``requires_grad=True``) accumulate into ``.grad``.
-   Each leaf's ``.grad`` owns its memory, so an optimiser may update it in place: a new array,
-   or the one ``set_grad_buffer`` gave the leaf (data parallelism's place for it in the flat
-   buffer that it all-reduces, so that the gradient is written there once, not copied).
+   Each leaf's ``.grad`` owns its memory, so an optimiser may update it in place.
 4. Unless ``retain_graph=True``, each context drops its inputs and saved arrays as soon as it
    has been used, so the graph of one training step is freed before the next one starts.
 5. Whoever registered with ``add_walk_observer`` hears of each context as the walk finishes it:
@@ -33,7 +31,6 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import numpy as np
 
@@ -254,43 +251,13 @@ _FREED = (
 
 
 def _accumulate(leaf: Tensor, g) -> None:
-    entry = _grad_buffers.get(id(leaf))
-    buf = entry[1] if entry is not None else None
     if leaf.grad is None:
         # Copied: ops like add pass their incoming gradient through unchanged, so ``g`` may
         # still be waiting to flow into another node; an optimiser or hook that updates
         # .grad in place must not change it.
-        if buf is None:
-            leaf.grad = Tensor(g.copy())
-        else:
-            buf[...] = g
-            leaf.grad = Tensor(buf)
-    elif buf is not None and leaf.grad.data is buf:
-        buf += g
+        leaf.grad = Tensor(g.copy())
     else:
         leaf.grad = Tensor(leaf.grad.data + g)
-
-
-_grad_buffers: dict[int, tuple[weakref.ref, object]] = {}  # id(leaf) -> (weak reference, array)
-
-
-def set_grad_buffer(leaf: Tensor, buffer) -> None:
-    """From now on ``leaf.grad`` is accumulated in ``buffer`` (an array of the leaf's shape, dtype
-    and device) whenever backward finds it None (PyTorch DDP's ``gradient_as_bucket_view``).
-    The next backward overwrites it, so a ``.grad`` kept across steps must be copied. ``None``
-    as ``buffer`` returns the leaf to a new array per backward."""
-    if leaf._ctx is not None:
-        raise RuntimeError(f"a gradient buffer belongs to a leaf tensor, not to the output of "
-                           f"{leaf._ctx.fn.__name__}")
-    key = id(leaf)
-    if buffer is None:
-        _grad_buffers.pop(key, None)
-        return
-    if tuple(buffer.shape) != leaf.shape or buffer.dtype != leaf.dtype or device_of(buffer) != leaf.device:
-        raise ValueError(f"gradient buffer of shape {tuple(buffer.shape)}, {buffer.dtype} on {device_of(buffer)} "
-                         f"for a leaf of shape {leaf.shape}, {leaf.dtype} on {leaf.device}")
-    # Keyed by id, not by the tensor (whose == is elementwise); the entry goes with the leaf.
-    _grad_buffers[key] = (weakref.ref(leaf, lambda _, bufs=_grad_buffers: bufs.pop(key, None)), buffer)
 
 
 # --------------------------------------------------------------------------- observers

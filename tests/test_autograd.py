@@ -54,40 +54,6 @@ def test_leaf_grads_own_their_memory(device):
     np.testing.assert_allclose(b.grad.numpy(), np.ones(3))  # ...must not touch the other
 
 
-def test_a_grad_buffer_receives_the_gradient_and_owns_it(device):
-    """set_grad_buffer: backward writes .grad into the given array (summing a leaf's uses there),
-    a later backward adds to it, and the incoming gradient that Add shares is not touched."""
-    xp = backend.get_array_module(device)
-    a, b = randn(device, 3, seed=5), randn(device, 3, seed=6)
-    buf = xp.full(3, 123.0)  # stale values: the first backward overwrites them
-    mt.autograd.set_grad_buffer(a, buf)
-    ((a + b) + a * 2.0).sum().backward()
-    assert a.grad.data is buf
-    np.testing.assert_allclose(backend.to_device(buf, "cpu"), np.full(3, 3.0))
-    np.testing.assert_allclose(b.grad.numpy(), np.ones(3))
-    (a * 4.0).sum().backward()  # accumulates, in place
-    assert a.grad.data is buf
-    np.testing.assert_allclose(a.grad.numpy(), np.full(3, 7.0))
-    a.grad = None
-    mt.autograd.set_grad_buffer(a, None)
-    (a * 1.0).sum().backward()
-    assert a.grad.data is not buf and float(buf[0]) == 7.0
-    with pytest.raises(ValueError, match=r"shape \(2,\).*leaf of shape \(3,\)"):
-        mt.autograd.set_grad_buffer(a, xp.zeros(2))
-    with pytest.raises(RuntimeError, match="leaf"):
-        mt.autograd.set_grad_buffer(a * 2.0, xp.zeros(3))
-
-
-def test_a_grad_buffer_is_forgotten_with_its_leaf():
-    x = mt.randn(4, requires_grad=True)
-    key = id(x)
-    mt.autograd.set_grad_buffer(x, np.zeros(4, dtype=x.dtype))
-    assert key in mt.autograd._grad_buffers
-    del x
-    gc.collect()
-    assert key not in mt.autograd._grad_buffers
-
-
 def test_backward_on_non_scalar_needs_a_gradient(device):
     x = randn(device, 2, 3)
     y = x * 2.0

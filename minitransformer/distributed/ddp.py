@@ -54,12 +54,8 @@ earlier layers. Buckets start strictly in the order b0, b1, b2...: collectives m
 the same order on every rank, and the order in which gradients become ready may differ between
 ranks (a parameter unused on one rank), so the layout fixes the order, not the timing.
 ``reduce_gradients`` writes what backward did not produce (zeros for unused parameters), starts
-the remaining buckets and waits for all of them.
-
-Each parameter's place in the flat buffer is also its gradient buffer (``autograd.set_grad_buffer``,
-PyTorch's ``gradient_as_bucket_view``): backward accumulates the gradient there directly, so
-it is written once and never copied into the bucket, and after ``reduce_gradients`` each
-``.grad`` is that view. A ``.grad`` kept from one step to the next must therefore be copied.
+the remaining buckets and waits for all of them. Each ``.grad`` is then a view into the flat
+buffer, not a copy.
 
 Agreement between ranks
 -----------------------
@@ -80,7 +76,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import autograd, backend
+from .. import backend
 from ..tensor import Tensor
 from .grad_hooks import register_post_accumulate_grad_hook
 from .world import World, get_world
@@ -138,8 +134,6 @@ class DistributedDataParallel:
             raise ValueError(f"parameters are on {self.device} but the {self.comm.backend_name} "
                              f"communicator works on {self.comm.device}")
         self._build_layout(bucket_bytes)
-        for p, view in zip(self.params, self._views):
-            autograd.set_grad_buffer(p, view)
         self._no_sync = False
         self._start_step()
         self.broadcast_parameters()
@@ -213,7 +207,7 @@ class DistributedDataParallel:
         grad, view = self.params[i].grad, self._views[i]
         if grad is None:  # not used in this step's graph
             view[...] = 0
-        elif grad.data is not view:  # a .grad that backward did not accumulate (set by hand)
+        elif grad.data is not view:
             view[...] = grad.data
         self._written[i] = True
         for b in self._buckets_of[i]:

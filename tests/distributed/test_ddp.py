@@ -131,26 +131,6 @@ def test_accumulation_under_no_sync_and_the_error_without_it():
         linear_loss([p], [cs[1]]).backward()
 
 
-def test_backward_writes_each_gradient_into_its_bucket_once():
-    """A parameter's place in the flat buffer is its gradient buffer: backward accumulates there
-    (a weight used twice included), and the bucket needs no copy."""
-    w, b = mt.randn(4, 4, requires_grad=True), mt.randn(4, requires_grad=True)
-    ddp, _ = make_ddp([w, b], bucket_bytes=1024)
-    x = mt.randn(3, 4)
-    h = mt.functional.linear(x, w, b)
-    (mt.functional.linear(h, w) * mt.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))).sum().backward()
-    assert w.grad.data is ddp._views[0] and b.grad.data is ddp._views[1]
-    expected = [p.grad.numpy().copy() for p in (w, b)]
-    w2, b2 = (mt.tensor(p.numpy(), requires_grad=True) for p in (w, b))  # the same without DDP
-    h2 = mt.functional.linear(x, w2, b2)
-    (mt.functional.linear(h2, w2) * mt.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))).sum().backward()
-    np.testing.assert_allclose(expected[0], w2.grad.numpy(), rtol=1e-6)
-    np.testing.assert_allclose(expected[1], b2.grad.numpy(), rtol=1e-6)
-    ddp.reduce_gradients(2)
-    assert w.grad.data is ddp._views[0]
-    np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy() / 2, rtol=1e-6)
-
-
 def test_unused_parameter_gets_zero_and_nonfinite_step_clears_grads():
     used, unused = mt.randn(3, requires_grad=True), mt.randn(2, requires_grad=True)
     ddp, _ = make_ddp([used, unused], bucket_bytes=8)
