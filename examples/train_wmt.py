@@ -63,8 +63,8 @@ class Preset:
 
 PRESETS = {
     # Sized for a 2-core CPU and an hour, everything chosen on the validation split
-    # (benchmarks/RESULTS.md): a 3+3-layer model of d_model 128 with P_drop 0.2 trains 2.4 times
-    # as many steps as one of d_model 256, which overfits Multi30k within the hour; beam 8 and
+    # (benchmarks/RESULTS.md): a 3+3-layer model of d_model 128 with P_drop 0.2 fits 2.3 times
+    # as many steps into it as one of d_model 256, which overfits Multi30k within the hour; beam 8 and
     # alpha 2.0 (examples/tune_decoding.py), as these models' translations run short. The time
     # budget, not the epochs, ends the run.
     "multi30k": Preset("multi30k", "multi30k",
@@ -587,8 +587,8 @@ def truncate_log(log_path: str, step: int) -> None:
 def validate_and_save(run: Run, step: int, start: float, supersede: int = 0) -> None:
     """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
     the checkpoint's time trained includes this validation, as the budget does. The checkpoint
-    replaces the one before it if that is fewer than ``supersede`` steps older: a run stopped by
-    its time budget shortly after a checkpoint would otherwise average a near copy twice."""
+    replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
+    shortly after a checkpoint (its time budget, --max-steps) would otherwise average a near copy."""
     args = run.args
     seconds = time.perf_counter() - start
     loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)

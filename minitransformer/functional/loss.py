@@ -102,9 +102,10 @@ class CrossEntropy(Function):
         # Scaled in place, as a new (N, V) array would cost more than the product itself; the
         # factor applied is kept, so that a retained graph's second backward rescales it.
         # (No backward in the package changes the gradient it is handed, which this relies on.)
-        # A summed loss backpropagated as it is (data parallelism) hands down exactly 1: no pass.
+        # A summed loss backpropagated as it is (data parallelism) hands down exactly 1: no pass
+        # (on the CPU; on a GPU reading g would wait for the device, and the pass is cheap).
         if ctx.applied is None:
-            if not (g.size == 1 and float(g) == 1.0):
+            if not (g.size == 1 and backend.device_of(g) == "cpu" and float(g) == 1.0):
                 grad *= g
         elif ctx.applied == 0 or not backend.array_module_of(grad).isfinite(ctx.applied):
             raise RuntimeError(f"cross_entropy: the first backward scaled the saved gradient by "
