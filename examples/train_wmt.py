@@ -144,6 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit-test", type=int, help="translate only the first N test sentences")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
     p.add_argument("--d-model", type=int, help="d_model; also sets d_ff to 4 * d_model")
+    p.add_argument("--d-ff", type=int, help="d_ff, the inner width of the feed-forward layers (preset, or "
+                   "4 * --d-model)")
     p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
     p.add_argument("--dropout", type=float, help="P_drop of section 5.4 (preset)")
     p.add_argument("--label-smoothing", type=float, help="epsilon_ls of section 5.4 (preset)")
@@ -203,11 +205,13 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
 
 
 def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
-    """The preset's model, with --d-model (and d_ff = 4 d_model), --layers, --dropout and
+    """The preset's model, with --d-model (and d_ff = 4 d_model), --d-ff, --layers, --dropout and
     --label-smoothing applied."""
     params = dict(preset.model)
     if args.d_model:
         params.update(d_model=args.d_model, d_ff=4 * args.d_model)
+    if args.d_ff:
+        params.update(d_ff=args.d_ff)
     if args.layers:
         params.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
     if args.dropout is not None:
@@ -523,7 +527,7 @@ def check_resume_flags(args, preset: Preset) -> dict:
     meta = load_checkpoint(path, metadata_only=True)
     saved = meta.config or {}
     now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
-    for flag, key in (("--d-model", "d_model"), ("--layers", "num_encoder_layers"),
+    for flag, key in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--layers", "num_encoder_layers"),
                       ("--layers", "num_decoder_layers"), ("--dropout", "dropout"),
                       ("--label-smoothing", "label_smoothing")):
         if key in saved and saved[key] != now[key]:

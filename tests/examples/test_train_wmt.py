@@ -138,6 +138,8 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
     with pytest.raises(SystemExit, match="--d-model 32, but these settings give 48") as e:
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--d-model", "48"])
     one_line_error(e)
+    with pytest.raises(SystemExit, match="--d-ff 128, but these settings give 96"):  # SMALL's d_ff: 4 * 32
+        train_wmt.main(args + ["--max-steps", "9", "--resume", "--d-ff", "96"])
     with pytest.raises(SystemExit, match="--layers 1, but these settings give 2"):
         train_wmt.main(args + ["--max-steps", "9", "--resume", "--layers", "2"])
     model = train_wmt.PRESETS["multi30k"].model  # the run's P_drop and eps_ls
@@ -206,6 +208,8 @@ def test_model_flags_override_the_preset():
                                                           "--label-smoothing", "0.2"]), preset, vocab_size=100)
     assert (config.d_model, config.d_ff, config.num_encoder_layers, config.num_decoder_layers, config.dropout,
             config.label_smoothing) == (64, 256, 2, 2, 0.3, 0.2)
+    narrow = train_wmt.model_config(train_wmt.parse_args(["--d-model", "64", "--d-ff", "128"]), preset, vocab_size=100)
+    assert (narrow.d_model, narrow.d_ff) == (64, 128)
     default = train_wmt.model_config(train_wmt.parse_args([]), preset, vocab_size=100)
     assert (default.d_model, default.dropout, default.label_smoothing) == (
         preset.model["d_model"], preset.model["dropout"], preset.model["label_smoothing"])
