@@ -425,6 +425,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
                         "to train it further", budget.seconds / 60)
         return step, history_s
     progress = progress_bar(run, step, budget)
+    near_copy = budget.eval_every // 2  # a checkpoint this close to the one before replaces it
     rate = TokenRate()
     stop_reason, skipped_in_a_row = "epochs", 0
     for batch in run.batcher:
@@ -458,7 +459,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if step % budget.eval_every == 0 or done:
             with distributed.main_process_alone(world) as main:
                 if main:
-                    validate_and_save(run, step, start, supersede=budget.eval_every // 2 if done else 0)
+                    validate_and_save(run, step, start, supersede=near_copy)
             if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
                 done = late = True         # not one step later with a near copy of it
         if done:
@@ -471,7 +472,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if main:
             saved = checkpoints(args.out_dir)
             if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
-                validate_and_save(run, step, start, supersede=budget.eval_every // 2)
+                validate_and_save(run, step, start, supersede=near_copy)
                 seconds = time.perf_counter() - start
             log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
@@ -592,7 +593,8 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0) -> 
     """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
     the checkpoint's time trained includes this validation, as the budget does. The checkpoint
     replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
-    shortly after a checkpoint (its time budget, --max-steps) would otherwise average a near copy."""
+    shortly after a checkpoint (its time budget, --max-steps), or resumes shortly before one,
+    would otherwise average a near copy. Regular checkpoints, an interval apart, are all kept."""
     args = run.args
     seconds = time.perf_counter() - start
     loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
