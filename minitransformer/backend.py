@@ -160,6 +160,24 @@ def index_add(target, index, values) -> None:
         cupyx.scatter_add(target, index, values)
 
 
+def check_ids(ids, n: int, what: str, live=None) -> None:
+    """Raise an IndexError naming the first id outside ``[0, n)`` (among ``live`` ones, if given).
+
+    NumPy would read a negative id from the end of a table, silently, and a kernel would read
+    out of bounds. One reduction, so one device-to-host sync on a GPU, per call.
+    """
+    if not ids.size:
+        return
+    bad = (ids < 0) | (ids >= n)
+    if live is not None:
+        bad &= live
+    if bool(bad.any()):
+        i = int(bad.reshape(-1).argmax())
+        where = tuple(int(j) for j in np.unravel_index(i, ids.shape))
+        raise IndexError(f"{what} {int(ids.reshape(-1)[i])} at position {where} of {ids.shape} "
+                         f"is outside [0, {n})")
+
+
 # --------------------------------------------------------------------------- random state
 
 

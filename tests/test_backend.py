@@ -1,11 +1,22 @@
-"""backend: dropout masks (devices and dtypes are tested with the tensors that use them, in
-test_tensor.py)."""
+"""backend: id range checks and dropout masks (devices and dtypes are tested with the tensors
+that use them, in test_tensor.py)."""
 
 import numpy as np
 import pytest
 
 import minitransformer as mt
 from minitransformer import backend
+
+
+def test_check_ids_names_the_first_bad_id_and_its_position(device):
+    ids = backend.to_device(np.array([[0, 2, 5], [-1, 1, 4]]), device)
+    with pytest.raises(IndexError, match=r"^lookup id 5 at position \(0, 2\) of \(2, 3\) is outside \[0, 5\)$"):
+        backend.check_ids(ids, 5, "lookup id")
+    with pytest.raises(IndexError, match=r"id -1 at position \(1, 0\)"):
+        backend.check_ids(ids, 6, "lookup id")
+    live = backend.to_device(np.array([[True, True, False], [False, True, True]]), device)
+    backend.check_ids(ids, 5, "lookup id", live=live)  # only the live ids are checked
+    backend.check_ids(ids[:, :0], 1, "lookup id")  # nothing to check
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -45,10 +45,8 @@ class CrossEntropy(Function):
         z = logits.reshape(-1, v)  # (N, V)
         t = target.reshape(-1)  # (N,)
         valid = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
+        backend.check_ids(target, v, "cross_entropy: target id", live=valid.reshape(target.shape))
         t = xp.where(valid, t, 0)
-        if t.size and (int(t.min()) < 0 or int(t.max()) >= v):
-            raise IndexError(f"cross_entropy: target ids must be in [0, {v}), got "
-                             f"min {int(t.min())} and max {int(t.max())}")
         dtype = backend.compute_dtype(z.dtype)  # float32 for 16-bit logits
         n_valid = int(valid.sum())
         weight = valid.astype(dtype)

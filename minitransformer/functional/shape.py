@@ -4,8 +4,6 @@ indexing, and the embedding lookup (indexing rows of a weight matrix).
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import backend
 from ..autograd import Function
 from ..tensor import Tensor
@@ -174,14 +172,5 @@ def embedding(ids, weight: Tensor) -> Tensor:
     ids_data = ids.data if isinstance(ids, Tensor) else ids
     if ids_data.dtype.kind not in "iu":
         raise TypeError(f"embedding ids must be integers, got {ids_data.dtype}")
-    n = weight.shape[0]
-    if ids_data.size:
-        # NumPy would read a negative id from the end of the table, silently; one check (one
-        # device-to-host sync on a GPU) per batch of ids.
-        bad = (ids_data < 0) | (ids_data >= n)
-        if bool(bad.any()):
-            i = int(bad.reshape(-1).argmax())
-            where = tuple(int(j) for j in np.unravel_index(i, ids_data.shape))
-            raise IndexError(f"embedding: token id {int(ids_data.reshape(-1)[i])} at position {where} of ids "
-                             f"{ids_data.shape} is outside the table's {n} rows [0, {n})")
+    backend.check_ids(ids_data, weight.shape[0], "embedding: token id")
     return Embedding.apply(ids, weight)

@@ -409,10 +409,7 @@ def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_i
     V = logits.shape[-1]
     N = logits.size // V
     t = cupy.ascontiguousarray(target.reshape(N), dtype=cupy.int64)
-    live = t != ignore_index if ignore_index is not None else cupy.ones(N, dtype=bool)
-    bad = live & ((t < 0) | (t >= V))
-    if bool(bad.any()):  # the kernel would read out of bounds
-        raise IndexError(f"{fn}: target ids must be in [0, {V}), got {int(t[int(bad.argmax())])}")
+    backend.check_ids(target, V, f"{fn}: target id", live=None if ignore_index is None else target != ignore_index)
     loss = cupy.empty(N, dtype=cupy.float32)
     out = {"new": lambda: cupy.empty_like(logits), "inplace": lambda: logits, "none": lambda: None}[grad]()
     _C.cross_entropy_forward(logits.data.ptr, t.data.ptr, loss.data.ptr, _ptr(out), code, N, V,

@@ -79,6 +79,5 @@ def test_embedding_rejects_float_ids(device):
 def test_embedding_names_an_id_outside_the_table(device, bad):
     """A negative id would read from the end of the table, silently; one past it, out of bounds."""
     ids = np.array([[0, 2, 1], [1, bad, 0]])
-    with pytest.raises(IndexError, match=rf"token id {bad} at position \(1, 1\) of ids \(2, 3\) is "
-                                         rf"outside the table's 3 rows \[0, 3\)"):
+    with pytest.raises(IndexError, match=rf"token id {bad} at position \(1, 1\) of \(2, 3\) is outside \[0, 3\)"):
         F.embedding(mt.tensor(ids, device=device), randn(device, 3, 2))
