@@ -44,8 +44,9 @@ class CrossEntropy(Function):
         eps, v = label_smoothing, logits.shape[-1]
         z = logits.reshape(-1, v)  # (N, V)
         t = target.reshape(-1)  # (N,)
-        valid = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
-        backend.check_ids(target, v, "cross_entropy: target id", live=valid.reshape(target.shape))
+        live = target != ignore_index if ignore_index is not None else None
+        backend.check_ids(target, v, "cross_entropy: target id", live=live)
+        valid = live.reshape(-1) if live is not None else xp.ones(t.shape, dtype=bool)
         t = xp.where(valid, t, 0)
         dtype = backend.compute_dtype(z.dtype)  # float32 for 16-bit logits
         n_valid = int(valid.sum())

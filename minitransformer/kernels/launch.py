@@ -409,7 +409,8 @@ def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_i
     V = logits.shape[-1]
     N = logits.size // V
     t = cupy.ascontiguousarray(target.reshape(N), dtype=cupy.int64)
-    backend.check_ids(target, V, f"{fn}: target id", live=None if ignore_index is None else target != ignore_index)
+    live = target != ignore_index if ignore_index is not None else None
+    backend.check_ids(target, V, f"{fn}: target id", live=live)
     loss = cupy.empty(N, dtype=cupy.float32)
     out = {"new": lambda: cupy.empty_like(logits), "inplace": lambda: logits, "none": lambda: None}[grad]()
     _C.cross_entropy_forward(logits.data.ptr, t.data.ptr, loss.data.ptr, _ptr(out), code, N, V,

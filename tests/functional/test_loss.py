@@ -66,8 +66,12 @@ def test_huge_logits_stay_finite(device):
 
 def test_bad_targets_are_reported(device):
     logits = randn(device, 3, 4)
-    with pytest.raises(IndexError, match=r"\[0, 4\)"):
+    with pytest.raises(IndexError, match=r"target id 4 at position \(1,\) of \(3,\) is outside \[0, 4\)"):
         F.cross_entropy(logits, mt.tensor([0, 4, 1], device=device))
+    # an ignored id need not be a class (PyTorch's -100, say); the others are still checked
+    assert np.isfinite(F.cross_entropy(logits, mt.tensor([0, -100, 1], device=device), ignore_index=-100).item())
+    with pytest.raises(IndexError, match=r"target id -1 at position \(2,\)"):
+        F.cross_entropy(logits, mt.tensor([0, -100, -1], device=device), ignore_index=-100)
     with pytest.raises(ValueError, match=r"\(2,\).*\(3, 4\)"):
         F.cross_entropy(logits, mt.tensor([0, 1], device=device))
 
