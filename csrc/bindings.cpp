@@ -46,8 +46,8 @@ void softmax_forward(const void* x, const uint8_t* mask, void* y, int dtype, int
                      float scale, cudaStream_t stream);
 void softmax_backward(const void* y, const void* g, void* dx, int dtype, int N, int V,
                       float scale, cudaStream_t stream);
-void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, void* grad,
-                           int dtype, int N, int V, float smoothing, bool has_ignore,
+void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, float* nll,
+                           void* grad, int dtype, int N, int V, float smoothing, bool has_ignore,
                            int64_t ignore_index, cudaStream_t stream);
 // The variants of a launcher's kernel for dtype and D, in its order of preference.
 std::vector<LaunchConfig> attention_configs(bool backward, int dtype, int D);
@@ -255,8 +255,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("V"), py::arg("scale"), py::arg("stream"));
 
     m.def("cross_entropy_forward",
-          [](uintptr_t logits, uintptr_t target, uintptr_t loss, uintptr_t grad, int dtype, int N,
-             int V, float smoothing, bool has_ignore, int64_t ignore_index, uintptr_t stream) {
+          [](uintptr_t logits, uintptr_t target, uintptr_t loss, uintptr_t nll, uintptr_t grad,
+             int dtype, int N, int V, float smoothing, bool has_ignore, int64_t ignore_index,
+             uintptr_t stream) {
               const char* fn = "cross_entropy_forward";
               check_dtype(dtype, fn);
               check_positive(fn, {{"N", N}, {"V", V}});
@@ -264,11 +265,13 @@ PYBIND11_MODULE(_C, m) {
                   fail(fn, "label smoothing must be in [0, 1], got " + std::to_string(smoothing));
               mt::cross_entropy_forward(pointer(logits, fn, "logits"),
                                         pointer<const int64_t>(target, fn, "target", true, 8),
-                                        pointer<float>(loss, fn, "loss"), pointer(grad, fn, "grad", false),
+                                        pointer<float>(loss, fn, "loss"),
+                                        pointer<float>(nll, fn, "nll", false),
+                                        pointer(grad, fn, "grad", false),
                                         dtype, N, V, smoothing, has_ignore, ignore_index,
                                         as_stream(stream));
           },
-          py::arg("logits"), py::arg("target"), py::arg("loss"), py::arg("grad"), py::arg("dtype"),
-          py::arg("N"), py::arg("V"), py::arg("smoothing"), py::arg("has_ignore"),
+          py::arg("logits"), py::arg("target"), py::arg("loss"), py::arg("nll"), py::arg("grad"),
+          py::arg("dtype"), py::arg("N"), py::arg("V"), py::arg("smoothing"), py::arg("has_ignore"),
           py::arg("ignore_index"), py::arg("stream"));
 }

@@ -13,11 +13,12 @@
 //     lse  = log sum_k exp z_k
 //     loss = (1 - eps) (lse - z_t) + eps (lse - mean_k z_k)
 //     dloss/dz_k = softmax(z)_k - eps / V - (1 - eps) [k == t]
-// The first pass gathers max, sum of exponentials and sum of logits in one read; the second
-// writes the gradient, optionally over the logits themselves (at a 37k vocabulary the logits
-// are the largest tensor of a step, so the gradient takes no new memory). Rows whose target is
-// ignore_index get loss 0 and gradient 0. The gradient is that of each row's own loss; the
-// caller scales it by the reduction's weights in backward.
+// and, where the caller asks for it, the unsmoothed nll = lse - z_t (for perplexity). The first
+// pass gathers max, sum of exponentials and sum of logits in one read; the second writes the
+// gradient, optionally over the logits themselves (at a 37k vocabulary the logits are the
+// largest tensor of a step, so the gradient takes no new memory). Rows whose target is
+// ignore_index get loss 0 (and nll 0) and gradient 0. The gradient is that of each row's own
+// loss; the caller scales it by the reduction's weights in backward.
 //
 // Rows of up to 1024 elements take one warp each (4 rows per block); longer rows a whole
 // 256-thread block, which reduces through shared memory.
@@ -83,8 +84,8 @@ __global__ void softmax_backward_kernel(const T* __restrict__ y, const T* __rest
 
 template <typename T, int THREADS>
 __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict__ target,
-                                     float* __restrict__ loss, T* grad, int N, int V,
-                                     float smoothing, bool has_ignore, int64_t ignore_index) {
+                                     float* __restrict__ loss, float* __restrict__ nll, T* grad,
+                                     int N, int V, float smoothing, bool has_ignore, int64_t ignore_index) {
     // `logits` and `grad` may be the same array, hence no __restrict__ on them.
     const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
     const bool active = row < N;
@@ -107,9 +108,11 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict_
     if (!active) return;
     const float lse2 = acc.m + log2f(acc.s);  // log2 sum 2^(z log2 e) = lse / ln 2
     const float lse = lse2 * kLn2;
-    if (tid == 0)
+    if (tid == 0) {
         loss[row] = ignored ? 0.f
                             : (1.f - smoothing) * (lse - z_t) + smoothing * (lse - sum_z / V);
+        if (nll) nll[row] = ignored ? 0.f : lse - z_t;
+    }
     if (!grad) return;
     const float off = smoothing / V;
     for (int k = tid; k < V; k += THREADS) {
@@ -157,15 +160,15 @@ void softmax_backward(const void* y, const void* g, void* dx, int dtype, int N, 
     check_launch("softmax_backward");
 }
 
-void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, void* grad,
-                           int dtype, int N, int V, float smoothing, bool has_ignore,
+void cross_entropy_forward(const void* logits, const int64_t* target, float* loss, float* nll,
+                           void* grad, int dtype, int N, int V, float smoothing, bool has_ignore,
                            int64_t ignore_index, cudaStream_t stream) {
     with_type(dtype, "cross_entropy_forward", [&](auto tag) {
         using T = decltype(tag);
         with_row_threads(N, V, stream, [&](auto threads, int grid) {
             constexpr int R = decltype(threads)::value;
             cross_entropy_kernel<T, R><<<grid, R * rows_per_block<R>(), 0, stream>>>(
-                static_cast<const T*>(logits), target, loss, static_cast<T*>(grad), N, V,
+                static_cast<const T*>(logits), target, loss, nll, static_cast<T*>(grad), N, V,
                 smoothing, has_ignore, ignore_index);
         });
     });

@@ -125,15 +125,15 @@ class FusedCrossEntropy(Function):
     def forward(ctx, logits, target, label_smoothing, ignore_index, reduction, stats):
         xp = backend.array_module_of(logits)
         valid = target != ignore_index if ignore_index is not None else xp.ones(target.shape, dtype=bool)
-        if stats is not None:  # the unsmoothed NLL: one more read of the logits, before any overwrite
-            nll, _ = kernels.cross_entropy_forward(logits, target, 0.0, ignore_index, "none")
-            stats["nll_sum"] = float(nll.sum())  # ignored positions hold 0
-            stats["n_tokens"] = int(valid.sum())
         mode = "none"
         if ctx.needs_input_grad[0]:
             aligned = logits.flags.c_contiguous and logits.data.ptr % 16 == 0
             mode = "inplace" if kernels.loss_overwrites_logits() and aligned else "new"
-        loss, grad = kernels.cross_entropy_forward(logits, target, label_smoothing, ignore_index, mode)
+        loss, grad, *nll = kernels.cross_entropy_forward(logits, target, label_smoothing, ignore_index, mode,
+                                                         nll=stats is not None)
+        if stats is not None:  # the unsmoothed NLL (0 where ignored), for perplexity: one copy to the host
+            nll_sum, n_tokens = xp.stack([nll[0].sum(), valid.sum(dtype=xp.float32)]).tolist()
+            stats["nll_sum"], stats["n_tokens"] = nll_sum, int(n_tokens)
         weight = valid.astype(xp.float32)
         if reduction == "mean":
             weight /= xp.maximum(valid.sum(), 1)  # an all-padding batch gives 0, not 0/0

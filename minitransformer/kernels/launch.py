@@ -385,12 +385,13 @@ def softmax_backward(y, grad, scale: float = 1.0):
 
 
 def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_index=None,
-                          grad: str = "new"):
+                          grad: str = "new", nll: bool = False):
     """Per-position label-smoothed cross-entropy of (..., V) logits, fused with its gradient.
 
     ``grad``: "new" writes d loss_row / d logits into a new array, "inplace" over ``logits``
     itself (then ``logits`` is destroyed), "none" computes only the loss.
-    Returns (loss float32 of shape logits.shape[:-1], gradient like logits or None).
+    Returns (loss float32 of shape logits.shape[:-1], gradient like logits or None), and with
+    ``nll`` a third array like the loss: the unsmoothed NLL, from the same read of the logits.
     """
     fn = "cross_entropy_forward"
     cupy = _ready(fn)
@@ -412,8 +413,10 @@ def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_i
     live = target != ignore_index if ignore_index is not None else None
     backend.check_ids(target, V, f"{fn}: target id", live=live)
     loss = cupy.empty(N, dtype=cupy.float32)
+    nll_out = cupy.empty(N, dtype=cupy.float32) if nll else None
     out = {"new": lambda: cupy.empty_like(logits), "inplace": lambda: logits, "none": lambda: None}[grad]()
-    _C.cross_entropy_forward(logits.data.ptr, t.data.ptr, loss.data.ptr, _ptr(out), code, N, V,
-                             float(label_smoothing), ignore_index is not None,
+    _C.cross_entropy_forward(logits.data.ptr, t.data.ptr, loss.data.ptr, _ptr(nll_out), _ptr(out), code,
+                             N, V, float(label_smoothing), ignore_index is not None,
                              int(ignore_index) if ignore_index is not None else 0, _stream(cupy))
-    return loss.reshape(logits.shape[:-1]), out
+    shape = logits.shape[:-1]
+    return (loss.reshape(shape), out) + ((nll_out.reshape(shape),) if nll else ())

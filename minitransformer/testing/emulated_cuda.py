@@ -699,7 +699,7 @@ _KERNEL_ARRAYS = {
     "layernorm_backward": (9, {5, 6, 7, 8}),  # x w mean rstd grad | dx dw db partial
     "softmax_forward": (3, {2}),  # x mask | y
     "softmax_backward": (3, {2}),  # y grad | dx
-    "cross_entropy_forward": (4, {2, 3}),  # logits target | loss grad (may be the logits)
+    "cross_entropy_forward": (5, {2, 3, 4}),  # logits target | loss nll grad (may be the logits)
 }
 
 

@@ -181,19 +181,25 @@ def check_softmax(C, dtype, N, V, masked, scale, seed):
         assert (y64[0] == 0).all()
 
 
-def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, seed):
+def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
     t, ignore = formulas.targets(rng, N, V, use_ignore)
     target = device_copy(t.astype(np.int64))
     loss = device_empty(N, np.float32)
+    nll_out = device_empty(N, np.float32) if nll else None
     zf = to_f32(z)  # before the kernel may overwrite z
     grad = z if inplace else device_empty(z.shape, z.dtype)
-    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), ptr(grad), CODE[dtype], N, V, eps,
-                            ignore is not None, ignore if ignore is not None else 0, 0)
+    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), ptr(nll_out) if nll else 0, ptr(grad),
+                            CODE[dtype], N, V, eps, ignore is not None,
+                            ignore if ignore is not None else 0, 0)
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
-    naive = [None, None]
-    if dtype != "float32":
-        naive = formulas.naive_cross_entropy(zf, t, eps, ignore, rounder(dtype))
+    naive = [None, None, None]
+    if dtype != "float32":  # the unsmoothed NLL is the loss at eps = 0
+        naive = [*formulas.naive_cross_entropy(zf, t, eps, ignore, rounder(dtype)),
+                 formulas.naive_cross_entropy(zf, t, 0.0, ignore, rounder(dtype))[0]]
     check("cross_entropy", dtype, loss.astype(np.float64), loss_r, naive[0])
     check("cross_entropy", dtype, grad, grad_r, naive[1])
+    if nll:
+        check("cross_entropy", dtype, nll_out.astype(np.float64),
+              formulas.cross_entropy(z64, t, 0.0, ignore)[0], naive[2])

@@ -49,9 +49,9 @@ _SHAPES = {
     "softmax-warp": (emulated.check_softmax, dict(N=6, V=33, masked=True, scale=0.125)),
     "softmax-block": (emulated.check_softmax, dict(N=3, V=3000, masked=False, scale=1.0)),
     "cross_entropy-warp": (emulated.check_cross_entropy, dict(N=6, V=5, eps=0.0, use_ignore=False,
-                                                              inplace=False)),
+                                                              inplace=False, nll=False)),
     "cross_entropy-block": (emulated.check_cross_entropy, dict(N=7, V=1025, eps=0.1,
-                                                               use_ignore=True, inplace=True)),
+                                                               use_ignore=True, inplace=True, nll=True)),
 }
 CASES = {f"{name}-{dtype}": functools.partial(check, dtype=dtype, seed=0, **args)
          for name, (check, args) in _SHAPES.items() for dtype in DTYPES}

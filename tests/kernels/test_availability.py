@@ -84,7 +84,7 @@ def test_binding_and_launchers_reject_bad_arguments_before_any_launch():
     with pytest.raises(_C.SharedMemoryLimitError, match="attention_forward: attention_forward_f32_kernel<64, "):
         _C.attention_forward(**{**ok, "smem_limit": 48 * 1024})
     with pytest.raises(ValueError, match="label smoothing"):
-        _C.cross_entropy_forward(logits=256, target=256, loss=256, grad=0, dtype=0, N=1, V=5,
+        _C.cross_entropy_forward(logits=256, target=256, loss=256, nll=0, grad=0, dtype=0, N=1, V=5,
                                  smoothing=1.5, has_ignore=False, ignore_index=0, stream=0)
     with pytest.raises(ValueError, match="blocks must be positive"):
         _C.layernorm_backward(x=256, weight=0, mean=256, rstd=256, grad=256, dx=256, dweight=0,

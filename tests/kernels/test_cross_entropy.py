@@ -33,10 +33,11 @@ def test_cross_entropy_twin_matches_formula(N, V, eps, use_ignore, seed):
     r = np.random.default_rng(seed)
     logits = r.standard_normal((N, V)) * 3
     target, ignore = formulas.targets(r, N, V, use_ignore)
-    loss, grad = R.cross_entropy_forward(logits, target, eps, ignore)
+    loss, grad, nll = R.cross_entropy_forward(logits, target, eps, ignore, nll=True)
     loss_ref, grad_ref = formulas.cross_entropy(logits, target, eps, ignore)
     np.testing.assert_allclose(loss, loss_ref, **TWIN_TOL)
     np.testing.assert_allclose(grad, grad_ref, **TWIN_TOL)
+    np.testing.assert_allclose(nll, formulas.cross_entropy(logits, target, 0.0, ignore)[0], **TWIN_TOL)
 
 
 def test_cross_entropy_twin_matches_the_engine_loss():
@@ -58,9 +59,9 @@ def test_cross_entropy_twin_matches_the_engine_loss():
 @pytest.mark.parametrize("dtype", DTYPES)
 @EMULATOR_SETTINGS
 @given(N=st.integers(1, 8), V=st.sampled_from([5, 1025, 3000]), eps=st.sampled_from([0.0, 0.1]),
-       use_ignore=st.booleans(), inplace=st.booleans(), seed=seeds)
-def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, seed):
-    emulated.check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, seed)
+       use_ignore=st.booleans(), inplace=st.booleans(), nll=st.booleans(), seed=seeds)
+def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, nll, seed):
+    emulated.check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed)
 
 
 # --------------------------------------------------------------------------- kernels on the device
@@ -76,13 +77,17 @@ def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
     t, ignore = formulas.targets(rng, N, V, use_ignore, ignore_index=0)
-    loss, grad = kernels.cross_entropy_forward(z, cp.asarray(t), eps, ignore)
+    loss, grad, nll = kernels.cross_entropy_forward(z, cp.asarray(t), eps, ignore, nll=True)
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
-    naive = [None, None]
-    if dtype != "float32":
-        naive = formulas.naive_cross_entropy(to_f32(z), cp.asarray(t), eps, ignore, rounder(dtype))
+    naive = [None, None, None]
+    if dtype != "float32":  # the unsmoothed NLL is the loss at eps = 0
+        zf, tc, rnd = to_f32(z), cp.asarray(t), rounder(dtype)
+        naive = [*formulas.naive_cross_entropy(zf, tc, eps, ignore, rnd),
+                 formulas.naive_cross_entropy(zf, tc, 0.0, ignore, rnd)[0]]
     check("cross_entropy", dtype, cp.asnumpy(loss).astype(np.float64), loss_r, naive[0])
     check("cross_entropy", dtype, grad, grad_r, naive[1])
+    check("cross_entropy", dtype, cp.asnumpy(nll).astype(np.float64),
+          formulas.cross_entropy(z64, t, 0.0, ignore)[0], naive[2])
 
 
 @on_device

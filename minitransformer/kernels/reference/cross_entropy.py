@@ -10,12 +10,14 @@ from .common import acc_dtype
 from .softmax import online_max_sum
 
 
-def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_index=None):
+def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_index=None,
+                          nll: bool = False):
     """Per-row label-smoothed cross-entropy and its gradient d loss_row / d logits.
 
     One read gathers max, sum of exponentials and the sum of logits; lse = m + log s;
-    loss = (1 - eps)(lse - z_t) + eps (lse - mean z); grad = softmax - eps/V - (1-eps)[k == t].
-    Ignored rows get loss 0 and gradient 0. Returns (loss (N,), grad (N, V)).
+    loss = (1 - eps)(lse - z_t) + eps (lse - mean z); grad = softmax - eps/V - (1-eps)[k == t];
+    with ``nll`` also the unsmoothed lse - z_t. Ignored rows get 0 in each.
+    Returns (loss (N,), grad (N, V)), and with ``nll`` the (N,) NLL third.
     """
     N, V = logits.shape
     z = logits.astype(acc_dtype(logits))
@@ -31,4 +33,4 @@ def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_i
     grad[np.arange(N), t] -= 1 - eps
     loss = np.where(ignored, 0, loss)
     grad = np.where(ignored[:, None], 0, grad)
-    return loss, grad
+    return (loss, grad) + ((np.where(ignored, 0, lse - z_t),) if nll else ())
