@@ -12,6 +12,13 @@ and --average-last apply them). The table goes to stdout and into <run>/decoding
 which keeps the rows of earlier sweeps of the run (a setting swept again replaces its row), so
 that a grid built over several calls stays in one file.
 
+Each row's translations go to <run>/val-avg<N>-beam<B>-alpha<A>.hyp, one sentence a line, so
+that two runs (or two settings) can be compared on the same sentences with sacreBLEU's paired
+bootstrap, which says whether a difference is larger than the split's sampling noise:
+
+    sacrebleu <(gunzip -c ../shared/data/multi30k/val.de.gz) --paired-bs \
+        -i runs/baseline/val-avg5-beam8-alpha2.hyp runs/candidate/val-avg5-beam8-alpha2.hyp
+
 The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
 --average-last of them, so train with an --average-last at least as large as the largest --average here. A finished run
 takes the chosen settings with ``train_wmt.py --resume --average-last N --beam B --alpha A``: it
@@ -65,8 +72,10 @@ def main(argv=None) -> list[dict]:
     _, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
+    split = "val"
     if args.limit_val:
         val = val.subset(range(min(args.limit_val, len(val))))
+        split = f"val{len(val)}"
     saved = checkpoints(args.run)
     if max(args.average) > len(saved):
         raise SystemExit(f"error: --average {max(args.average)}, but {args.run} keeps {len(saved)} step "
@@ -80,9 +89,13 @@ def main(argv=None) -> list[dict]:
                 start = time.perf_counter()
                 hyps = translate(model, tok, val.src, args.device, beam, alpha)
                 score, signature, ratio = bleu(hyps, val.tgt)
+                seconds = time.perf_counter() - start
+                name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}.hyp"
+                with atomic_write(os.path.join(args.run, name)) as f:
+                    f.writelines(h + "\n" for h in hyps)
                 rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
-                                 beam=beam, alpha=alpha, bleu=score, length_ratio=ratio,
-                                 seconds=time.perf_counter() - start, sentences=len(val), signature=signature))
+                                 beam=beam, alpha=alpha, bleu=score, length_ratio=ratio, seconds=seconds,
+                                 sentences=len(val), signature=signature, hypotheses=name))
                 print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {score:6.2f}  "
                       f"length ratio {ratio:.3f}  ({rows[-1]['seconds']:.1f} s)", flush=True)
     best = max(rows, key=lambda r: r["bleu"])

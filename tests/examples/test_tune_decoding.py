@@ -53,6 +53,9 @@ def test_each_row_is_the_averaged_model_decoded_and_scored(run_with_checkpoints,
         hyps = translate(model, tok, val.src, "cpu", r["beam"], r["alpha"])
         assert (r["bleu"], r["signature"], r["length_ratio"]) == train_wmt.bleu(hyps, val.tgt)
         assert r["last"] == "ckpt-30.npz" and r["sentences"] == 15
+        # The translations themselves, one a line, for sacreBLEU's paired bootstrap.
+        assert r["hypotheses"] == f"val-avg{r['average']}-beam{r['beam']}-alpha{r['alpha']:g}.hyp"
+        assert (run / r["hypotheses"]).read_text(encoding="utf-8").split("\n") == hyps + [""]
     assert len({r["first"] for r in rows}) == 2
     best = max(rows, key=lambda r: r["bleu"])
     assert f"average {best['average']}, beam {best['beam']}, alpha {best['alpha']}" in capsys.readouterr().out
@@ -67,6 +70,15 @@ def test_a_second_sweep_adds_its_rows_to_the_file(run_with_checkpoints):
     assert [r["alpha"] for r in saved] == [0.6, 1.0, 2.0]
     assert saved == [first[0], second[0], second[1]]
     assert second[0]["seconds"] != first[1]["seconds"]  # the second sweep's row, not the first's
+
+
+def test_a_sweep_of_part_of_the_split_names_its_translations_apart(run_with_checkpoints):
+    run, corpus = run_with_checkpoints
+    (row,) = tune_decoding.main(["--run", str(run), "--data-dir", str(corpus), "--limit-val", "4",
+                                 "--average", "1", "--beam", "1"])
+    assert row["hypotheses"] == "val4-avg1-beam1-alpha0.6.hyp" and row["sentences"] == 4
+    assert len((run / row["hypotheses"]).read_text(encoding="utf-8").splitlines()) == 4
+    assert not (run / "val-avg1-beam1-alpha0.6.hyp").exists()
 
 
 def test_more_checkpoints_than_the_run_kept_is_one_line(run_with_checkpoints):
