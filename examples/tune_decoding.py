@@ -19,6 +19,9 @@ bootstrap, which says whether a difference is larger than the split's sampling n
     sacrebleu <(gunzip -c ../shared/data/multi30k/val.de.gz) --paired-bs \
         -i runs/baseline/val-avg5-beam8-alpha2.hyp runs/candidate/val-avg5-beam8-alpha2.hyp
 
+That noise is not the only one: two trainings of one configuration with different seeds can
+differ by more (about a BLEU point on Multi30k, benchmarks/RESULTS.md).
+
 The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
 --average-last of them, so train with an --average-last at least as large as the largest --average here. A finished run
 takes the chosen settings with ``train_wmt.py --resume --average-last N --beam B --alpha A``: it
