@@ -100,7 +100,7 @@ def main(argv=None) -> list[dict]:
                                  beam=beam, alpha=alpha, bleu=score, length_ratio=ratio, seconds=seconds,
                                  sentences=len(val), signature=signature, hypotheses=name))
                 print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {score:6.2f}  "
-                      f"length ratio {ratio:.3f}  ({rows[-1]['seconds']:.1f} s)", flush=True)
+                      f"length ratio {ratio:.3f}  ({seconds:.1f} s)", flush=True)
     best = max(rows, key=lambda r: r["bleu"])
     print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
           f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")

@@ -131,12 +131,13 @@ class FusedCrossEntropy(Function):
             mode = "inplace" if kernels.loss_overwrites_logits() and aligned else "new"
         loss, grad, *nll = kernels.cross_entropy_forward(logits, target, label_smoothing, ignore_index, mode,
                                                          nll=stats is not None)
+        n_valid = valid.sum(dtype=xp.float32)
         if stats is not None:  # the unsmoothed NLL (0 where ignored), for perplexity: one copy to the host
-            nll_sum, n_tokens = xp.stack([nll[0].sum(), valid.sum(dtype=xp.float32)]).tolist()
+            nll_sum, n_tokens = xp.stack([nll[0].sum(), n_valid]).tolist()
             stats["nll_sum"], stats["n_tokens"] = nll_sum, int(n_tokens)
         weight = valid.astype(xp.float32)
         if reduction == "mean":
-            weight /= xp.maximum(valid.sum(), 1)  # an all-padding batch gives 0, not 0/0
+            weight /= xp.maximum(n_valid, 1)  # an all-padding batch gives 0, not 0/0
         out = loss if reduction == "none" else (loss * weight).sum()
         ctx.save_for_backward(grad, weight)
         ctx.reduction, ctx.used = reduction, False
