@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from minitransformer import backend
+from minitransformer import backend, cli
 from minitransformer import distributed as dist
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -46,6 +46,25 @@ def parse_bytes(text: str) -> int:
     text = text.strip().upper().removesuffix("B")
     unit = text[-1] if text and text[-1] in _UNITS else ""
     return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
+
+
+_AT_LEAST_ONE_BYTE = cli.integer(1)
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a message size of at least 1 byte, as ``parse_bytes`` reads it."""
+    try:
+        size = parse_bytes(text)
+    except (ValueError, OverflowError):  # not a number, nan, inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (4096, 64K, 1.5M, 1G)") from None
+    try:
+        return _AT_LEAST_ONE_BYTE(str(size))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1 byte") from None
+
+
+# The bounds, as cli.integer's carry them (a test tries every option at 0, -1, nan and inf).
+byte_size.kind, byte_size.low, byte_size.high, byte_size.low_open, byte_size.high_open = "integer", 1, None, False, False
 
 
 def time_all_reduce(comm, buf, iters: int, warmup: int, repeats: int = 5) -> float:
@@ -81,25 +100,34 @@ def time_all_reduce(comm, buf, iters: int, warmup: int, repeats: int = 5) -> flo
     return statistics.median(groups)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+def build_parser() -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: MPI over NumPy buffers; cuda: NCCL, one GPU per rank")
     ap.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"),
-                    default="float32")
-    ap.add_argument("--min-bytes", default="4K")
-    ap.add_argument("--max-bytes", default="64M")
-    ap.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+                    default="float32", help="element type of the buffer")
+    ap.add_argument("--min-bytes", type=byte_size, default="4K",
+                    help="first message size (bytes, or with a K, M or G suffix)")
+    ap.add_argument("--max-bytes", type=byte_size, default="64M", help="largest message size")
+    ap.add_argument("--factor", type=cli.integer(2), default=4, help="size multiplier between rows")
+    ap.add_argument("--iters", type=cli.integer(1), default=20, help="all-reduces timed together in a group")
+    ap.add_argument("--warmup", type=cli.integer(0), default=3, help="untimed all-reduces first")
     ap.add_argument("--json", help="also write the rows to this file (rank 0)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None) -> None:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.min_bytes > args.max_bytes:
+        ap.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}: no message to time")
 
     world = dist.init(args.device, "nccl" if args.device == "cuda" else None)  # NCCL even alone
     comm, n = world.comm, world.world_size
     xp = backend.get_array_module(args.device)
     dtype = backend.resolve_dtype(args.dtype)
     itemsize = dtype.itemsize
-    size, stop = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    size, stop = args.min_bytes, args.max_bytes
     rows = []
     if world.is_main:
         print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "

@@ -44,7 +44,7 @@ if "--emulated" in sys.argv[1:]:  # read once, when minitransformer is imported
 
 import minitransformer as mt  # noqa: E402
 import minitransformer.functional as F
-from minitransformer import backend, kernels  # noqa: E402
+from minitransformer import backend, cli, kernels  # noqa: E402
 from minitransformer.kernels import reference  # noqa: E402
 
 # Sizes of the bandwidth cases: the copy (float32 elements), layernorm (tokens x d_model),
@@ -53,24 +53,33 @@ GPU_SIZES = {"copy": 256 * 2**20, "layernorm": (65536, 1024), "softmax": (8192, 
 EMULATED_SIZES = {"copy": 2**16, "layernorm": (16, 256), "softmax": (4, 1500)}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--causal", nargs="+", default=["no", "yes"], choices=["no", "yes"])
-    p.add_argument("--tokens", type=int, default=16384, help="batch * seq, kept constant")
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--naive-max-seq", type=int, default=8192,
-                   help="skip the naive composite above this length (it stores B h T^2 floats)")
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqs", type=cli.integer(1), nargs="+", default=[512, 1024, 2048, 4096, 8192],
+                   help="sequence lengths T (= S) of the attention cases")
+    p.add_argument("--head-dims", type=cli.integer(1), nargs="+", default=[64, 128], help="head dims d")
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
+                   help="dtypes of the GPU cases")
+    p.add_argument("--causal", nargs="+", default=["no", "yes"], choices=["no", "yes"],
+                   help="without and/or with the causal mask")
+    p.add_argument("--tokens", type=cli.integer(1), default=16384,
+                   help="batch * seq, kept constant (the batch is at least 1)")
+    p.add_argument("--heads", type=cli.integer(1), default=16, help="attention heads")
+    p.add_argument("--repeats", type=cli.integer(1), default=10, help="timed runs of each case (their median)")
+    p.add_argument("--warmup", type=cli.integer(0), default=2, help="untimed runs of each case first")
+    p.add_argument("--naive-max-seq", type=cli.integer(0), default=8192,
+                   help="skip the naive composite above this length (it stores B h T^2 floats; 0: never run it)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for gpu_check.sh)")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
                    help="run the GPU path on the emulated device at tiny sizes (a check of this "
                         "script, not a measurement)")
     p.add_argument("--json", help="also write the results to this file")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 5, 1

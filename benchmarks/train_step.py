@@ -44,16 +44,19 @@ from pathlib import Path
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import distributed, nn, train
+from minitransformer import cli, distributed, nn, train
 from minitransformer.amp import PRECISIONS, scaler_for
 from minitransformer.autograd import Function
 from minitransformer.optim import Adam, grad_norm
 from minitransformer.train import compute_loss, train_step
 
 
+FIRST_SYMBOL = 4  # ids 0-3: padding, unknown, BOS, EOS
+
+
 def batch(rng, b, t, vocab):
-    src = rng.integers(4, vocab, (b, t))
-    tgt = rng.integers(4, vocab, (b, t + 1))
+    src = rng.integers(FIRST_SYMBOL, vocab, (b, t))
+    tgt = rng.integers(FIRST_SYMBOL, vocab, (b, t + 1))
     tgt[:, 0] = 2
     return src, tgt[:, :-1], tgt[:, 1:]
 
@@ -340,19 +343,19 @@ def time_torch(args, data) -> list[float] | None:
     return times
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--d-ff", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=3, help="N for encoder and decoder")
-    p.add_argument("--vocab", type=int, default=8000, help="joint vocabulary size")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--len", type=int, default=20, help="source and target tokens per sentence")
-    p.add_argument("--steps", type=int, default=20, help="timed steps, after --warmup untimed ones")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--d-model", type=cli.integer(1), default=256, help="d_model (a multiple of --heads)")
+    p.add_argument("--d-ff", type=cli.integer(1), default=1024, help="inner width of the feed-forward layers")
+    p.add_argument("--heads", type=cli.integer(1), default=4, help="attention heads h")
+    p.add_argument("--layers", type=cli.integer(1), default=3, help="N for encoder and decoder")
+    p.add_argument("--vocab", type=cli.integer(FIRST_SYMBOL + 1), default=8000,
+                   help=f"joint vocabulary size (the random tokens are ids {FIRST_SYMBOL} and up)")
+    p.add_argument("--batch", type=cli.integer(1), default=64, help="sentences per step")
+    p.add_argument("--len", type=cli.integer(1), default=20, help="source and target tokens per sentence")
+    p.add_argument("--steps", type=cli.integer(1), default=20, help="timed steps, after --warmup untimed ones")
+    p.add_argument("--warmup", type=cli.integer(0), default=3, help="untimed steps first")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both models run")
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="mixed precision for both models (bf16/fp16 are meant for GPUs)")
     p.add_argument("--base", action="store_true",
@@ -361,14 +364,21 @@ def main(argv=None) -> None:
     p.add_argument("--ops", action="store_true", help="also time each op's forward and backward")
     p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
                    "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
-    p.add_argument("--max-tokens", type=int, help="with --data-dir: tokens per step and side, all ranks "
-                   "together (the preset's)")
+    p.add_argument("--max-tokens", type=cli.integer(1), help="with --data-dir: tokens per step and side, all "
+                   "ranks together (the preset's)")
     p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
+    return p
+
+
+def main(argv=None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.base:
         args.d_model, args.d_ff, args.heads, args.layers = 512, 2048, 8, 6
         args.vocab, args.batch, args.len = 37000, 100, 31
+    if args.d_model % args.heads:
+        p.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
 
     world = distributed.init(args.device, "nccl" if args.device == "cuda" else None)
     if args.breakdown and world.world_size > 1:

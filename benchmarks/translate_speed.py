@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from minitransformer import data, decoding, export  # noqa: E402
+from minitransformer import cli, data, decoding, export  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
 from train_wmt import bleu  # noqa: E402
 from translate import find_run_files, load_model  # noqa: E402
@@ -57,17 +57,21 @@ def _ctranslate2(translator, pieces, beam: int, alpha: float, batch, src):
     return export.ctranslate2_translate(translator, pieces, src, beam, alpha)
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
-    p.add_argument("--limit", type=int, default=1000, help="test sentences")
-    p.add_argument("--beam", type=int, default=decoding.BEAM)
-    p.add_argument("--alpha", type=float, default=decoding.ALPHA)
-    p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch, as translate.py")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--limit", type=cli.integer(1), default=1000, help="test sentences")
+    p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size, for every engine")
+    p.add_argument("--alpha", type=cli.real(0.0), default=decoding.ALPHA, help="length penalty, for every engine")
+    p.add_argument("--max-tokens", type=cli.integer(1), default=2048, help="source tokens per batch, as translate.py")
+    p.add_argument("--repeats", type=cli.integer(1), default=3, help="runs of every engine; the figures are medians")
     p.add_argument("--json", help="write the figures here")
+    return p
+
+
+def main(argv=None) -> dict:
+    p = build_parser()
     args = p.parse_args(argv)
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
     checkpoint, tokenizer = find_run_files(args.run)

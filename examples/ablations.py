@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import train_wmt
 
-from minitransformer import distributed, nn
+from minitransformer import cli, distributed, nn
 from minitransformer.decoding import ALPHA, BEAM, translate
 from minitransformer.files import atomic_write
 from minitransformer.train import evaluate_loss
@@ -119,29 +119,39 @@ def select(spec: str, rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.name in wanted]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="A,B,C,D,E", help="row names and group letters, comma-separated")
     p.add_argument("--list", action="store_true", help="print the rows and their settings, and exit")
     p.add_argument("--data-dir", help="Multi30k folder; downloaded there if files are missing (default: data/multi30k)")
-    p.add_argument("--out-dir", default=os.path.join("runs", "ablations"))
-    p.add_argument("--max-steps", type=int, help="optimiser steps per row (comparable on a busy machine)")
-    p.add_argument("--budget-minutes", type=float, help="training minutes per row")
-    p.add_argument("--eval-every", type=int, help="validate and checkpoint every N steps (default: a tenth "
-                   "of --max-steps, else 50)")
-    p.add_argument("--average-last", type=int, default=4, help="checkpoints averaged for a row's score (with "
-                   "the default --eval-every, the last 30%% of training, as the main job's last 5 of ~14 epochs)")
-    p.add_argument("--bleu-sample", type=int, default=20, help="validation sentences beam-searched at each "
-                   "checkpoint (the row's score always uses them all)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out-dir", default=os.path.join("runs", "ablations"),
+                   help="a folder per row, the shared BPE vocabulary, and the table")
+    p.add_argument("--max-steps", type=cli.integer(1),
+                   help="optimiser steps per row (comparable on a busy machine)")
+    p.add_argument("--budget-minutes", type=cli.real(0.0, low_open=True), help="training minutes per row")
+    p.add_argument("--eval-every", type=cli.integer(1), help="validate and checkpoint every N steps (default: a "
+                   "tenth of --max-steps, else 50)")
+    p.add_argument("--average-last", type=cli.integer(1), default=4, help="checkpoints averaged for a row's score "
+                   "(with the default --eval-every, the last 30%% of training, as the main job's last 5 of ~14 epochs)")
+    p.add_argument("--bleu-sample", type=cli.integer(1), default=20, help="validation sentences beam-searched at "
+                   "each checkpoint (the row's score always uses them all)")
+    p.add_argument("--seed", type=cli.integer(0), default=1, help="the same for every row")
     for flag, field in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--heads", "h"),
                         ("--layers", "num_encoder_layers")):
-        p.add_argument(flag, type=int, default=BASE[field], help=f"the base row's {field}")
-    for flag in ("--warmup", "--lr-factor", "--max-tokens", "--vocab-size", "--limit-train", "--limit-val"):
-        p.add_argument(flag, type=float if flag == "--lr-factor" else int,
+        p.add_argument(flag, type=cli.integer(1), default=BASE[field], help=f"the base row's {field}")
+    # As train_wmt.py reads them (not given: the multi30k preset's, or no limit); a BPE vocabulary
+    # has the 4 special ids and at least one piece more.
+    for flag, kind in (("--warmup", cli.integer(1)), ("--lr-factor", cli.real(0.0, low_open=True)),
+                       ("--max-tokens", cli.integer(1)), ("--vocab-size", cli.integer(5)),
+                       ("--limit-train", cli.integer(1)), ("--limit-val", cli.integer(1))):
+        p.add_argument(flag, type=kind,
                        help="as in train_wmt.py (every row trains alone: --max-tokens is its whole batch)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if not (args.list or args.max_steps or args.budget_minutes):
         p.error("give each row a budget: --max-steps, --budget-minutes, or both")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import nn
+from minitransformer import cli, nn
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import train_step
@@ -84,26 +84,39 @@ def run(args) -> dict:
     return {"losses": losses, "greedy_exact_match": greedy, "beam_exact_match": beam}
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", choices=["copy", "reverse"], default="copy", help="what the target is")
+    p.add_argument("--steps", type=cli.integer(1), default=1200, help="optimiser steps")
+    p.add_argument("--batch-size", type=cli.integer(1), default=64, help="sequences per step")
+    p.add_argument("--vocab", type=cli.integer(FIRST_SYMBOL + 1), default=20,
+                   help=f"vocabulary size, including {FIRST_SYMBOL} special ids")
+    p.add_argument("--min-len", type=cli.integer(1), default=4, help="shortest sequence")
+    p.add_argument("--max-len", type=cli.integer(1), default=10, help="longest sequence")
+    p.add_argument("--d-model", type=cli.integer(1), default=64,
+                   help="d_model (a multiple of --heads); d_ff is 4 x d_model")
+    p.add_argument("--heads", type=cli.integer(1), default=4, help="attention heads h")
+    p.add_argument("--layers", type=cli.integer(1), default=2, help="N, for the encoder and the decoder")
+    p.add_argument("--dropout", type=cli.real(0.0, 1.0, high_open=True), default=0.1, help="P_drop, in [0, 1)")
+    p.add_argument("--label-smoothing", type=cli.real(0.0, 1.0, high_open=True), default=0.1,
+                   help="epsilon_ls, in [0, 1)")
+    p.add_argument("--warmup", type=cli.integer(1), default=200, help="warmup steps of the schedule")
+    p.add_argument("--lr-factor", type=cli.real(0.0, low_open=True), default=1.0,
+                   help="scale of the paper's schedule")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model trains")
+    p.add_argument("--seed", type=cli.integer(0), default=0, help="seeds the model, the data and the evaluation")
+    p.add_argument("--log-every", type=cli.integer(1), default=100, help="print the loss every N steps")
+    return p
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--task", choices=["copy", "reverse"], default="copy")
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=20, help="vocabulary size, including 4 special ids")
-    p.add_argument("--min-len", type=int, default=4)
-    p.add_argument("--max-len", type=int, default=10)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=2, help="N, for the encoder and the decoder")
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--lr-factor", type=float, default=1.0, help="scale of the paper's schedule")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=100)
-    return p.parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.min_len > args.max_len:
+        p.error(f"--min-len {args.min_len} is above --max-len {args.max_len}")
+    if args.d_model % args.heads:
+        p.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+    return args
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import data, decoding
+from minitransformer import cli, data, decoding
 from minitransformer.decoding import beam_search
 from translate import find_run_files, load_model
 
@@ -44,13 +44,17 @@ def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, p
     plt.close(fig)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sentence", help="an English sentence")
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: <run>/attention)")
-    p.add_argument("--beam", type=int, default=decoding.BEAM)
+    p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
+    return p
+
+
+def main(argv=None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.sentence.strip():
         p.error("the sentence is empty: there is no attention to draw")

@@ -20,11 +20,13 @@ and per validation), checkpoints, the averaged model, test hypotheses, bleu.json
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import data, decoding, distributed, files, nn
+from minitransformer import cli, data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
@@ -40,7 +42,7 @@ from minitransformer.checkpoint import (
 from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import evaluate_loss, train_step
+from minitransformer.train import DivergenceDetector, evaluate_loss, format_ppl, train_step
 
 log = logging.getLogger("train_wmt")
 
@@ -97,6 +99,8 @@ class Run:
     val: data.ParallelCorpus
     val_batches: list
     log_path: str
+    corpus: dict  # the training data's fingerprint and pairs, kept in checkpoints for --resume
+    detector: DivergenceDetector
 
     def autocast(self):
         """The block in which the model computes in ``amp_dtype`` (nothing for fp32)."""
@@ -112,52 +116,59 @@ class Budget:
     eval_every: int
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
-    p.add_argument("--data-dir", default=None, help="corpus folder; downloaded there if files are missing "
-                   "(default: data/<corpus>)")
-    p.add_argument("--out-dir", help="checkpoints, logs, hypotheses, plots; runs/<preset> if not given")
+    p.add_argument("--data-dir", help="corpus folder, downloaded there if files are missing (default: "
+                   "data/<corpus>)")
+    p.add_argument("--out-dir", help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
+                   "holds it (a lock file) until it ends")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
                         "dynamic loss scaling (meant for GPUs)")
-    p.add_argument("--max-tokens", type=int, help="tokens per step and side, padding included, all ranks "
-                   "together: each rank batches its share (preset)")
-    p.add_argument("--epochs", type=int, help="epochs to train (preset)")
-    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
-    p.add_argument("--time-budget", type=float, help="stop training after this many minutes (preset)")
-    p.add_argument("--eval-every", type=int, default=0, help="validate and checkpoint every N steps "
+    p.add_argument("--max-tokens", type=cli.integer(1), help="tokens per step and side, padding included, all "
+                   "ranks together: each rank takes a share of every step's sentences (default: the preset's)")
+    p.add_argument("--epochs", type=cli.integer(1), help="epochs to train (default: the preset's)")
+    p.add_argument("--max-steps", type=cli.integer(1), help="stop after this many optimiser steps")
+    p.add_argument("--time-budget", type=cli.real(0.0, low_open=True),
+                   help="stop training after this many minutes (default: the preset's)")
+    p.add_argument("--eval-every", type=cli.integer(0), default=0, help="validate and checkpoint every N steps "
                    "(0: every as many steps as epoch 0 has, about once per epoch)")
-    p.add_argument("--bleu-sample", type=int, default=100, help="validation sentences beam-searched for BLEU")
-    p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bleu-sample", type=cli.integer(1), default=100,
+                   help="validation sentences beam-searched for BLEU")
+    p.add_argument("--log-every", type=cli.integer(1), default=20,
+                   help="write a line of train.jsonl (and the bar's figures) every N steps")
+    p.add_argument("--seed", type=cli.integer(0), default=1,
+                   help="seeds the initial weights, the batches' order and the dropout masks")
     p.add_argument("--resume", action="store_true", help="continue from --out-dir/last.npz")
-    p.add_argument("--average-last", type=int, help="checkpoints averaged for the final model (preset)")
-    p.add_argument("--beam", type=int, help="beam size (preset)")
-    p.add_argument("--alpha", type=float, help="length penalty (preset)")
-    p.add_argument("--warmup", type=int, help="warmup steps of the schedule (preset)")
-    p.add_argument("--lr-factor", type=float, help="scale of the schedule of section 5.3 (preset)")
-    p.add_argument("--limit-train", type=int, help="use only the first N training pairs (smoke tests)")
-    p.add_argument("--limit-val", type=int, help="validate on only the first N validation pairs")
-    p.add_argument("--limit-test", type=int, help="translate only the first N test sentences")
-    p.add_argument("--vocab-size", type=int, help="BPE vocabulary size (preset)")
-    p.add_argument("--d-model", type=int, help="d_model; also sets d_ff to 4 * d_model")
-    p.add_argument("--d-ff", type=int, help="d_ff, the inner width of the feed-forward layers (preset, or "
-                   "4 * --d-model)")
-    p.add_argument("--layers", type=int, help="N, for the encoder and the decoder")
-    p.add_argument("--dropout", type=float, help="P_drop of section 5.4 (preset)")
-    p.add_argument("--label-smoothing", type=float, help="epsilon_ls of section 5.4 (preset)")
-    p.add_argument("--max-skipped", type=int, default=100, help="stop with an error after this many "
+    p.add_argument("--average-last", type=cli.integer(1),
+                   help="checkpoints averaged for the final model (default: the preset's)")
+    p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
+    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the preset's)")
+    p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
+    p.add_argument("--lr-factor", type=cli.real(0.0, low_open=True),
+                   help="scale of the schedule of section 5.3 (default: the preset's)")
+    p.add_argument("--limit-train", type=cli.integer(1), help="use only the first N training pairs (smoke tests)")
+    p.add_argument("--limit-val", type=cli.integer(1), help="validate on only the first N validation pairs")
+    p.add_argument("--limit-test", type=cli.integer(1), help="translate only the first N test sentences")
+    p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
+    p.add_argument("--d-model", type=cli.integer(1), help="d_model; also sets d_ff to 4 * d_model")
+    p.add_argument("--d-ff", type=cli.integer(1), help="d_ff, the inner width of the feed-forward layers "
+                   "(default: the preset's, or 4 * --d-model)")
+    p.add_argument("--layers", type=cli.integer(1), help="N, for the encoder and the decoder")
+    p.add_argument("--dropout", type=cli.real(0.0, 1.0, high_open=True), help="P_drop of section 5.4 (default: the preset's)")
+    p.add_argument("--label-smoothing", type=cli.real(0.0, 1.0, high_open=True),
+                   help="epsilon_ls of section 5.4 (default: the preset's)")
+    p.add_argument("--max-skipped", type=cli.integer(1), default=100, help="stop with an error after this many "
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
-    p.add_argument("--debug", action="store_true", default=os.environ.get("MT_DEBUG", "").strip() not in ("", "0"),
-                   help="show the traceback of an error a user can act on (a missing corpus, a bad "
-                        "checkpoint, no GPU), which otherwise prints as one line; also MT_DEBUG=1")
-    args = p.parse_args(argv)
-    if args.beam is not None and args.beam < 1:
-        p.error(f"--beam {args.beam}: a beam holds at least 1 hypothesis")
+    p.add_debug()
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
     return args
 
@@ -167,6 +178,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_data(args, preset: Preset, world, with_test: bool = True):
     """(train, val, test, tokenizer); test is None unless ``with_test``."""
+    train, val, test = read_data(args, preset, world, with_test)
+    return train, val, test, tokenizer(args, preset, world, train)
+
+
+def read_data(args, preset: Preset, world, with_test: bool = True):
+    """(train, val, test) as --data-dir and the --limit-* flags give them (downloaded first
+    if missing); test is None unless ``with_test``."""
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
     with distributed.main_process_alone(world) as main:
         if main:
@@ -182,12 +200,17 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
         test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
         if args.limit_test:
             test = test.subset(range(min(args.limit_test, len(test))))
+    return train, val, test
+
+
+def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer:
+    """The run's BPE vocabulary: rank 0 trains it into --out-dir (or finds it there), the
+    others load it."""
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
-    tok = distributed.main_process_first(  # rank 0 trains (or finds) the vocabulary, the others load it
+    return distributed.main_process_first(
         world, lambda: data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg))
-    return train, val, test, tok
 
 
 def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
@@ -279,19 +302,33 @@ class SetupError(Exception):
 
 
 # Errors a user can act on, each with a message that says what is wrong and what to do: one
-# line each (the traceback only with --debug), as argparse's own errors.
-USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError)
+# line each (the traceback only with --debug), as argparse's own errors. Interrupts and OSErrors
+# on the run's files are told in one line too (minitransformer.cli).
+USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError, files.FolderInUse)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    return cli.run(lambda _: train_and_evaluate(args), argv, debug=args.debug, user_errors=USER_ERRORS,
+                   on_interrupt=lambda: interrupted(args, argv))
+
+
+def interrupted(args, argv) -> str | bool:
+    """The line an interrupted run ends with: the command that continues it (rank 0 alone
+    speaks; the others end quietly)."""
     try:
-        return train_and_evaluate(args)
-    except USER_ERRORS as e:
-        if args.debug:
-            raise
-        raise SystemExit(f"error: {e}") from None
+        world = distributed.get_world()
+    except RuntimeError:  # interrupted before distributed.init
+        world = None
+    if world is not None and not world.is_main:
+        return False
+    if not os.path.exists(os.path.join(args.out_dir, "last.npz")):
+        return "no checkpoint was written yet, so there is nothing to resume: run the command again to start over"
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ranks = ["mpiexec", "-n", str(world.world_size)] if world is not None and world.world_size > 1 else []
+    command = ranks + ["python", os.path.relpath(__file__)] + argv + ([] if "--resume" in argv else ["--resume"])
+    return f"continue with: {shlex.join(command)}"
 
 
 def train_and_evaluate(args) -> dict:
@@ -305,27 +342,47 @@ def train_and_evaluate(args) -> dict:
         saved = check_resume_flags(args, preset)
     for key in ("beam", "alpha"):  # not given: the run's own (a resumed run keeps its beam search), or the preset's
         if getattr(args, key) is None:
-            setattr(args, key, saved.get(key, getattr(preset, key)))
+            setattr(args, key, saved.get("args", {}).get(key, getattr(preset, key)))
     world = distributed.init(args.device)
-    os.makedirs(args.out_dir, exist_ok=True)
-    train, val, test, tok = load_data(args, preset, world)
-    run = prepare(args, preset, world, train, val, tok)
-    step, history_s = start_or_resume(run)
-    step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
-    with distributed.main_process_alone(world) as main:
-        return finish(run, test, step, train_seconds) if main else {}
+    step_tokens(args, preset, world)  # a bad --max-tokens is refused before anything is read or written
+    with own_folder(args.out_dir, world):
+        train, val, test = read_data(args, preset, world)
+        if args.resume:
+            check_same_data(args, saved, train)  # before the tokenizer is trained into the folder
+        tok = tokenizer(args, preset, world, train)
+        run = prepare(args, preset, world, train, val, tok)
+        step, history_s = start_or_resume(run)
+        step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
+        with distributed.main_process_alone(world) as main:
+            return finish(run, test, step, train_seconds) if main else {}
 
 
-def rank_tokens(args, preset: Preset, world) -> int:
-    """Tokens a side in each rank's batch: its share of the step's (--max-tokens or the preset's),
-    so that a step is the same batch whatever the number of ranks, and so is the schedule."""
+@contextlib.contextmanager
+def own_folder(out_dir: str, world):
+    """The run's hold on --out-dir, from its first moment to its end (rank 0 takes it for all
+    ranks): a second run started into it is refused, and so is a --resume while it runs."""
+    if not world.is_main:
+        yield
+        return
+    with files.lock_folder(out_dir) as left:
+        if left:
+            log.warning("%s was held by a run that ended without releasing it (%s): taking it over",
+                        out_dir, left)
+        yield
+
+
+def step_tokens(args, preset: Preset, world) -> int:
+    """Tokens a side in a step, all ranks together (--max-tokens or the preset's): each rank
+    takes a share of every step's sentences, so a step is the same batch whatever the number
+    of ranks, and so is the schedule. A W-th of it must hold the longest sentence the preset
+    keeps, so that every step but an epoch's last gives each rank a sentence at least."""
     tokens = args.max_tokens or preset.max_tokens
     share = tokens // world.world_size
     if share < preset.max_len:
         raise SetupError(f"--max-tokens {tokens} shared among {world.world_size} ranks gives each "
                          f"{share}, fewer than the longest sentence the preset keeps "
                          f"({preset.max_len}): raise --max-tokens or run fewer ranks")
-    return share
+    return tokens
 
 
 def prepare(args, preset: Preset, world, train, val, tok) -> Run:
@@ -339,7 +396,7 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
-                                max_tokens=rank_tokens(args, preset, world), max_len=preset.max_len,
+                                max_tokens=step_tokens(args, preset, world), max_len=preset.max_len,
                                 seed=args.seed, rank=world.rank, world_size=world.world_size)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
@@ -352,7 +409,9 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
             log.warning("--precision %s on the CPU is slow (NumPy has no 16-bit GEMM); it is meant "
                         "for GPUs", args.precision)
     return Run(args, world, model, ddp, optimizer, schedule, scaler_for(amp_dtype), amp_dtype, batcher, tok, val,
-               val_batches, os.path.join(args.out_dir, "train.jsonl"))
+               val_batches, os.path.join(args.out_dir, "train.jsonl"),
+               {"fingerprint": train.fingerprint(), "pairs": len(train)},
+               DivergenceDetector(model.config.target_vocab_size))
 
 
 def start_or_resume(run: Run) -> tuple[int, float]:
@@ -369,10 +428,12 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         try:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
         except ValueError as e:  # --max-tokens, --seed, the data subset or the ranks changed
-            raise SetupError(f"{last_path}: {e}; resume with the run's --max-tokens, --seed, --limit-train "
-                             f"and number of ranks, or start a new run. (--max-tokens is the step's, all ranks "
-                             f"together; runs from before commit aab03bb saved it per rank: N saved on W ranks "
-                             f"resumes with --max-tokens N*W.)") from e
+            old = "batching" not in ckpt.extra["batcher"]
+            raise SetupError(f"{last_path}: {e}; " + (
+                "the run was cut into batches per rank, by code from before the ranks shared each step's "
+                "batch, which this code cannot continue exactly: finish it with that code, or start a new run"
+                if old else "resume with the run's --max-tokens, --seed, --limit-train and number of ranks, or "
+                "start a new run")) from e
         step = ckpt.extra["step"]
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
@@ -435,7 +496,10 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
             stop_reason = "max steps" if step >= budget.max_steps else "epochs"
             break
         mt.manual_seed(step_seed(args.seed, step, world.rank))
-        src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        if len(batch):
+            src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        else:  # this rank's share of a step of fewer sentences than ranks
+            src = tgt_in = tgt_out = None
         result = train_step(run.model, run.optimizer, run.schedule, src, tgt_in, tgt_out,
                             label_smoothing=run.model.config.label_smoothing, ddp=run.ddp,
                             amp_dtype=run.amp_dtype, scaler=run.scaler)
@@ -444,11 +508,12 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if result.skipped and world.is_main:
             log.warning("step %d skipped: %s (loss %s)", step, result.skipped, result.loss)
         skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
-        if skipped_in_a_row >= args.max_skipped:  # the same on every rank: they all skip together
-            raise SystemExit(f"{skipped_in_a_row} steps in a row skipped (last: {result.skipped} at step "
-                             f"{step}): the run has diverged. Its last checkpoint is "
-                             f"{os.path.join(args.out_dir, 'last.npz')}; lower --lr-factor or raise --warmup "
-                             f"and start a new run")
+        # The loss is all ranks' mean, and the skips are common: every rank decides alike.
+        diverged = run.detector.update(step, result.loss)
+        if skipped_in_a_row >= args.max_skipped:
+            diverged = f"{skipped_in_a_row} steps in a row were skipped (the last for {result.skipped})"
+        if diverged:
+            stop_diverged(run, step, diverged)
         if world.is_main and (step % args.log_every == 0 or step == 1):
             log_step(run, step, batch.epoch, result, rate.read(), time.perf_counter() - start, progress)
         if progress is not None:
@@ -459,7 +524,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if step % budget.eval_every == 0 or done:
             with distributed.main_process_alone(world) as main:
                 if main:
-                    validate_and_save(run, step, start, supersede=near_copy)
+                    validate_and_save(run, step, start, supersede=near_copy, final=done)
             if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
                 done = late = True         # not one step later with a near copy of it
         if done:
@@ -472,10 +537,36 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if main:
             saved = checkpoints(args.out_dir)
             if not saved or checkpoint_step(saved[-1]) != step:  # stopped by the epochs, between checkpoints
-                validate_and_save(run, step, start, supersede=near_copy)
+                validate_and_save(run, step, start, supersede=near_copy, final=True)
                 seconds = time.perf_counter() - start
             log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
+
+
+def stop_diverged(run: Run, step: int, why: str) -> None:
+    """End a diverged run on every rank with one line: what happened, the last good checkpoint
+    (validate_and_save writes none while the loss is far above its best), and what to try."""
+    if not run.world.is_main:
+        run.world.comm.barrier()  # rank 0's SystemExit ends every rank (distributed.run_main)
+    path = os.path.join(run.args.out_dir, "last.npz")
+    if os.path.exists(path):
+        good = load_checkpoint(path, metadata_only=True).extra.get("step")
+        kept = f"its last good checkpoint, of step {good}, is {path}"
+    else:
+        kept = "it wrote no checkpoint before it diverged"
+    raise SystemExit(f"error: training diverged at step {step}: {why}. {kept}. Start a new run with a lower "
+                     f"--lr-factor or a longer --warmup")
+
+
+def append_record(path: str, record: dict) -> None:
+    """One line of train.jsonl; an OSError (a full disk) names the file."""
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        if e.filename is None:
+            e.filename = path
+        raise
 
 
 class TokenRate:
@@ -510,10 +601,9 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
                   grad_norm=result.grad_norm, tokens_per_s=tokens_per_s, seconds=seconds)
     if run.scaler is not None:
         record["loss_scale"] = run.scaler.scale_value
-    with open(run.log_path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    append_record(run.log_path, record)
     if progress is not None:
-        progress.set_postfix(loss=f"{result.loss:.3f}", ppl=f"{result.ppl:.1f}", lr=f"{result.lr:.1e}",
+        progress.set_postfix(loss=f"{result.loss:.3g}", ppl=format_ppl(result.ppl), lr=f"{result.lr:.1e}",
                              tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
@@ -538,7 +628,25 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if differ:
         raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
                          f"--preset and model flags, or start a new run")
-    return meta.extra.get("args", {})
+    return meta.extra
+
+
+def check_same_data(args, saved: dict, train) -> None:
+    """Refuse, naming the flag or the data, to resume on other training data than the run's
+    (``saved``: its last checkpoint's extra). Runs from before the corpus fingerprint have only
+    the tokenizer's check (check_resume)."""
+    path = os.path.join(args.out_dir, "last.npz")
+    flags = saved.get("args", {})
+    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size")):
+        if key in flags and flags[key] != getattr(args, key):
+            raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume "
+                             f"with the run's {flag}, or start a new run")
+    corpus = saved.get("corpus")
+    if corpus is not None and corpus["fingerprint"] != train.fingerprint():
+        raise SetupError(f"{path} was trained on other data than {len(train)} pairs of "
+                         f"{args.data_dir or 'data/' + PRESETS[args.preset].corpus} give now ({corpus['pairs']} "
+                         f"pairs, fingerprint {corpus['fingerprint']}, now {train.fingerprint()}): resume with the "
+                         f"run's training data, or start a new run")
 
 
 def check_resume(args, ckpt, run: Run, path: str) -> None:
@@ -589,28 +697,36 @@ def truncate_log(log_path: str, step: int) -> None:
         f.writelines(rows)
 
 
-def validate_and_save(run: Run, step: int, start: float, supersede: int = 0) -> None:
+def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> None:
     """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
     the checkpoint's time trained includes this validation, as the budget does. The checkpoint
     replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
     shortly after a checkpoint (its time budget, --max-steps), or resumes shortly before one,
-    would otherwise average a near copy. Regular checkpoints, an interval apart, are all kept."""
+    would otherwise average a near copy. Regular checkpoints, an interval apart, are all kept.
+
+    No checkpoint is written while the divergence detector suspects the run (its training loss
+    far above its best), unless training ends here (``final``), so that a diverging run's last
+    checkpoint is its last good one; a non-finite validation loss ends the run as diverged."""
     args = run.args
     seconds = time.perf_counter() - start
-    loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)
+    loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)  # loss: the NLL
+    if not math.isfinite(loss):
+        stop_diverged(run, step, f"the validation loss is {loss}")
     n = min(args.bleu_sample, len(run.val))
     with run.autocast():
         hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
     score, signature, ratio = bleu(hyps, run.val.tgt[:n])
     record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, length_ratio=ratio,
                   seconds=seconds, signature=signature)
-    with open(run.log_path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    log.info("step %d: validation NLL %.3f (ppl %.2f), BLEU %.2f on %d sentences, length ratio %.3f "
-             "(sacreBLEU %s)", step, math.log(ppl), ppl, score, n, ratio, signature)
+    append_record(run.log_path, record)
+    log.info("step %d: validation NLL %.3f (ppl %s), BLEU %.2f on %d sentences, length ratio %.3f "
+             "(sacreBLEU %s)", step, loss, format_ppl(ppl), score, n, ratio, signature)
+    if run.detector.suspect and not final:
+        log.warning("step %d: no checkpoint written, as the training loss is far above its best: the last "
+                    "one stays the last good one", step)
+        return
     extra = {"step": step, "train_seconds": time.perf_counter() - start, "batcher": run.batcher.state_dict(),
-             "args": vars(args),
-             "tokenizer": os.path.basename(run.tok.path)}
+             "args": vars(args), "tokenizer": os.path.basename(run.tok.path), "corpus": run.corpus}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
     # last.npz first: a kill between the two writes leaves a run that --resume continues (and
     # start_or_resume then writes the missing ckpt-<step>.npz from the same weights).

@@ -16,15 +16,15 @@ not UTF-8 stop the run with the file (or stdin), the line and the byte.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import glob
 import logging
 import os
 import sys
 from collections.abc import Iterator
 
-from minitransformer import data, decoding, nn
-from minitransformer.checkpoint import Checkpoint, load_checkpoint
+from minitransformer import cli, data, decoding, files, nn
+from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from minitransformer.decoding import translate
 
 
@@ -59,6 +59,10 @@ def find_run_files(run: str) -> tuple[str, str]:
                        if os.path.exists(p)), None)
     if checkpoint is None:
         raise SystemExit(f"{run} has no averaged.npz or last.npz: is it a train_wmt.py output folder?")
+    if os.path.basename(checkpoint) == "last.npz":
+        logging.getLogger("translate").warning(
+            "%s has no averaged.npz (its training has not finished, or it was deleted): using its last "
+            "checkpoint, not the average of the last ones", run)
     name = load_checkpoint(checkpoint, metadata_only=True).extra.get("tokenizer")
     if name is not None:
         if not os.path.exists(os.path.join(run, name)):
@@ -89,62 +93,116 @@ def read_chunks(fd: int, name: str, chunk_bytes: int = 1 << 14) -> Iterator[tupl
         yield first, [data.decode_utf8(pending, name, first).removesuffix("\r")]
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", help="a train_wmt.py --out-dir")
-    p.add_argument("--checkpoint", help="checkpoint file (overrides --run's)")
+    p.add_argument("--checkpoint", help="checkpoint file (overrides --run's; with --run, it must hold the run's "
+                   "model configuration)")
     p.add_argument("--tokenizer", help="sentencepiece .model file (overrides --run's)")
-    p.add_argument("--input", help="one sentence a line (default: stdin)")
-    p.add_argument("--output", help="where to write translations (default: stdout)")
+    p.add_argument("--input", help="one sentence a line: a file, or a pipe (default: stdin)")
+    p.add_argument("--output", help="where to write translations (default: stdout); written whole at the end, "
+                   "a stopped run leaves what it finished in OUTPUT.partial")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
-    p.add_argument("--beam", type=int, help="beam size (default: the run's, else 4)")
-    p.add_argument("--alpha", type=float, help="length penalty (default: the run's, else 0.6)")
-    p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")
+    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the run's, else 0.6)")
+    p.add_argument("--max-tokens", type=cli.integer(1), default=2048,
+                   help="source tokens per batch (raised to the longest line's length; it never truncates)")
+    p.add_debug()
+    return p
+
+
+def check_files(p: cli.ArgumentParser, args) -> None:
+    """Refuse, before anything is opened for writing, an output that is the input (by any path
+    or link) or that lies in a missing folder, and an input that is missing or a folder."""
+    if args.input:
+        if not os.path.exists(args.input):
+            p.error(f"--input {args.input}: no such file")
+        if os.path.isdir(args.input):
+            p.error(f"--input {args.input}: a folder, not a file")
+    if args.output:
+        if os.path.isdir(args.output):
+            p.error(f"--output {args.output}: a folder, not a file")
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder):
+            p.error(f"--output {args.output}: the folder {folder} does not exist")
+        if args.input and os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+            p.error(f"--output {args.output} is the input file: writing it would destroy the input")
+
+
+def main(argv=None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.beam is not None and args.beam < 1:
-        p.error(f"--beam {args.beam}: a beam holds at least 1 hypothesis")
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
-    if args.input and not os.path.isfile(args.input):
-        p.error(f"--input {args.input}: no such file")
+    check_files(p, args)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
+    run_checkpoint = checkpoint
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
 
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
+    if args.checkpoint and run_checkpoint:
+        check_same_config(ckpt, checkpoint, run_checkpoint)
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
     # train_wmt.py saves the beam and alpha it decodes with beside the averaged model, and its
     # flags in every checkpoint.
     run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
     beam = args.beam or run_flags.get("beam") or decoding.BEAM
     alpha = run_flags.get("alpha", decoding.ALPHA) if args.alpha is None else args.alpha
-    source = open(args.input, "rb") if args.input else sys.stdin.buffer
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    progress = None
-    if args.input:
-        from tqdm import tqdm
+    print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
+          file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
+        out = (stack.enter_context(files.atomic_write(args.output, partial=args.output + ".partial"))
+               if args.output else sys.stdout)
+        progress = None
+        if args.input:
+            from tqdm import tqdm
 
-        progress = tqdm(total=sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b"")),
-                        unit="line", desc="translate")
-        source.seek(0)
-    try:
-        for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
-            hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens,
-                             first_line=first)
-            out.write("".join(h + "\n" for h in hyps))
-            out.flush()
-            if progress is not None:
-                progress.update(len(lines))
-    except data.CorpusError as e:
-        raise SystemExit(str(e)) from None
-    finally:
-        if progress is not None:
-            progress.close()
+            # A regular file is counted first, for the bar's total; a pipe can be read only once.
+            total = None
+            if os.path.isfile(args.input):
+                total = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
+                source.seek(0)
+            progress = stack.enter_context(tqdm(total=total, unit="line", desc="translate"))
+        try:
+            for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
+                hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens, first_line=first)
+                out.write("".join(h + "\n" for h in hyps))
+                out.flush()
+                if progress is not None:
+                    progress.update(len(lines))
+        except BaseException:
+            if args.output:
+                sys.stderr.write(f"{args.output} is unchanged; the lines translated so far are in "
+                                 f"{args.output}.partial\n")
+            raise
+
+
+def describe(ckpt: Checkpoint, path: str) -> str:
+    """What the checkpoint holds, for the line that says which model translates."""
+    extra = ckpt.extra
+    if "averaged_from" in extra:
+        what = f"the average of {len(extra['averaged_from'])} checkpoints ({', '.join(extra['averaged_from'])})"
+    else:
+        what = "the last checkpoint" if os.path.basename(path) == "last.npz" else "one checkpoint"
+    step = f", step {extra['step']}" if "step" in extra else ""
+    return f"{path}: {what}{step}"
+
+
+def check_same_config(ckpt: Checkpoint, path: str, run_checkpoint: str) -> None:
+    """With --run and --checkpoint, the checkpoint must hold the run's model: one of another
+    configuration that shares the tokenizer would load and translate, but not as the run does."""
+    run_config = load_checkpoint(run_checkpoint, metadata_only=True).config or {}
+    differ = [f"{k} {v} (the run's: {run_config[k]})" for k, v in (ckpt.config or {}).items()
+              if k in run_config and run_config[k] != v]
+    if differ:
+        raise CheckpointError(f"{path} holds a model with {', '.join(differ)}, not the model of the run "
+                              f"{run_checkpoint}: give it without --run (with --tokenizer), or a checkpoint of the run")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

@@ -38,36 +38,46 @@ import time
 from train_wmt import PRESETS, bleu, checkpoints
 from translate import find_run_files, model_from
 
-from minitransformer import data
+from minitransformer import cli, data
 from minitransformer.checkpoint import average_checkpoints
 from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
 
 
-def int_list(text: str) -> list[int]:
-    """Positive integers, comma-separated, each once."""
-    values = [int(x) for x in text.split(",")]
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text}: every value must be at least 1")
-    return list(dict.fromkeys(values))
+def comma_list(element):
+    """An argparse type for comma-separated values, each read and checked by ``element`` (a
+    ``cli.integer`` or ``cli.real``), each kept once, in order. ``kind`` and ``element`` let a
+    test find what every value must be."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [element(item.strip()) for item in text.split(",")]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (in {text!r})") from None
+        return list(dict.fromkeys(values))
+
+    parse.kind, parse.element = "list", element
+    parse.__name__ = "list"
+    return parse
 
 
-def float_list(text: str) -> list[float]:
-    return [float(x) for x in text.split(",")]
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir with its ckpt-<step>.npz files")
     p.add_argument("--data-dir", required=True, help="the corpus folder")
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k", help="names the corpus")
-    p.add_argument("--average", type=int_list, default=[5], help="numbers of last checkpoints to average")
-    p.add_argument("--beam", type=int_list, default=[4], help="beam sizes")
-    p.add_argument("--alpha", type=float_list, default=[0.6], help="length penalties")
-    p.add_argument("--limit-val", type=int, help="only the first N validation pairs")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    return p.parse_args(argv)
+    p.add_argument("--average", type=comma_list(cli.integer(1)), default=[5],
+                   help="numbers of last checkpoints to average, comma-separated")
+    p.add_argument("--beam", type=comma_list(cli.integer(1)), default=[4], help="beam sizes, comma-separated")
+    p.add_argument("--alpha", type=comma_list(cli.real(0.0)), default=[0.6],
+                   help="length penalties, comma-separated")
+    p.add_argument("--limit-val", type=cli.integer(1), help="only the first N validation pairs (none: all)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model decodes")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> list[dict]:

@@ -228,15 +228,18 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
     What the model cannot read is not decoded, since it would only invent a sentence: an
     empty (or whitespace-only) sentence gives "", and so does one of which the vocabulary
     knows no character (all <unk>), with a warning. A sentence longer than the model's
-    positions (``config.max_len`` tokens with EOS, or ``max_tokens`` if smaller) is split
-    after each . ! or ? and translated part by part; a part still too long is truncated.
+    positions (``config.max_len`` tokens with EOS) is split after each . ! or ? and translated
+    part by part; a part still too long is truncated. ``max_tokens`` only sizes the batches
+    (raised to the longest part's length if that is longer): it never truncates.
     Warnings call sentence i "line first_line + i", its line in the file it came from.
     """
     from .data import TokenBatcher  # the data layer needs nothing from the model
 
     if not sentences:
         return []
-    limit = min(model.config.max_len, max_tokens) - 1  # pieces, EOS not counted
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    limit = model.config.max_len - 1  # pieces, EOS not counted
     owners, parts = [], []  # sentence index of each part to decode, and its piece ids
     for i, (text, ids) in enumerate(zip(sentences, tokenizer.encode(sentences))):
         if not ids:  # empty, or only whitespace
@@ -250,7 +253,7 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
         parts += pieces
     if not parts:
         return [""] * len(sentences)
-    batcher = TokenBatcher(parts, max_tokens=max_tokens, shuffle=False)
+    batcher = TokenBatcher(parts, max_tokens=max(max_tokens, max(map(len, parts)) + 1), shuffle=False)
     batches = batcher.epoch_batches(0)
     if progress:
         from tqdm import tqdm

@@ -4,23 +4,34 @@
 fsyncs it, renames it over the target and fsyncs the folder: a crash at any moment leaves either
 the previous file or the new one, never a torn mix (checkpoints, tokenizers, logs, manifests,
 results). A crash can leave the temporary file itself behind; ``remove_unfinished_writes``
-deletes those of a folder, as training does when it starts.
+deletes those of a folder, as training does when it starts. A long write that is worth keeping
+in part (translations, written as they are made) names a ``partial`` file: a failure leaves
+what was written there, and the target untouched.
+
+``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
+``--out-dir``): a second process is refused, naming the first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
+import socket
 import tempfile
+import time
 
 PREFIX = ".tmp-"
+LOCK_NAME = ".lock"
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w"):
+def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.PathLike | None = None):
     """``with atomic_write(path, "wb") as f:`` a file object; ``path`` gets its content only if
-    the block ends without an exception. The folder is created if missing."""
+    the block ends without an exception. The folder is created if missing. With ``partial``,
+    an exception (an interrupt too) renames what was written so far to that path, if anything
+    was, instead of deleting it."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', not {mode!r}")
     path = os.path.abspath(path)
@@ -42,9 +53,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "w"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = path  # a write that fails (a full disk) names no file of its own
         if os.path.exists(tmp):
-            os.unlink(tmp)
+            if partial is not None and os.path.getsize(tmp):
+                os.replace(tmp, partial)
+            else:
+                os.unlink(tmp)
         raise
     folder_fd = os.open(folder, os.O_RDONLY)  # make the rename itself durable
     try:
@@ -60,3 +76,40 @@ def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
     for path in stale:
         os.remove(path)
     return [os.path.basename(p) for p in stale]
+
+
+class FolderInUse(RuntimeError):
+    """The folder is held by another process's ``lock_folder``."""
+
+
+@contextlib.contextmanager
+def lock_folder(folder: str | os.PathLike):
+    """Hold ``folder`` (created if missing) for this process while the block runs.
+
+    The lock is ``flock`` on the file ``.lock`` in it, which records the holder (pid, host,
+    since when) for the message that refuses a second process: ``FolderInUse``. The kernel
+    drops a flock when its process ends, however it ends (``kill -9`` too), so a lock is never
+    stale; a record that a process which ended without releasing left behind (the file is
+    emptied on release) is taken over, and returned by the block, for the caller to report.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 1024).decode("utf-8", "replace").strip() or "a process"
+            raise FolderInUse(f"{folder} is in use by another run ({holder}, {path}): wait for it to end, "
+                              f"or choose another folder") from None
+        left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        try:
+            yield left
+        finally:
+            os.ftruncate(fd, 0)  # released: nothing left to take over
+    finally:
+        os.close(fd)  # drops the flock

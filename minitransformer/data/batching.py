@@ -31,14 +31,16 @@ The masks are built here, once per batch, and the model expands them for each at
        random order each epoch, so the batches differ from epoch to epoch;
     2. cut the sorted run greedily into batches within the token budget;
     3. shuffle the batch order with the same generator;
-    4. data parallelism: with W ranks, repeat the first batches of the shuffled list until
-       their number is a multiple of W, and give rank r batches r, r + W, r + 2W, ...
-       Every rank takes the same number of steps (an all-reduce waits for all of them),
-       and all ranks compute the same list, since it depends only on (data, seed, epoch).
+    4. data parallelism: with W ranks, each batch is one step of all ranks together, and
+       rank r takes the r-th of W consecutive slices of its (length-sorted) sentences
+       (``np.array_split``). Every rank computes the same list, since it depends only on
+       (data, seed, epoch), so all take the same number of steps (an all-reduce waits for
+       all of them), and a step trains on the same sentences at any W: the union of the
+       ranks' shares is one process's batch. A batch of fewer than W sentences (at most the
+       epoch's last cut, when W * max_len <= max_tokens) leaves the last ranks an empty share.
 
-``max_tokens`` is per rank and step; the paper's 25,000 + 25,000 tokens per step were
-spread over 8 GPUs, i.e. ``max_tokens`` of about 3,100 with W = 8 (or 25,000 with W = 1).
-(train_wmt.py's ``--max-tokens`` is the step's: it gives each rank a W-th.)
+``max_tokens`` is the step's, all ranks together: the paper's 25,000 + 25,000 tokens per
+step, spread over 8 GPUs, are ``max_tokens=25000`` with W = 8, about 3,100 a GPU.
 Everything depends only on (seed, epoch), so a run resumed from ``state_dict()`` sees
 exactly the batches it would have seen without the interruption.
 """
@@ -55,6 +57,10 @@ import numpy as np
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# The way batches are cut and shared, saved in state_dict(): 2 splits each step's batch among
+# the ranks (before it, unsaved, every rank cut batches of its own).
+BATCHING = 2
 
 
 @dataclass
@@ -167,7 +173,8 @@ def _packed(seqs: PackedSequences | Sequence[Sequence[int]]) -> PackedSequences:
 
 
 class TokenBatcher:
-    """Batches of about ``max_tokens`` padded tokens, bucketed by length, for one rank.
+    """Batches of about ``max_tokens`` padded tokens, bucketed by length; with ``world_size``
+    ranks, this rank's share of each.
 
     src, tgt: piece ids per sentence (``Tokenizer.encode`` output, or ``encode_packed``'s
         for a large corpus); ``tgt=None`` for source-only batches (translating a test set).
@@ -230,7 +237,7 @@ class TokenBatcher:
         self._cached: tuple[int, list[np.ndarray]] | None = None
 
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every rank's batches for an epoch, as index arrays, in step order."""
+        """The batches of an epoch (all ranks together), as index arrays, in step order."""
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.kept) if self.shuffle else self.kept
         # lexsort's last key is the primary one; it is stable, so ties keep the shuffled order.
@@ -248,22 +255,29 @@ class TokenBatcher:
         batches.append(order[start:])
         if self.shuffle:
             batches = [batches[j] for j in rng.permutation(len(batches))]
-        short = -len(batches) % self.world_size
-        return batches + [batches[j % len(batches)] for j in range(short)]
+        return batches
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """This rank's batches for an epoch: arrays of indices into the input sequences."""
+        """This rank's share of each step of an epoch: arrays of indices into the input
+        sequences (empty where a step has fewer sentences than ranks)."""
         if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, self._all_batches(epoch)[self.rank::self.world_size])
+            shares = [np.array_split(b, self.world_size)[self.rank] for b in self._all_batches(epoch)]
+            self._cached = (epoch, shares)
         return self._cached[1]
 
     def steps_per_epoch(self, epoch: int) -> int:
-        """How many batches each rank gets in this epoch (equal on every rank; it may vary
-        by one or two between epochs, as the greedy cut sees a different order)."""
+        """How many steps this epoch has (the same on every rank; it may vary by one or two
+        between epochs, as the greedy cut sees a different order)."""
         return len(self.epoch_batches(epoch))
 
     def make_batch(self, indices: np.ndarray) -> Batch:
-        """The padded ``Batch`` for these pair indices."""
+        """The padded ``Batch`` for these pair indices; no indices (an empty share of a step)
+        give a batch of no rows."""
+        if len(indices) == 0:
+            none = np.zeros((0, 0), dtype=np.int64)
+            has_tgt = self._tgt is not None
+            return Batch(none, none.astype(bool), none if has_tgt else None, none if has_tgt else None,
+                         none.astype(bool) if has_tgt else None, np.asarray(indices, np.int64), 0, 0)
         src = [self._src[i] for i in indices]
         tgt = [self._tgt[i] for i in indices] if self._tgt is not None else None
         return collate(src, tgt, indices)
@@ -297,13 +311,13 @@ class TokenBatcher:
         epoch, step = self.position
         return {"epoch": epoch, "step": step, "seed": self.seed, "world_size": self.world_size,
                 "num_pairs": self.num_pairs, "max_tokens": self.max_tokens,
-                "max_len": self.max_len}
+                "max_len": self.max_len, "batching": BATCHING}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict()``; refuses one made with different settings."""
         mine = self.state_dict()
         differ = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}"
-                  for k in ("seed", "world_size", "num_pairs", "max_tokens", "max_len")
+                  for k in ("seed", "world_size", "num_pairs", "max_tokens", "max_len", "batching")
                   if state.get(k) != mine[k]]
         if differ:
             raise ValueError("cannot resume batching with different settings: " + "; ".join(differ))

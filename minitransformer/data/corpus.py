@@ -28,6 +28,7 @@ would then shift every later line against its translation.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -64,6 +65,14 @@ class ParallelCorpus:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def fingerprint(self) -> str:
+        """A hash of every pair, in order (hex, 16 digits): a run keeps it to tell, when it is
+        resumed, whether it is given the data it was trained on."""
+        h = hashlib.sha256()
+        for src, tgt in zip(self.src, self.tgt):
+            h.update(src.encode("utf-8") + b"\t" + tgt.encode("utf-8") + b"\n")
+        return h.hexdigest()[:16]
 
     def subset(self, indices) -> ParallelCorpus:
         """The pairs at ``indices`` (in that order), e.g. a few hundred for a smoke test."""

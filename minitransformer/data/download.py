@@ -56,6 +56,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
+from .. import cli
 from ..files import atomic_write
 from .corpus import missing_files
 
@@ -382,8 +383,8 @@ def ensure_dataset(name: str, data_dir: str | Path, **kwargs) -> Path:
     return download(name, data_dir, only=needed, **kwargs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.ArgumentParser(
         prog="python -m minitransformer.data.download",
         description="Download Multi30k (task 1, EN/DE) or WMT14 EN-DE from the official "
                     "sources, verify checksums, resume partial files, extract what the "
@@ -391,14 +392,20 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Environment: MINITRANSFORMER_MULTI30K_URL, MINITRANSFORMER_WMT14_URL override "
                "the base URL. Checksum provenance is recorded in DEST/MANIFEST.json.",
     )
-    parser.add_argument("dataset", choices=sorted(DATASETS))
+    parser.add_argument("dataset", choices=sorted(DATASETS), help="the data set to fetch")
     parser.add_argument("--dest", required=True, type=Path, help="directory for the files")
     parser.add_argument("--base-url", help="fetch from here instead of the official source")
-    parser.add_argument("--retries", type=int, default=3,
-                        help="resume attempts in a row without progress (default 3)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds to wait on a silent connection (default 60)")
+    parser.add_argument("--retries", type=cli.integer(0), default=3,
+                        help="resume attempts in a row without progress (0: none, the first "
+                             "failure ends the download)")
+    parser.add_argument("--timeout", type=cli.real(0.0, low_open=True), default=60.0,
+                        help="seconds to wait on a silent connection")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:

@@ -195,7 +195,8 @@ def load_or_train(corpus: ParallelCorpus, cache_dir: str | Path | None = None,
     record = {"config": asdict(config), "fingerprint": fingerprint, "pairs": len(corpus),
               "src_files": [str(p) for p in corpus.src_paths],
               "tgt_files": [str(p) for p in corpus.tgt_paths]}
-    model_path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    with atomic_write(model_path.with_suffix(".json")) as f:
+        f.write(json.dumps(record, indent=2) + "\n")
     return tokenizer
 
 

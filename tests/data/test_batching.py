@@ -1,6 +1,5 @@
 import itertools
 import logging
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -104,25 +103,35 @@ def test_order_is_deterministic_per_seed_and_epoch_and_reshuffled_each_epoch():
     assert longest == sorted(longest)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_ranks_get_disjoint_shares_with_equal_step_counts(world_size):
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_the_ranks_split_each_step_of_one_process(world_size):
+    """Every step is one process's batch, cut into the ranks' shares: the same steps at any
+    number of ranks, each sentence on exactly one rank, the shares contiguous runs of the
+    length-sorted batch (so of similar lengths), and rank 0's never empty."""
     rng = np.random.default_rng()
     src, tgt = random_pairs(rng, int(rng.integers(50, 400)))
     seed, epoch = int(rng.integers(1 << 30)), int(rng.integers(0, 10))
-    single = TokenBatcher(src, tgt, max_tokens=250, seed=seed)
-    ranks = [TokenBatcher(src, tgt, max_tokens=250, seed=seed, rank=r, world_size=world_size)
+    max_tokens = int(rng.integers(60, 400))
+    single = TokenBatcher(src, tgt, max_tokens=max_tokens, seed=seed)
+    ranks = [TokenBatcher(src, tgt, max_tokens=max_tokens, seed=seed, rank=r, world_size=world_size)
              for r in range(world_size)]
-    steps = {r.steps_per_epoch(epoch) for r in ranks}
-    assert len(steps) == 1
-    n_batches = single.steps_per_epoch(epoch)
-    assert steps.pop() == -(-n_batches // world_size)
-    # Together the ranks see every batch of the single-process epoch; the only repeats are
-    # the fewer than world_size batches that even out the step counts.
-    shares = [tuple(b.tolist()) for r in ranks for b in r.epoch_batches(epoch)]
-    assert set(shares) == {tuple(b.tolist()) for b in single.epoch_batches(epoch)}
-    assert len(shares) - n_batches < world_size
-    counts = Counter(i for share in set(shares) for i in share)
-    assert sorted(counts) == list(range(len(src))) and set(counts.values()) == {1}
+    assert {r.steps_per_epoch(epoch) for r in ranks} == {single.steps_per_epoch(epoch)}
+    for step, whole in enumerate(single.epoch_batches(epoch)):
+        shares = [r.epoch_batches(epoch)[step] for r in ranks]
+        assert np.concatenate(shares).tolist() == whole.tolist()
+        sizes = [len(s) for s in shares]
+        assert sizes[0] >= 1 and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    for r in ranks:  # a share pads to its own longest row, within the step's budget
+        for batch in r.iter_epoch(epoch):
+            assert batch.src.size <= max_tokens and batch.tgt_in.size <= max_tokens
+
+
+def test_an_empty_share_is_a_batch_of_no_rows():
+    src, tgt = [[5, 6, 7]] * 2, [[8, 9]] * 2  # one step of two sentences, three ranks
+    last = TokenBatcher(src, tgt, max_tokens=100, rank=2, world_size=3)
+    (batch,) = list(last.iter_epoch(0))
+    assert len(batch) == 0 and batch.num_tgt_tokens == 0 and batch.src.shape == (0, 0)
+    assert len(next(iter(TokenBatcher(src, tgt, max_tokens=100, rank=0, world_size=3)))) == 1
 
 
 def test_resume_from_state_dict_continues_exactly():

@@ -69,19 +69,100 @@ def test_bytes_that_are_not_utf8_are_named(run, tmp_path, how):
         where = str(tmp_path / "bad.en")
     assert result.returncode != 0
     assert result.stderr.decode().strip().splitlines()[-1] == (
-        f"{where}, line 2: byte 0xff at column 7 is not valid UTF-8 (invalid start byte)")
+        f"error: {where}, line 2: byte 0xff at column 7 is not valid UTF-8 (invalid start byte)")
 
 
-def test_a_large_file_is_written_as_it_goes(run, tmp_path):
-    """A bad byte far into a file stops the run there; the lines before it are already written."""
+def test_a_failed_run_leaves_the_output_as_it_was_and_what_it_finished_beside_it(run, tmp_path):
+    """A bad byte far into a file stops the run there: the output file is not truncated (here
+    an earlier translation stays whole), and the lines translated before the stop, written as
+    they were made, are in OUTPUT.partial."""
     src = tmp_path / "big.en"
     src.write_bytes(("\n".join(sentences(3000, seed=1)) + "\n").encode() + b"\xc3\x28\n")
     out = tmp_path / "big.de"
+    out.write_text("an earlier translation\n")
     result = cli(run, b"", "--input", str(src), "--output", str(out), "--beam", "1")
+    assert result.returncode == 1
     assert "line 3001: byte 0xc3" in result.stderr.decode()
     assert "line/s" in result.stderr.decode() or "it/s" in result.stderr.decode()  # tqdm's bar
-    written = out.read_text().splitlines()
+    assert out.read_text() == "an earlier translation\n"
+    written = (tmp_path / "big.de.partial").read_text().splitlines()
     assert 1000 < len(written) <= 3000
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("path", ["same", "link", "other-path", "hard-link"])
+def test_the_input_as_output_is_refused_before_anything_is_written(run, tmp_path, path):
+    src = tmp_path / "in.en"
+    src.write_text("A dog runs.\nA man sits.\n")
+    out = {"same": src, "link": tmp_path / "link.en", "other-path": tmp_path / "sub" / ".." / "in.en",
+           "hard-link": tmp_path / "hard.en"}[path]
+    (tmp_path / "sub").mkdir()
+    if path == "link":
+        out.symlink_to(src)
+    if path == "hard-link":
+        os.link(src, out)
+    result = cli(run, b"", "--input", str(src), "--output", str(out))
+    assert result.returncode == 2
+    line = result.stderr.decode().strip().splitlines()[-1]  # after the emulated device's banner
+    assert f"--output {out} is the input file" in line
+    assert src.read_text() == "A dog runs.\nA man sits.\n"
+
+
+def test_an_output_in_a_missing_folder_is_one_line(run, tmp_path):
+    result = cli(run, b"A dog.\n", "--output", str(tmp_path / "missing" / "out.de"))
+    assert result.returncode == 2
+    line = result.stderr.decode().strip().splitlines()[-1]
+    assert "does not exist" in line and str(tmp_path / "missing") in line
+
+
+def test_a_named_pipe_is_read_as_stdin_is(run, tmp_path):
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), "--input",
+                             str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    with open(fifo, "w") as f:
+        f.write("A dog runs.\n\nA man sits.\n")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().split("\n")
+    assert len(lines) == 4 and lines[0] and lines[1] == "" and lines[2] and lines[3] == ""
+
+
+def test_a_small_batch_budget_never_truncates(run):
+    tok = data.Tokenizer(next(run.glob("*.model")))
+    model = translate.load_model(str(run / "averaged.npz"), "cpu", tokenizer=tok)
+    lines = ["A man in a blue shirt rides a bike.", "A dog.", "Two women sit on a bench in the park."]
+    assert decoding.translate(model, tok, lines, beam_size=2, max_tokens=3) == decoding.translate(
+        model, tok, lines, beam_size=2)
+
+
+def test_the_model_loaded_is_named_and_a_missing_average_said(run, tmp_path):
+    folder = tmp_path / "unfinished"
+    folder.mkdir()
+    tiny_run(folder, seed=0)
+    (folder / "averaged.npz").rename(folder / "last.npz")
+    result = cli(folder, b"A dog.\n")
+    assert result.returncode == 0
+    err = result.stderr.decode()
+    assert "has no averaged.npz" in err and "using its last checkpoint" in err
+    assert f"translate.py: {folder / 'last.npz'}: the last checkpoint" in err
+    err = cli(run, b"A dog.\n").stderr.decode()
+    assert "has no averaged.npz" not in err and f"translate.py: {run / 'averaged.npz'}" in err
+
+
+def test_a_checkpoint_of_another_configuration_is_refused_with_the_run(run, tmp_path):
+    import minitransformer as mt
+    from minitransformer import nn
+
+    config = load_checkpoint(str(run / "averaged.npz"), metadata_only=True).config
+    other = nn.Transformer(nn.TransformerConfig(**{**config, "d_ff": 48}))
+    save_checkpoint(str(tmp_path / "other.npz"), other, extra={"tokenizer": next(run.glob("*.model")).name})
+    assert mt  # the tokenizer is shared: only the configuration tells them apart
+    result = cli(run, b"A dog.\n", "--checkpoint", str(tmp_path / "other.npz"))
+    assert result.returncode == 1
+    (line,) = [x for x in result.stderr.decode().strip().splitlines() if "error" in x]
+    assert "d_ff 48 (the run's: 32)" in line
 
 
 def test_stdin_is_answered_line_by_line(run):

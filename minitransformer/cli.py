@@ -1,0 +1,157 @@
+"""What the project's command-line programs share: options checked when they are parsed, and
+ordinary failures told in one line.
+
+Numeric options. ``integer(low, high)`` and ``real(low, high)`` are argparse ``type=``
+functions that refuse, at parse time and naming the option, what the program cannot use:
+``nan`` and ``inf`` for every real option, and any value outside [low, high] (``low_open``
+makes the lower bound strict: a learning-rate factor must be above 0, a dropout may be 0).
+The bounds stay on the function (``.low``, ``.high``...), so a test can read every program's
+options and try each at 0, -1, nan and inf.
+
+    p = cli.ArgumentParser(description=...)
+    p.add_argument("--beam", type=cli.integer(1), help="beam size")
+    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty")
+
+``ArgumentParser`` is argparse's, with two changes: a bad option is one line (the program, the
+option, what is wrong, and "see --help") instead of a page of usage; and the help shows
+defaults.
+
+Ordinary failures. ``run(main, argv, ...)`` calls ``main`` and turns what a user meets in
+normal use into one line on stderr and a non-zero status: an interrupt (Ctrl-C: status 130,
+with the command that continues, when the program can say it), an ``OSError`` on a file (a
+full disk, a read-only folder, a missing one: the file and the reason), and the program's own
+``user_errors`` (a bad corpus, a bad checkpoint). ``--debug`` (or ``MT_DEBUG=1``) lets the
+traceback through instead. Anything else is a bug, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+
+DEBUG_ENV = "MT_DEBUG"
+
+
+class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in ``--help``, but not an unset one ("(default: None)") or a flag's False:
+    their help says what not giving them means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors and the defaults in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _ShowDefaults)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def add_debug(self) -> None:
+        """``--debug``: show the traceback of an ordinary failure (also ``MT_DEBUG=1``)."""
+        self.add_argument("--debug", action="store_true", default=debug_from_env(),
+                          help="show the traceback of an ordinary failure (an interrupt, a file that cannot "
+                               f"be written, a bad corpus or checkpoint), which otherwise is one line; also "
+                               f"{DEBUG_ENV}=1")
+
+
+def debug_from_env() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def _bounds(low, high, low_open: bool, high_open: bool) -> str:
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+    return " and ".join(s for s in (lo, hi) if s)
+
+
+def _check(value, low, high, low_open: bool, high_open: bool, kind: str):
+    below = low is not None and (value < low or (low_open and value == low))
+    above = high is not None and (value > high or (high_open and value == high))
+    if below or above:
+        raise argparse.ArgumentTypeError(f"{value}: must be {kind} {_bounds(low, high, low_open, high_open)}")
+    return value
+
+
+def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type for an integer in [low, high] (None: unbounded on that side)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        return _check(value, low, high, False, False, "an integer")
+
+    parse.kind, parse.low, parse.high, parse.low_open, parse.high_open = "integer", low, high, False, False
+    parse.__name__ = "integer"
+    return parse
+
+
+def real(low: float | None = None, high: float | None = None, low_open: bool = False,
+         high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type for a finite number in [low, high]; ``low_open``/``high_open`` leave
+    out that end (a probability of dropping is in [0, 1): ``real(0, 1, high_open=True)``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
+        return _check(value, low, high, low_open, high_open, "a number")
+
+    parse.kind, parse.low, parse.high, parse.low_open, parse.high_open = "real", low, high, low_open, high_open
+    parse.__name__ = "real"
+    return parse
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError: its reason and the file it concerns. A full disk raises while
+    the file is written and again while it is cleaned up; the first error with a file name in
+    the chain is the one that says what happened."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.filename is not None:
+            e = seen
+            break
+        seen = seen.__cause__ or seen.__context__
+    reason = e.strerror or str(e)
+    return f"{reason}: {e.filename}" if e.filename is not None else reason
+
+
+def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tuple = (),
+        on_interrupt: Callable[[], str | None] | None = None):
+    """``main(argv)``, with ordinary failures told in one line (module docstring).
+
+    ``debug``: let tracebacks through; None reads ``--debug`` in ``argv`` (or ``sys.argv``) and
+    ``MT_DEBUG``. ``on_interrupt()`` may return what the user can do next (the command that
+    resumes), added to the interrupt's line.
+    """
+    if debug is None:
+        debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        hint = on_interrupt() if on_interrupt is not None else None
+        sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")
+        raise SystemExit(130) from None
+    except OSError as e:
+        if debug:
+            raise
+        raise SystemExit(f"error: {os_error_line(e)}") from None
+    except user_errors as e:
+        if debug:
+            raise
+        raise SystemExit(f"error: {e}") from None
