@@ -1,9 +1,11 @@
 """One training step of the paper's recipe, and evaluation of the loss.
 
 A step (section 5): forward the batch, label-smoothed cross-entropy over the non-padding
-target tokens, backward, then Adam with the warmup schedule. Two guards keep a bad batch from
-damaging the model: a non-finite loss is not backpropagated, and a non-finite gradient skips
-the optimiser step; both are reported in the step's result, not trained on.
+target tokens, backward, then Adam with the warmup schedule. Three guards keep a bad batch from
+damaging the model: a non-finite loss is not backpropagated, a non-finite gradient skips the
+optimiser step, and so does an update that could overflow the weights (``Adam.max_update``);
+each is reported in the step's result, not trained on. What no single step shows, a run whose
+finite loss climbs away, ``DivergenceDetector`` tells from the losses of many.
 
 The objective is the mean over the step's target tokens. Alone, a process backpropagates its
 summed loss divided by its token count. With data parallelism (``ddp``, a
@@ -43,7 +45,75 @@ class StepResult:
 
     @property
     def ppl(self) -> float:
-        return math.exp(min(self.nll, 700.0))
+        return perplexity(self.nll)
+
+
+PPL_CAP = 700.0  # nats: exp(700) ~ 1e304, near float64's largest
+
+
+def perplexity(nll: float) -> float:
+    """exp(nll per token), capped at exp(PPL_CAP) instead of overflowing."""
+    return math.exp(min(nll, PPL_CAP)) if nll == nll else math.nan
+
+
+def format_ppl(ppl: float) -> str:
+    """A perplexity as a person reads it: 5.49, 3.7e+07, and '>1e304' at the cap."""
+    if not math.isfinite(ppl) and ppl == ppl or ppl >= math.exp(PPL_CAP) * (1 - 1e-9):
+        return f">1e{int(PPL_CAP / math.log(10))}"
+    return f"{ppl:.2f}" if ppl < 1e5 else f"{ppl:.3g}"
+
+
+class DivergenceDetector:
+    """Tells, from a run's training losses, that it has diverged: its loss has left the range
+    in which training makes progress and stays out.
+
+    The losses are smoothed (an exponential average with a time constant of ``smoothing``
+    steps, over the steps that have a loss: logs taken every 20 steps replay as well as every
+    step). The run has diverged when the smoothed loss
+
+    * stays far above its best, above best + max(1 nat, best / 2), for ``patience`` steps: a
+      healthy run's spikes come back within far fewer, and a lasting rise of half the loss
+      is lost training, not noise; or
+    * stays above twice a uniform guess's loss, 2 ln V, for ``runaway`` steps: a model that
+      predicts worse than knowing nothing, by that much, is growing without bound.
+
+    A non-finite loss (a skipped step) extends a stretch that has begun. ``update`` returns
+    why the run has diverged, or None; ``suspect`` is True while a stretch is under way, when
+    a checkpoint may already hold a diverging model.
+    """
+
+    def __init__(self, vocab_size: int, patience: int = 200, runaway: int = 20, smoothing: float = 50.0) -> None:
+        self.ceiling = 2 * math.log(vocab_size)
+        self.patience, self.runaway, self.smoothing = patience, runaway, smoothing
+        self.smoothed = self.best = None
+        self.best_step = self.last_step = 0
+        self.far_since = self.runaway_since = None  # steps at which each stretch began
+
+    @property
+    def suspect(self) -> bool:
+        return self.far_since is not None or self.runaway_since is not None
+
+    def update(self, step: int, loss: float) -> str | None:
+        if math.isfinite(loss):
+            if self.smoothed is None:
+                self.smoothed = loss
+            else:
+                a = 1 - math.exp(-(step - self.last_step) / self.smoothing)
+                self.smoothed += a * (loss - self.smoothed)
+            self.last_step = step
+            if self.best is None or self.smoothed < self.best:
+                self.best, self.best_step = self.smoothed, step
+            far = self.smoothed > self.best + max(1.0, self.best / 2)
+            runaway = self.smoothed > self.ceiling
+            self.far_since = (self.far_since or step) if far else None
+            self.runaway_since = (self.runaway_since or step) if runaway else None
+        if self.runaway_since is not None and step - self.runaway_since >= self.runaway:
+            return (f"the training loss has grown without bound: {self.smoothed:.3g} nats a token (smoothed), "
+                    f"above twice a uniform guess's {self.ceiling / 2:.2f} since step {self.runaway_since}")
+        if self.far_since is not None and step - self.far_since >= self.patience:
+            return (f"the training loss has stayed far above its best since step {self.far_since}: "
+                    f"{self.smoothed:.3g} nats a token (smoothed), against {self.best:.3f} at step {self.best_step}")
+        return None
 
 
 def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=None):
@@ -65,14 +135,22 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
 
     With ``ddp`` every rank calls ``ddp.reduce_gradients`` even when its own loss was not
     finite (no rank may be left waiting in an all-reduce); that rank reports a NaN loss, the
-    reduced loss becomes NaN everywhere, and all ranks skip the step together.
+    reduced loss becomes NaN everywhere, and all ranks skip the step together. A rank whose
+    share of the step is empty (a batch of fewer sentences than ranks) passes ``src=None``: it
+    adds nothing to the sums but takes part in the all-reduce.
     """
     model.train()
     optimizer.zero_grad()
-    loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
-    value = loss_sum.item()
+    if src is None:
+        if ddp is None:
+            raise ValueError("train_step: src=None (an empty share of the step) needs ddp")
+        loss_sum, nll_sum, n = None, 0.0, 0
+        value = 0.0
+    else:
+        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
+        value = loss_sum.item()
     local_ok = math.isfinite(value)
-    if local_ok:
+    if local_ok and loss_sum is not None:
         objective = loss_sum if ddp is not None else loss_sum / max(n, 1)
         if scaler is None:
             objective.backward()
@@ -98,7 +176,12 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
     if found_inf:
         optimizer.zero_grad()
         return StepResult(loss, nll, tokens, norm, optimizer.lr, skipped="non-finite gradient")
-    lr = schedule.step() if schedule is not None else optimizer.lr
+    lr = schedule.next_lr() if schedule is not None else optimizer.lr
+    if not math.isfinite(lr) or not optimizer.max_update(lr) < float(np.finfo(optimizer.params[0].dtype).max):
+        optimizer.zero_grad()
+        return StepResult(loss, nll, tokens, norm, lr, skipped="an update that would overflow the weights")
+    if schedule is not None:
+        schedule.step()
     optimizer.step()
     return StepResult(loss, nll, tokens, norm, lr)
 
@@ -117,4 +200,4 @@ def evaluate_loss(model, batches, label_smoothing: float = 0.0, amp_dtype=None) 
             tokens += n
     model.train(was_training)
     tokens = max(tokens, 1)
-    return loss_total / tokens, math.exp(min(nll_total / tokens, 700.0))
+    return loss_total / tokens, perplexity(nll_total / tokens)
