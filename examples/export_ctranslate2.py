@@ -22,19 +22,22 @@ in the two engines' different summation orders. Figures go to <run>/ctranslate2/
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shutil
+import sys
+import tempfile
 from collections import defaultdict
 
 import numpy as np
 
-from minitransformer import data, decoding, export
+from minitransformer import cli, data, export, files
 from minitransformer.autograd import no_grad
+from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
 from train_wmt import bleu
-from translate import find_run_files, load_model
+from translate import beam_and_alpha, find_run_files, model_from
 
 NEAR_TIE = 1e-4
 
@@ -95,48 +98,98 @@ def teacher_forced_gap(model, tok, translator, src, hyps, size: int = 64) -> flo
     return worst
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
-    p.add_argument("--out", default=None, help="export folder (default: <run>/ctranslate2)")
-    p.add_argument("--limit", type=int, default=None, help="check only the first N test sentences")
-    p.add_argument("--beam", type=int, default=decoding.BEAM)
-    p.add_argument("--alpha", type=float, default=decoding.ALPHA)
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (of one source length)")
-    p.add_argument("--threads", type=int, default=0, help="CTranslate2's threads (0: its default)")
+    p.add_argument("--out", help="export folder (default: <run>/ctranslate2); an earlier export there is "
+                   "replaced as a whole")
+    p.add_argument("--limit", type=cli.integer(1), help="check only the first N test sentences")
+    p.add_argument("--beam", type=cli.integer(1), help="beam size of the agreement check (default: the run's, "
+                   "as translate.py decodes)")
+    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty of the agreement check (default: the "
+                   "run's)")
+    p.add_argument("--batch-size", type=cli.integer(1), default=64, help="sentences per batch (of one source "
+                   "length)")
+    p.add_argument("--threads", type=cli.integer(0), default=0, help="CTranslate2's threads (0: its default)")
+    p.add_debug()
+    return p
+
+
+EXPORT = ("float32", "int8", "agreement.json")  # what an export folder holds
+
+
+def check_out(p: cli.ArgumentParser, out: str) -> None:
+    """Refuse, before anything is read or written, an --out that is a file, or a folder that
+    holds more than an earlier export (which would be deleted with it)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        p.error(f"--out {out}: a file, not a folder")
+    if os.path.isdir(out):
+        other = sorted(set(os.listdir(out)) - set(EXPORT))
+        if other:
+            p.error(f"--out {out} holds other files than an export ({', '.join(other[:3])}): choose another "
+                    f"folder, or empty it")
+
+
+def write_export(model, tok, out: str) -> dict:
+    """The float32 and int8 models, written into a new folder that then takes ``out``'s place:
+    an export is whole (no file of an earlier one is left in it) or, after a failure, absent."""
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{files.PREFIX}{os.path.basename(out)}-", dir=parent)
+    try:
+        for q in ("float32", "int8"):
+            export.to_ctranslate2(model, tok, os.path.join(tmp, q), None if q == "float32" else q)
+        if os.path.isdir(out):
+            print(f"replacing the earlier export in {out}", file=sys.stderr)
+            old = tmp + "-old"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {q: os.path.join(out, q) for q in ("float32", "int8")}
+
+
+def main(argv=None) -> dict:
+    p = build_parser()
     args = p.parse_args(argv)
+    out = args.out or os.path.join(args.run, "ctranslate2")
+    check_out(p, out)
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
-    model = load_model(checkpoint, "cpu", tokenizer=tok)
-    out = args.out or os.path.join(args.run, "ctranslate2")
-    folders = {q: export.to_ctranslate2(model, tok, os.path.join(out, q), None if q == "float32" else q)
-               for q in ("float32", "int8")}
+    ckpt = load_checkpoint(checkpoint)
+    model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)
+    beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
+    test = data.load_multi30k(args.data_dir, "test_2016_flickr")  # a wrong --data-dir is found before the export
+    folders = write_export(model, tok, out)
     print(f"exported {checkpoint} to {', '.join(folders.values())}")
 
-    test = data.load_multi30k(args.data_dir, "test_2016_flickr")
     n = min(args.limit or len(test), len(test))
     src = tok.encode(test.src[:n])
     translators = {q: export.load_translator(f, args.threads) for q, f in folders.items()}
     batches = same_length_batches(src, args.batch_size)
-    figures = compare(model, tok, src, test.tgt[:n], batches, translators, args.beam, args.alpha)
-    ours = beam_search(model, data.collate(src[:64]).src, args.beam, args.alpha)
+    figures = compare(model, tok, src, test.tgt[:n], batches, translators, beam, alpha)
+    ours = beam_search(model, data.collate(src[:64]).src, beam, alpha)
     figures["teacher_forced_max_abs_diff"] = teacher_forced_gap(model, tok, translators["float32"], src[:64], ours)
 
     print(f"teacher-forced log-probabilities (64 sentences, float32): max |difference| "
           f"{figures['teacher_forced_max_abs_diff']:.2e}")
-    print(f"{n} test sentences, beam {args.beam}, alpha {args.alpha}; our BLEU {figures['ours_bleu']:.2f}")
+    print(f"{n} test sentences, beam {beam}, alpha {alpha} (the run's unless given); our BLEU "
+          f"{figures['ours_bleu']:.2f}")
     for q in folders:
         f = figures[q]
         print(f"  {q:8s} greedy equal {100 * f['greedy_equal']:.1f}%   beam equal with our penalty "
               f"{100 * f['beam_equal_rescored']:.1f}% ({f['beam_differ']} differ, {f['beam_differ_near_ties']} of "
               f"them near ties)   own beam search: BLEU {f['native_beam_bleu']:.2f}, equal "
               f"{100 * f['native_beam_equal']:.1f}%")
-    with open(os.path.join(out, "agreement.json"), "w") as fh:
+    with files.atomic_write(os.path.join(out, "agreement.json")) as fh:
         json.dump(figures, fh, indent=2)
     return figures
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

@@ -337,15 +337,17 @@ def train_and_evaluate(args) -> dict:
         mt.backend.check_device(args.device)
     except RuntimeError as e:
         raise SetupError(f"--device {args.device}: {e}") from e
-    saved = {}
-    if args.resume:  # before minutes of reading, vocabulary training and encoding
-        saved = check_resume_flags(args, preset)
-    for key in ("beam", "alpha"):  # not given: the run's own (a resumed run keeps its beam search), or the preset's
-        if getattr(args, key) is None:
-            setattr(args, key, saved.get("args", {}).get(key, getattr(preset, key)))
     world = distributed.init(args.device)
     step_tokens(args, preset, world)  # a bad --max-tokens is refused before anything is read or written
+    if args.resume and not os.path.isdir(args.out_dir):
+        check_resume_flags(args, preset)  # says there is no run to resume, and makes no folder
     with own_folder(args.out_dir, world):
+        saved = {}
+        if args.resume:  # before minutes of reading, vocabulary training and encoding
+            saved = check_resume_flags(args, preset)
+        for key in ("beam", "alpha"):  # not given: the run's own (a resumed run keeps its beam search), or the preset's
+            if getattr(args, key) is None:
+                setattr(args, key, saved.get("args", {}).get(key, getattr(preset, key)))
         train, val, test = read_data(args, preset, world)
         if args.resume:
             check_same_data(args, saved, train)  # before the tokenizer is trained into the folder
@@ -551,9 +553,9 @@ def stop_diverged(run: Run, step: int, why: str) -> None:
     path = os.path.join(run.args.out_dir, "last.npz")
     if os.path.exists(path):
         good = load_checkpoint(path, metadata_only=True).extra.get("step")
-        kept = f"its last good checkpoint, of step {good}, is {path}"
+        kept = f"Its last good checkpoint, of step {good}, is {path}"
     else:
-        kept = "it wrote no checkpoint before it diverged"
+        kept = "It wrote no checkpoint before it diverged"
     raise SystemExit(f"error: training diverged at step {step}: {why}. {kept}. Start a new run with a lower "
                      f"--lr-factor or a longer --warmup")
 

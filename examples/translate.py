@@ -147,11 +147,7 @@ def main(argv=None) -> None:
     if args.checkpoint and run_checkpoint:
         check_same_config(ckpt, checkpoint, run_checkpoint)
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
-    # train_wmt.py saves the beam and alpha it decodes with beside the averaged model, and its
-    # flags in every checkpoint.
-    run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
-    beam = args.beam or run_flags.get("beam") or decoding.BEAM
-    alpha = run_flags.get("alpha", decoding.ALPHA) if args.alpha is None else args.alpha
+    beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
     print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
           file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -180,6 +176,16 @@ def main(argv=None) -> None:
                 sys.stderr.write(f"{args.output} is unchanged; the lines translated so far are in "
                                  f"{args.output}.partial\n")
             raise
+
+
+def beam_and_alpha(ckpt: Checkpoint, beam: int | None, alpha: float | None) -> tuple[int, float]:
+    """The beam search to decode with: the options given, else the run's (train_wmt.py saves
+    the beam and alpha it decodes with beside the averaged model, and its flags in every
+    checkpoint), else the paper's."""
+    run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
+    beam = beam or run_flags.get("beam") or decoding.BEAM
+    alpha = run_flags.get("alpha", decoding.ALPHA) if alpha is None else alpha
+    return beam, alpha
 
 
 def describe(ckpt: Checkpoint, path: str) -> str:

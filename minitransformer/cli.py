@@ -135,7 +135,7 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
 
     ``debug``: let tracebacks through; None reads ``--debug`` in ``argv`` (or ``sys.argv``) and
     ``MT_DEBUG``. ``on_interrupt()`` may return what the user can do next (the command that
-    resumes), added to the interrupt's line.
+    resumes), added to the interrupt's line, or False to say nothing (one rank of several).
     """
     if debug is None:
         debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
@@ -145,7 +145,8 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         if debug:
             raise
         hint = on_interrupt() if on_interrupt is not None else None
-        sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")
+        if hint is not False:  # False: another process (rank 0) tells it
+            sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")  # past the terminal's ^C
         raise SystemExit(130) from None
     except OSError as e:
         if debug:

@@ -6,6 +6,20 @@
     grad           after ``backward()``, a Tensor of the same shape (leaves only)
     _ctx           the autograd Context of the op that produced it (None for leaves)
 
+A Tensor holds numbers or booleans: bool, signed and unsigned integers, float16/32/64, bfloat16
+(and complex). ``tensor()``, the creation functions and the constructor refuse strings, bytes,
+Python objects, datetimes and raw records with a ``TypeError``, rather than let an op fail
+later inside NumPy.
+
+Binary arithmetic (``+ - * / **``) between tensors gives NumPy's promotion of the two dtypes,
+as PyTorch promotes tensors: float64 + float32 -> float64, float32 + float16 -> float32,
+bfloat16 + float16 -> float32, bool + float16 -> float16, int16 + float32 -> float32. Unlike
+PyTorch, an int32 or int64 tensor meeting a float32 one gives float64 (NumPy widens to hold the
+integers exactly), and int / int is float64. A Python number does not promote a floating
+tensor: ``x * 0.5`` and ``x + 2`` keep x's dtype, float16 and bfloat16 included. An integer
+tensor keeps its dtype with a Python int, and becomes float64 with a Python float (PyTorch:
+float32).
+
 This file depends on ``backend`` only. The layers above give the class its behaviour, each
 where it is defined: ``autograd`` binds ``backward()``, and ``functional`` binds the operators
 (``+ - * / ** @``, unary minus, indexing, comparisons) and the methods that are ops (``sum``,
@@ -16,11 +30,33 @@ Floating-point data defaults to float32, as in PyTorch.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from . import backend
 
 DEFAULT_DTYPE = np.float32
+
+_NUMERIC_KINDS = "biufc"  # NumPy's dtype kinds of bool, int, uint, float, complex
+# What the other kinds hold, for the refusal; bfloat16 is kind 'V' too (ml_dtypes), so
+# ``backend.is_floating`` sets it apart from raw records.
+_OTHER_KINDS = {"U": "strings", "T": "strings", "S": "bytes", "O": "Python objects", "M": "datetimes",
+                "m": "timedeltas", "V": "raw or structured records"}
+
+
+def _holds_numbers(dtype) -> bool:
+    return dtype.kind in _NUMERIC_KINDS or backend.is_floating(dtype)
+
+
+def _cannot_hold(who: str, dtype, data=None) -> TypeError:
+    """The one-line refusal of a dtype that is not numbers; for an object array, it names the
+    type of its first element that is not a number (None, as a rule), else of its first."""
+    what = _OTHER_KINDS[dtype.kind]
+    if dtype.kind == "O" and data is not None and data.size:
+        odd = next((v for v in data.flat if not isinstance(v, (numbers.Number, np.bool_))), data.flat[0])
+        what += f": {type(odd).__name__}"
+    return TypeError(f"{who}: cannot hold data of dtype {dtype} ({what}); a Tensor holds numbers or booleans")
 
 
 class Tensor:
@@ -34,6 +70,14 @@ class Tensor:
         self.data = data
         self.grad = None
         self._ctx = _ctx
+        # Every op's output comes through here: a dtype-kind test only.
+        try:
+            numeric = _holds_numbers(data.dtype)
+        except AttributeError:
+            raise TypeError(f"Tensor: data must be a NumPy or CuPy array, got {type(data).__name__} "
+                            f"(mt.tensor makes a Tensor from Python data)") from None
+        if not numeric:
+            raise _cannot_hold("Tensor", data.dtype, data)
         if requires_grad and not backend.is_floating(data.dtype):
             raise TypeError(f"only floating-point tensors can require grad, not {data.dtype}")
         self.requires_grad = requires_grad
@@ -116,8 +160,13 @@ class Tensor:
 # --------------------------------------------------------------------------- creation
 
 
-def _resolve_dtype(dtype):
-    return None if dtype is None else backend.resolve_dtype(dtype)
+def _resolve_dtype(dtype, who: str):
+    if dtype is None:
+        return None
+    dtype = backend.resolve_dtype(dtype)
+    if not _holds_numbers(dtype):
+        raise _cannot_hold(who, dtype)
+    return dtype
 
 
 def _draw_dtype(dtype: np.dtype) -> np.dtype:
@@ -132,55 +181,72 @@ def as_shape(shape: tuple) -> tuple:
     return tuple(int(n) for n in shape)
 
 
+def _from_python(who: str, data) -> np.ndarray:
+    """Python data (lists, scalars, None) as a new NumPy array of the dtype it infers, refused
+    unless numbers: given a float dtype, NumPy would parse strings, and read None as nan."""
+    array = np.array(data)
+    if not _holds_numbers(array.dtype):
+        raise _cannot_hold(who, array.dtype, array)
+    return array
+
+
 def tensor(data, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (a list, scalar, or NumPy/CuPy array).
 
     Python floats become float32 (the default dtype); arrays keep their dtype unless
-    ``dtype`` is given.
+    ``dtype`` is given. Data that is not numbers or booleans raises a ``TypeError``.
     """
     if isinstance(data, Tensor):
         data = data.data
     xp = backend.get_array_module(device)
-    dtype = _resolve_dtype(dtype)
-    if dtype is None and not hasattr(data, "dtype"):
-        inferred = np.asarray(data).dtype
-        dtype = np.dtype(DEFAULT_DTYPE) if inferred.kind == "f" else inferred
-    if hasattr(data, "dtype") and backend.device_of(data) != device:
+    dtype = _resolve_dtype(dtype, "mt.tensor")
+    if not hasattr(data, "dtype"):
+        data = _from_python("mt.tensor", data)
+        if dtype is None and data.dtype.kind == "f":
+            dtype = np.dtype(DEFAULT_DTYPE)
+        # A new array already: cast (or move) it without a second copy.
+        return Tensor(xp.asarray(data, dtype=dtype), requires_grad=requires_grad)
+    source = backend.device_of(data)  # refuses what is neither a NumPy nor a CuPy array
+    if not _holds_numbers(data.dtype):
+        raise _cannot_hold("mt.tensor", data.dtype, data)
+    if source != device:
         # The move already made a new array: cast it without a second copy.
         return Tensor(xp.asarray(backend.to_device(data, device), dtype=dtype), requires_grad=requires_grad)
     return Tensor(xp.array(data, dtype=dtype), requires_grad=requires_grad)  # a copy: the caller keeps its array
 
 
-def _filled(fill, shape, dtype, device, requires_grad) -> Tensor:
+def _filled(fill, shape, dtype, device, requires_grad, who: str) -> Tensor:
     shape = as_shape(shape)
     xp = backend.get_array_module(device)
-    data = xp.full(shape, fill, dtype=_resolve_dtype(dtype) or DEFAULT_DTYPE)
+    if not hasattr(fill, "dtype"):
+        _from_python(who, fill)  # np.full would fill a float tensor with nan for None
+    data = xp.full(shape, fill, dtype=_resolve_dtype(dtype, who) or DEFAULT_DTYPE)
     return Tensor(data, requires_grad=requires_grad)
 
 
 def zeros(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
-    return _filled(0, shape, dtype, device, requires_grad)
+    return _filled(0, shape, dtype, device, requires_grad, "mt.zeros")
 
 
 def ones(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
-    return _filled(1, shape, dtype, device, requires_grad)
+    return _filled(1, shape, dtype, device, requires_grad, "mt.ones")
 
 
 def full(shape, fill_value, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     return _filled(fill_value, (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape),
-                   dtype, device, requires_grad)
+                   dtype, device, requires_grad, "mt.full")
 
 
 def randn(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Standard normal samples from the device's seeded generator (see ``manual_seed``)."""
-    dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
+    dtype = _resolve_dtype(dtype, "mt.randn") or np.dtype(DEFAULT_DTYPE)
     data = backend.generator(device).standard_normal(as_shape(shape), dtype=_draw_dtype(dtype))
     return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device: str = "cpu", requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) from the device's seeded generator."""
-    dtype = _resolve_dtype(dtype) or np.dtype(DEFAULT_DTYPE)
+    dtype = _resolve_dtype(dtype, "mt.rand") or np.dtype(DEFAULT_DTYPE)
     data = backend.generator(device).random(as_shape(shape), dtype=_draw_dtype(dtype))
     return Tensor(data.astype(dtype, copy=False), requires_grad=requires_grad)
 
@@ -189,6 +255,7 @@ def arange(start, stop=None, step=1, dtype=None, device: str = "cpu") -> Tensor:
     """Like ``numpy.arange``; integer arguments give int64, float ones float32."""
     if stop is None:
         start, stop = 0, start
+    dtype = _resolve_dtype(dtype, "mt.arange")
     if dtype is None:
         is_int = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
         dtype = np.int64 if is_int else DEFAULT_DTYPE

@@ -19,7 +19,7 @@ COMPILED = {"_C"}  # the CUDA extension: no Python source, imports nothing of th
 LAYERS = [
     # Stand-ins for CuPy and NCCL (device "cuda" on the CPU): beneath backend, like CuPy.
     ["testing.emulator", "testing.emulated_cuda", "testing.emulated_nccl", "testing.resources"],
-    ["backend", "files"],  # files: atomic writes, the standard library only
+    ["backend", "files", "cli"],  # files (atomic writes, folder locks) and cli: the standard library only
     ["tensor"],
     ["autograd"],
     ["kernels"],

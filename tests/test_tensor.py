@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,85 @@ def test_to_moves_between_devices():
     y = x.to("cuda")
     assert y.device == "cuda" and y.to("cpu").numpy().tolist() == [1.0, 2.0]
     assert x.to("cpu") is x
+
+
+def _one_line_error(kind, match, fn, *args, **kwargs):
+    with pytest.raises(kind, match=match) as e:
+        fn(*args, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("data,dtype,described", [
+    (["a", "b"], None, "<U1 (strings)"),
+    ([b"ab"], None, "|S2 (bytes)"),
+    (None, None, "object (Python objects: NoneType)"),
+    (np.array([1, None], dtype=object), None, "object (Python objects: NoneType)"),
+    (np.array(["2024-01-01"], dtype="datetime64[D]"), None, "datetime64[D] (datetimes)"),
+    (np.zeros(2, dtype="V4"), None, "|V4 (raw or structured records)"),
+    (["1.5"], np.float32, "<U3 (strings)"),  # NumPy would parse the strings
+    ([1, 2], str, "<U0 (strings)"),
+    ([1, 2], object, "object (Python objects)"),
+])
+def test_tensor_refuses_data_that_is_not_numbers(data, dtype, described):
+    message = rf"^mt\.tensor: cannot hold data of dtype {re.escape(described)}; a Tensor holds numbers or booleans$"
+    _one_line_error(TypeError, message, mt.tensor, data, dtype=dtype)
+
+
+def test_tensors_hold_numbers_and_booleans_only():
+    for dtype in (bool, np.int8, np.int64, np.uint8, np.uint32, np.float16, np.float32, np.float64):
+        assert mt.tensor(np.zeros(2, dtype)).dtype == dtype
+        assert mt.Tensor(np.zeros(2, dtype)).dtype == dtype
+    if backend.bfloat16 is not None:  # NumPy files it under kind 'V', as it does raw records
+        assert mt.tensor(np.zeros(2, backend.bfloat16)).dtype == backend.bfloat16
+        assert mt.tensor([1.5], dtype="bfloat16").dtype == backend.bfloat16
+        assert mt.zeros(2, dtype="bfloat16").dtype == backend.bfloat16
+        assert mt.randn(2, dtype="bfloat16").dtype == backend.bfloat16
+    # The constructor takes ops' raw arrays: the same refusal, without mt.tensor's conversion.
+    _one_line_error(TypeError, r"^Tensor: cannot hold data of dtype <U1 \(strings\)", mt.Tensor, np.array(["a"]))
+    _one_line_error(TypeError, r"^Tensor: data must be a NumPy or CuPy array, got list", mt.Tensor, [1.0])
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: mt.zeros(2, dtype=str), "zeros"),
+    (lambda: mt.ones(2, dtype=object), "ones"),
+    (lambda: mt.full(2, 1.0, dtype="datetime64[s]"), "full"),
+    (lambda: mt.full(2, None), "full"),  # NumPy would fill with nan
+    (lambda: mt.full(2, "a"), "full"),
+    (lambda: mt.randn(2, dtype=str), "randn"),
+    (lambda: mt.rand(2, dtype=bytes), "rand"),
+    (lambda: mt.arange(3, dtype=str), "arange"),
+    (lambda: mt.zeros_like(mt.zeros(2), dtype=object), "zeros"),
+])
+def test_creation_functions_refuse_dtypes_that_are_not_numbers(make, name):
+    _one_line_error(TypeError, rf"^mt\.{name}: cannot hold data of dtype .*; a Tensor holds numbers or booleans$",
+                    make)
+
+
+def test_binary_ops_promote_as_the_module_docstring_states():
+    def t(dtype):
+        return mt.tensor(np.ones(2, dtype))
+
+    def result(a, b):
+        return (t(a) + t(b)).dtype
+
+    # Between tensors: NumPy's promotion of the two dtypes, for every arithmetic operator.
+    for op in (lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b,
+               lambda a, b: a ** b):
+        assert op(t(np.float64), t(np.float32)).dtype == np.float64
+        assert op(t(np.float32), t(np.float16)).dtype == np.float32
+    assert result(bool, np.float16) == np.float16
+    assert result(np.int16, np.float32) == np.float32
+    # Unlike PyTorch, NumPy widens an int32 or int64 meeting float32 to float64 (exact ints).
+    assert result(np.int32, np.float32) == result(np.int64, np.float32) == np.float64
+    assert (t(np.int64) / t(np.int64)).dtype == np.float64
+    # A Python number keeps a floating tensor's dtype, 16-bit ones included.
+    floats = [np.float16, np.float32, np.float64] + ([backend.bfloat16] if backend.bfloat16 is not None else [])
+    for dtype in floats:
+        x = t(dtype)
+        for y in (x * 0.5, x + 2, 2 - x, x / 3, x ** 2, 1.5 ** x):
+            assert y.dtype == dtype
+    if backend.bfloat16 is not None:
+        assert result(backend.bfloat16, np.float16) == np.float32
+    # With an integer tensor, a Python int keeps its dtype and a Python float gives float64.
+    assert (t(np.int32) + 2).dtype == np.int32
+    assert (t(np.int64) * 0.5).dtype == np.float64

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..tensor import Tensor
-from .layers import Linear
+from .layers import Linear, check_fraction, check_int
 from .module import Module
 
 
@@ -27,6 +27,12 @@ class MultiHeadAttention(Module):
     def __init__(self, d_model: int, h: int, dropout: float = 0.0, d_k: int | None = None,
                  d_v: int | None = None) -> None:
         super().__init__()
+        check_int("MultiHeadAttention", "d_model", d_model)
+        check_int("MultiHeadAttention", "h", h)
+        for name, size in (("d_k", d_k), ("d_v", d_v)):
+            if size is not None:  # 0 would read as "d_model / h" below
+                check_int("MultiHeadAttention", name, size)
+        check_fraction("MultiHeadAttention", "dropout", dropout)  # as F.scaled_dot_product_attention
         if (d_k is None or d_v is None) and d_model % h:
             raise ValueError(f"d_model={d_model} is not divisible by h={h} (or give d_k and d_v)")
         self.d_model, self.h = d_model, h

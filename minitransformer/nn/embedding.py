@@ -10,6 +10,7 @@ from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from . import init
+from .layers import check_int
 from .module import Module, Parameter
 
 
@@ -23,6 +24,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, d_model: int) -> None:
         super().__init__()
+        check_int("Embedding", "num_embeddings", num_embeddings)
+        check_int("Embedding", "d_model", d_model)
         self.weight = Parameter(init.normal((num_embeddings, d_model), d_model**-0.5))
 
     def forward(self, ids) -> Tensor:
@@ -52,6 +55,8 @@ class PositionalEncoding(Module):
 
     def __init__(self, d_model: int, max_len: int = 1024, learned: bool = False) -> None:
         super().__init__()
+        check_int("PositionalEncoding", "d_model", d_model)
+        check_int("PositionalEncoding", "max_len", max_len)
         self.d_model, self.learned = d_model, learned
         if learned:
             self.weight = Parameter(init.normal((max_len, d_model), d_model**-0.5))

@@ -1,6 +1,10 @@
-"""The basic layers: Linear (the paper's xW + b), LayerNorm and Dropout."""
+"""The basic layers: Linear (the paper's xW + b), LayerNorm and Dropout; and the checks of
+the layers' constructor arguments."""
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import numpy as np
 
@@ -10,11 +14,36 @@ from . import init
 from .module import Module, Parameter
 
 
+def check_int(owner: str, name: str, value, low: int = 1) -> None:
+    """Refuse a size or id that is not an integer >= ``low``, which NumPy would take as an empty
+    layer, or fail on later with a raw error. Bools and floats (even 128.0) are refused too."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_fraction(owner: str, name: str, value, closed: bool = False) -> None:
+    """Refuse a rate outside [0, 1), or [0, 1] when ``closed``; nan is outside."""
+    if not (_is_real(value) and 0 <= value and (value <= 1 if closed else value < 1)):
+        raise ValueError(f"{owner}: {name} must be a number in [0, 1{']' if closed else ')'}, got {value!r}")
+
+
+def check_positive(owner: str, name: str, value) -> None:
+    """Refuse a value that is not a finite number > 0 (an epsilon: 0 divides by zero)."""
+    if not (_is_real(value) and 0 < value < math.inf):
+        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
+
+
 class Linear(Module):
     """y = xW + b with W of shape (in_features, out_features), Xavier-uniform initialised."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
+        check_int("Linear", "in_features", in_features)
+        check_int("Linear", "out_features", out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.xavier_uniform(in_features, out_features))
         self.bias = Parameter(np.zeros(out_features, np.float32)) if bias else None
@@ -29,6 +58,8 @@ class Linear(Module):
 class LayerNorm(Module):
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
+        check_int("LayerNorm", "d_model", d_model)
+        check_positive("LayerNorm", "eps", eps)
         self.eps = eps
         self.weight = Parameter(np.ones(d_model, np.float32))
         self.bias = Parameter(np.zeros(d_model, np.float32))
@@ -43,6 +74,7 @@ class LayerNorm(Module):
 class Dropout(Module):
     def __init__(self, p: float) -> None:
         super().__init__()
+        check_fraction("Dropout", "p", p, closed=True)  # F.dropout's p = 1 zeroes all, as in PyTorch
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

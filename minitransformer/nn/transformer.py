@@ -26,7 +26,7 @@ from .. import functional as F
 from ..tensor import Tensor
 from .attention import MultiHeadAttention, reorder_cache
 from .embedding import Embedding, PositionalEncoding
-from .layers import Dropout, LayerNorm, Linear
+from .layers import Dropout, LayerNorm, Linear, check_fraction, check_int, check_positive
 from .module import Module, ModuleList
 
 
@@ -54,10 +54,21 @@ class TransformerConfig:
     max_len: int = 1024  # rows of the learned position table; the sinusoid grows past it
 
     def __post_init__(self) -> None:
+        # Here, not when a layer is built, so that the message names the field.
+        owner = "TransformerConfig"
+        for name in ("vocab_size", "d_model", "d_ff", "h", "num_decoder_layers", "max_len"):
+            check_int(owner, name, getattr(self, name))
+        check_int(owner, "num_encoder_layers", self.num_encoder_layers, low=0)  # 0: memory is the embedded source
+        for name in ("tgt_vocab_size", "d_k", "d_v"):  # None: joint vocabulary, d_model / h
+            if getattr(self, name) is not None:
+                check_int(owner, name, getattr(self, name))
+        for name in ("pad_id", "bos_id", "eos_id"):  # NumPy would read a negative id from the end
+            check_int(owner, name, getattr(self, name), low=0)
+        for name in ("dropout", "attention_dropout", "label_smoothing"):
+            check_fraction(owner, name, getattr(self, name))
+        check_positive(owner, "layer_norm_eps", self.layer_norm_eps)
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
-        if any(size is not None and size < 1 for size in (self.d_k, self.d_v)):
-            raise ValueError(f"d_k={self.d_k} and d_v={self.d_v} must be at least 1")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise ValueError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
 

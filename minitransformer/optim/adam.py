@@ -16,6 +16,9 @@ whole, one kernel per operation.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from .. import backend
@@ -29,7 +32,20 @@ class Adam:
         self.params = list(params)
         if not self.params:
             raise ValueError("Adam got an empty parameter list")
-        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        # Refused here, not as a nan or a wrong-way step later: lr 0 is fine (a schedule sets it).
+        if not (isinstance(lr, numbers.Real) and 0 <= lr < math.inf):
+            raise ValueError(f"Adam: lr must be a finite number >= 0, got {lr!r}")
+        betas = tuple(betas)
+        if len(betas) != 2:
+            raise ValueError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
+        for i, beta in enumerate(betas):
+            if not (isinstance(beta, numbers.Real) and 0 <= beta < 1):
+                raise ValueError(f"Adam: betas[{i}] must be a number in [0, 1), got {beta!r}")
+        if not (isinstance(eps, numbers.Real) and 0 < eps < math.inf):
+            raise ValueError(f"Adam: eps must be a finite number > 0, got {eps!r}")
+        if not (isinstance(weight_decay, numbers.Real) and 0 <= weight_decay < math.inf):
+            raise ValueError(f"Adam: weight_decay must be a finite number >= 0, got {weight_decay!r}")
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
         self.m = [None] * len(self.params)
         self.v = [None] * len(self.params)
@@ -60,6 +76,25 @@ class Adam:
             for start in range(0, p.size, CPU_BLOCK):
                 block = [a[start:start + CPU_BLOCK] for a in flat]
                 self._update(*block, scratch[:block[0].size], step_size, v_corr)
+
+    def max_update(self, lr: float | None = None) -> float:
+        """The largest change the next step can make to any parameter, at ``lr`` (default: the
+        current one), whatever the gradients: lr * C_t, with C_t a bound on |m_hat| / sqrt(v_hat).
+
+        m_t = (1 - b1) sum_k b1^k g_{t-k} and v_t = (1 - b2) sum_k b2^k g_{t-k}^2, so by
+        Cauchy-Schwarz |m_t| <= (1 - b1) / sqrt(1 - b2) * sqrt(sum_k (b1^2 / b2)^k) * sqrt(v_t);
+        the bias corrections multiply that by sqrt(1 - b2^t) / (1 - b1^t). At t = 1 it is 1 (the
+        first update is lr * g / |g|). A step whose bound overflows the parameters' dtype would
+        write infinities into them: ``train.train_step`` skips it instead.
+        """
+        b1, b2 = self.betas
+        lr = self.lr if lr is None else lr
+        t = self.step_count + 1
+        if b2 == 0:  # v_hat = g_t^2 bounds nothing of the earlier gradients in m
+            return math.inf if b1 else lr
+        r = b1 * b1 / b2
+        terms = t if r == 1 else (1 - r**t) / (1 - r)  # sum_{k < t} r^k
+        return lr * (1 - b1) / (1 - b1**t) * math.sqrt((1 - b2**t) / (1 - b2) * terms)
 
     def _update(self, p, g, m, v, t, step_size: float, v_corr: float) -> None:
         """One block of the update, in place on ``p``, ``m`` and ``v``; ``t`` is scratch."""

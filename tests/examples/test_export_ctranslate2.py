@@ -25,3 +25,44 @@ def test_export_and_agreement(tmp_path, capsys):
     assert json.loads((run / "ctranslate2" / "agreement.json").read_text()) == figures
     out = capsys.readouterr().out
     assert "greedy equal 100.0%" in out and "int8" in out
+
+
+def test_the_export_is_replaced_whole_and_checked_at_the_runs_beam(tmp_path):
+    """A second export replaces the first as a whole (no file of it left), after the test set
+    is found; the agreement check decodes with the run's beam and alpha, as translate.py does."""
+    from minitransformer.checkpoint import load_checkpoint, save_checkpoint
+
+    (tmp_path / "run").mkdir()
+    run = tiny_run(tmp_path / "run", seed=8)
+    ckpt = load_checkpoint(str(run / "averaged.npz"))
+    save_checkpoint(str(run / "averaged.npz"), export_ctranslate2.model_from(ckpt, "averaged.npz", "cpu"),
+                    extra={**ckpt.extra, "beam": 3, "alpha": 1.5})
+    test_set = str(tiny_test_set(tmp_path, n=6))
+    args = ["--run", str(run), "--data-dir", test_set, "--threads", "1"]
+    assert export_ctranslate2.main(args)["beam"] == 3
+    stale = run / "ctranslate2" / "float32" / "stale.bin"
+    stale.write_bytes(b"from an earlier export")
+    with pytest.raises(FileNotFoundError):  # a wrong --data-dir: found before the export is touched
+        export_ctranslate2.main(["--run", str(run), "--data-dir", str(tmp_path / "nowhere")])
+    assert stale.exists()
+    figures = export_ctranslate2.main(args + ["--beam", "2", "--alpha", "0.6"])
+    assert (figures["beam"], figures["alpha"]) == (2, 0.6)
+    assert not stale.exists() and (run / "ctranslate2" / "int8" / "model.bin").is_file()
+    assert [p.name for p in run.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+@pytest.mark.parametrize("what", ["file", "other files"])
+def test_an_out_that_is_not_an_export_folder_is_refused_in_one_line(tmp_path, capsys, what):
+    (tmp_path / "run").mkdir()
+    run = tiny_run(tmp_path / "run", seed=8)
+    out = tmp_path / "out"
+    if what == "file":
+        out.write_text("not a folder")
+    else:
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        export_ctranslate2.main(["--run", str(run), "--data-dir", str(tiny_test_set(tmp_path)), "--out", str(out)])
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert f"--out {out}" in line and ("a file" in line if what == "file" else "notes.txt" in line)

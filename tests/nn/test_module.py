@@ -82,3 +82,24 @@ def test_manual_seed_makes_init_reproducible():
     mt.manual_seed(3)
     b = Tiny().state_dict()
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: nn.Linear(0, 4), "Linear: in_features must be an integer >= 1, got 0"),  # was 6 / 0
+    (lambda: nn.Linear(2.5, 4), "Linear: in_features must be an integer >= 1, got 2.5"),
+    (lambda: nn.Linear(3, -1), "Linear: out_features must be an integer >= 1, got -1"),
+    (lambda: nn.Embedding(0, 4), "Embedding: num_embeddings must be an integer >= 1, got 0"),
+    (lambda: nn.Embedding(5, 0), "Embedding: d_model must be an integer >= 1, got 0"),
+    (lambda: nn.PositionalEncoding(8, max_len=-1), "PositionalEncoding: max_len must be an integer >= 1, got -1"),
+    (lambda: nn.LayerNorm(0), "LayerNorm: d_model must be an integer >= 1, got 0"),
+    (lambda: nn.LayerNorm(4, eps=0.0), "LayerNorm: eps must be a finite number > 0, got 0.0"),
+    (lambda: nn.LayerNorm(4, eps=-1e-5), "LayerNorm: eps must be a finite number > 0, got -1e-05"),
+    (lambda: nn.Dropout(1.5), r"Dropout: p must be a number in \[0, 1\], got 1.5"),
+    (lambda: nn.Dropout(-0.1), r"Dropout: p must be a number in \[0, 1\], got -0.1"),
+    (lambda: nn.Dropout(float("nan")), r"Dropout: p must be a number in \[0, 1\], got nan"),
+])
+def test_layers_refuse_bad_sizes_and_rates(make, message):
+    with pytest.raises(ValueError, match="^" + message + "$") as e:
+        make()
+    assert "\n" not in str(e.value)
+    assert nn.Dropout(1.0).p == 1.0  # F.dropout's p = 1 zeroes everything, as in PyTorch

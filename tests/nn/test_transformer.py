@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -161,3 +163,51 @@ def test_gradient_with_d_k_apart_from_d_v_and_learned_positions():
         return F.cross_entropy(m(src, tgt), tgt, 0.1, 0)
 
     gradcheck(loss, tensors, atol=1e-6)
+
+
+def _one_line_error(kind, match, fn, *args, **kwargs):
+    with pytest.raises(kind, match=match) as e:
+        fn(*args, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field,bad,edge,rule", [
+    ("vocab_size", 0, 5, "an integer >= 1"),
+    ("tgt_vocab_size", 0, 1, "an integer >= 1"),  # 0 was read as "joint"
+    ("d_model", 128.0, 4, "an integer >= 1"),  # float: would fail later in NumPy
+    ("d_model", True, 4, "an integer >= 1"),
+    ("d_ff", 0, 1, "an integer >= 1"),
+    ("h", 0, 1, "an integer >= 1"),  # was a ZeroDivisionError
+    ("h", -4, 1, "an integer >= 1"),
+    ("d_k", 2.5, 1, "an integer >= 1"),
+    ("num_encoder_layers", -1, 0, "an integer >= 0"),  # 0: the decoder attends to the embeddings
+    ("num_decoder_layers", 0, 1, "an integer >= 1"),
+    ("max_len", 0, 1, "an integer >= 1"),
+    ("pad_id", -1, 0, "an integer >= 0"),
+    ("bos_id", -2, 0, "an integer >= 0"),
+    ("eos_id", 3.0, 0, "an integer >= 0"),
+    ("dropout", 1.0, 0.0, r"a number in \[0, 1\)"),
+    ("dropout", -0.1, 0.99, r"a number in \[0, 1\)"),
+    ("attention_dropout", float("nan"), 0.5, r"a number in \[0, 1\)"),
+    ("label_smoothing", 1.5, 0.0, r"a number in \[0, 1\)"),
+    ("label_smoothing", "0.1", 0.1, r"a number in \[0, 1\)"),
+    ("layer_norm_eps", 0.0, 1e-12, "a finite number > 0"),
+    ("layer_norm_eps", float("inf"), 1.0, "a finite number > 0"),
+])
+def test_config_refuses_fields_out_of_range(field, bad, edge, rule):
+    joint = {"share_embeddings": False} if field == "tgt_vocab_size" else {}
+    nn.TransformerConfig(**{**SMALL, **joint, field: edge})
+    _one_line_error(ValueError, rf"^TransformerConfig: {field} must be {rule}, got {re.escape(repr(bad))}$",
+                    nn.TransformerConfig, **{**SMALL, **joint, field: bad})
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: nn.MultiHeadAttention(16, 0), "MultiHeadAttention: h must be an integer >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(16, -4), "MultiHeadAttention: h must be an integer >= 1, got -4"),
+    (lambda: nn.MultiHeadAttention(0, 4), "MultiHeadAttention: d_model must be an integer >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(16, 4, d_k=0, d_v=4), "MultiHeadAttention: d_k must be an integer >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(16, 4, dropout=1.0),
+     r"MultiHeadAttention: dropout must be a number in \[0, 1\), got 1.0"),
+])
+def test_multi_head_attention_refuses_bad_sizes(make, message):
+    _one_line_error(ValueError, "^" + message + "$", make)

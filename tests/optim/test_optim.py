@@ -91,3 +91,30 @@ def test_grad_norm_neither_overflows_nor_loses_small_gradients(dtype):
     g[3] = np.inf
     p.grad = mt.tensor(g)
     assert grad_norm([p]) == math.inf
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: Adam(p, lr=-1e-3), "Adam: lr must be a finite number >= 0, got -0.001"),
+    (lambda p: Adam(p, lr=float("nan")), "Adam: lr must be a finite number >= 0, got nan"),
+    (lambda p: Adam(p, betas=(0.9, 1.0)), r"Adam: betas\[1\] must be a number in \[0, 1\), got 1.0"),
+    (lambda p: Adam(p, betas=(-0.1, 0.98)), r"Adam: betas\[0\] must be a number in \[0, 1\), got -0.1"),
+    (lambda p: Adam(p, betas=(0.9,)), r"Adam: betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
+    (lambda p: Adam(p, eps=0.0), "Adam: eps must be a finite number > 0, got 0.0"),
+    (lambda p: Adam(p, weight_decay=-0.01), "Adam: weight_decay must be a finite number >= 0, got -0.01"),
+    (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, warmup=0),
+     "WarmupInverseSqrtSchedule: warmup must be an integer >= 1, got 0"),  # was 0 ** -1.5
+    (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, warmup=-10),
+     "WarmupInverseSqrtSchedule: warmup must be an integer >= 1, got -10"),  # a complex lr
+    (lambda p: WarmupInverseSqrtSchedule(Adam(p), 0),
+     "WarmupInverseSqrtSchedule: d_model must be an integer >= 1, got 0"),
+    (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, factor=0.0),
+     "WarmupInverseSqrtSchedule: factor must be a finite number > 0, got 0.0"),
+    (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, factor=float("inf")),
+     "WarmupInverseSqrtSchedule: factor must be a finite number > 0, got inf"),
+])
+def test_optimizer_and_schedule_refuse_bad_settings(make, message):
+    params = [mt.zeros(1, requires_grad=True)]
+    Adam(params, lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)  # the edges are accepted
+    with pytest.raises(ValueError, match="^" + message + "$") as e:
+        make(params)
+    assert "\n" not in str(e.value)
