@@ -600,7 +600,7 @@ def progress_bar(run: Run, step: int, budget: Budget):
 def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, seconds: float, progress) -> None:
     """One line of train.jsonl, and the progress bar's figures."""
     record = dict(kind="train", step=step, epoch=epoch, loss=result.loss, ppl=result.ppl, lr=result.lr,
-                  grad_norm=result.grad_norm, tokens_per_s=tokens_per_s, seconds=seconds)
+                  grad_norm=result.grad_norm, tokens=result.num_tokens, tokens_per_s=tokens_per_s, seconds=seconds)
     if run.scaler is not None:
         record["loss_scale"] = run.scaler.scale_value
     append_record(run.log_path, record)

@@ -38,3 +38,38 @@ def test_two_ranks_train_and_only_rank_0_writes(mpiexec, tmp_path):
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4]  # one writer, one line per step
     assert sorted(p.name for p in out.glob("ckpt-*.npz")) == ["ckpt-2.npz", "ckpt-4.npz"]
+
+
+@needs_multi30k
+def test_one_two_and_three_ranks_train_on_the_same_batches(mpiexec, tmp_path):
+    """The ranks split each step's batch (data.TokenBatcher): at any number of ranks a step has
+    the same target tokens and, with dropout off, the same loss to float32 rounding, a step
+    with fewer sentences than ranks included (one rank's share is empty there)."""
+    from minitransformer import data
+
+    args = ["--data-dir", str(DATA), "--limit-train", "100", "--vocab-size", "200", "--d-model", "32",
+            "--layers", "1", "--max-tokens", "400", "--dropout", "0", "--max-steps", "11", "--eval-every", "11",
+            "--bleu-sample", "2", "--limit-val", "10", "--limit-test", "2", "--log-every", "1", "--no-progress",
+            "--warmup", "10"]
+    logs = {}
+    for n in (1, 2, 3):
+        out = tmp_path / f"ranks{n}"
+        cmd = [mpiexec, "-n", str(n), sys.executable, str(REPO / "examples" / "train_wmt.py"), *args,
+               "--out-dir", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, start_new_session=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+        logs[n] = [r for r in rows if r["kind"] == "train"]
+    steps = [r["step"] for r in logs[1]]
+    assert steps == list(range(1, 12))
+    for n in (2, 3):
+        assert [r["step"] for r in logs[n]] == steps
+        assert [r["tokens"] for r in logs[n]] == [r["tokens"] for r in logs[1]]
+        for one, many in zip(logs[1], logs[n]):
+            assert many["loss"] == pytest.approx(one["loss"], rel=2e-5), (n, one["step"])
+
+    tok = data.Tokenizer(next((tmp_path / "ranks3").glob("spm-*.model")))
+    train = data.load_corpus("multi30k", DATA, "train").subset(range(100))
+    last = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt), max_tokens=400, max_len=100, seed=1,
+                             rank=2, world_size=3)
+    assert any(len(share) == 0 for share in last.epoch_batches(0)), "no step left a rank without a sentence"
