@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from minitransformer import backend, cli
+from minitransformer import backend, cli, files
 from minitransformer import distributed as dist
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -149,9 +149,9 @@ def main(argv=None) -> None:
         size *= args.factor
     if world.is_main and args.json:
         meta = dict(backend=comm.backend_name, world_size=n, dtype=args.dtype, iters=args.iters)
-        with open(args.json, "w") as f:
+        with files.atomic_write(args.json) as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
-    dist.run_main(main)
+    dist.run_main(cli.run, main)

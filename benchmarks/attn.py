@@ -44,7 +44,7 @@ if "--emulated" in sys.argv[1:]:  # read once, when minitransformer is imported
 
 import minitransformer as mt  # noqa: E402
 import minitransformer.functional as F
-from minitransformer import backend, cli, kernels  # noqa: E402
+from minitransformer import backend, cli, files, kernels  # noqa: E402
 from minitransformer.kernels import reference  # noqa: E402
 
 # Sizes of the bandwidth cases: the copy (float32 elements), layernorm (tokens x d_model),
@@ -347,10 +347,10 @@ def main(argv=None):
             cpu_paths(args, results)
     finally:
         if args.json:
-            with open(args.json, "w") as f:
+            with files.atomic_write(args.json) as f:
                 json.dump(results, f, indent=1, default=str)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from minitransformer import cli, data, decoding, export  # noqa: E402
+from minitransformer import cli, data, decoding, export, files  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
 from train_wmt import bleu  # noqa: E402
 from translate import find_run_files, load_model  # noqa: E402
@@ -114,9 +114,10 @@ def main(argv=None) -> dict:
     result = dict(sentences=n, batches=len(batches), beam=args.beam, alpha=args.alpha, threads=threads,
                   max_tokens=args.max_tokens, repeats=args.repeats, engines=rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        with files.atomic_write(args.json) as f:
+            f.write(json.dumps(result, indent=2) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

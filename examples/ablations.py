@@ -278,7 +278,7 @@ def main(argv=None) -> list[dict] | None:
         return None
     results = [json.load(open(result_path(args, r))) for r in args.selected]
     table = markdown_table(results, args)
-    with open(os.path.join(args.out_dir, "table.md"), "w") as f:
+    with atomic_write(os.path.join(args.out_dir, "table.md")) as f:
         f.write(table)
     write_json(os.path.join(args.out_dir, "table.json"),
                dict(budget=dict(max_steps=args.max_steps, budget_minutes=args.budget_minutes), rows=results))
@@ -338,9 +338,18 @@ def plot(results: list[dict], png_path: str) -> None:
         ax.set_title(f"{title}\ndashed: the base row, {base[key]:.2f}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
+    with atomic_write(png_path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
 
 
+def interrupted() -> str | bool:
+    """An interrupted sweep continues where it was when its command is run again (rank 0 says so)."""
+    if distributed.get_world().is_main:
+        return "run the same command again: finished rows are kept, and the interrupted ones resume"
+    return False
+
+
 if __name__ == "__main__":
-    distributed.run_main(main)  # a SystemExit on one rank ends every rank
+    # One line for an interrupt, an OSError or a user's error; a SystemExit on one rank ends every rank.
+    distributed.run_main(cli.run, main, user_errors=train_wmt.USER_ERRORS, on_interrupt=interrupted)

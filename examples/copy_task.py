@@ -120,4 +120,4 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    run(parse_args())
+    cli.run(lambda argv: run(parse_args(argv)))

@@ -17,7 +17,8 @@ import os
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, data, decoding
+from minitransformer import cli, data, decoding, files
+from minitransformer.checkpoint import CheckpointError
 from minitransformer.decoding import beam_search
 from translate import find_run_files, load_model
 
@@ -40,7 +41,8 @@ def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, p
             ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with files.atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
 
 
@@ -86,4 +88,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

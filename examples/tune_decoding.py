@@ -39,7 +39,7 @@ from train_wmt import PRESETS, bleu, checkpoints
 from translate import find_run_files, model_from
 
 from minitransformer import cli, data
-from minitransformer.checkpoint import average_checkpoints
+from minitransformer.checkpoint import CheckpointError, average_checkpoints
 from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
 
@@ -134,4 +134,4 @@ def save_rows(path: str, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

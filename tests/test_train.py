@@ -90,3 +90,74 @@ def test_batch_size_mismatch_names_the_shapes():
     src, tgt_in, tgt_out = batch()
     with pytest.raises(ValueError, match=r"src \(3, 6\), tgt_in \(4, 6\)"):
         train_step(model, opt, sched, src[:3], tgt_in, tgt_out)
+
+
+def test_an_update_that_would_overflow_the_weights_is_skipped():
+    model, opt, sched = setup()
+    before = [p.data.copy() for p in opt.params]
+    sched.factor = 1e45  # lr * C_t above float32's largest
+    r = train_step(model, opt, sched, *batch())
+    assert r.skipped == "an update that would overflow the weights"
+    assert all(np.array_equal(p.data, b) for p, b in zip(opt.params, before))
+    assert sched.step_count == 0 and opt.step_count == 0  # a skipped step moves neither
+
+
+def test_format_ppl_reads_at_every_scale():
+    from minitransformer.train import format_ppl, perplexity
+
+    assert format_ppl(5.4912) == "5.49" and format_ppl(3.7e7) == "3.7e+07"
+    assert format_ppl(perplexity(1e9)) == ">1e304" and format_ppl(float("inf")) == ">1e304"
+    assert format_ppl(float("nan")) == "nan" and np.isnan(perplexity(float("nan")))
+
+
+def replay(losses, vocab_size=8000, **kwargs):
+    """(step, reason) of the first divergence the detector finds in [(step, loss)], or None."""
+    from minitransformer.train import DivergenceDetector
+
+    detector = DivergenceDetector(vocab_size, **kwargs)
+    for step, loss in losses:
+        why = detector.update(step, loss)
+        if why:
+            return step, why
+    return None
+
+
+def healthy(rng, steps=3000, every=1):
+    """A training curve as the main job's: from ln V down to ~2.5, noisy, with a spike."""
+    curve = []
+    for step in range(1, steps + 1, every):
+        loss = 2.5 + 6.5 * np.exp(-step / 400) + rng.normal(0, 0.15)
+        if 1500 <= step < 1560:  # a loss spike that training recovers from
+            loss += 1.2
+        curve.append((step, loss))
+    return curve
+
+
+def test_the_divergence_detector_leaves_healthy_training_alone_and_stops_what_diverges():
+    rng = np.random.default_rng(0)
+    assert replay(healthy(rng)) is None and replay(healthy(rng, every=20)) is None  # every step, or as logged
+    # --lr-factor 1e6 as a user met it: 9.4 to 3.7e7 over 150 steps, every loss finite.
+    climbing = [(s, 9.4 * (3.7e7 / 9.4) ** (s / 150)) for s in range(1, 151)]
+    step, why = replay(climbing)
+    assert step < 60 and "grown without bound" in why
+    # A collapse: the loss jumps from its best to twice as much, and stays.
+    collapse = healthy(rng)[:2000] + [(s, 5.5 + rng.normal(0, 0.1)) for s in range(2001, 2600)]
+    step, why = replay(collapse)
+    assert 2200 <= step < 2300 and "far above its best" in why
+    assert replay(collapse, patience=1000) is None  # ...but only after a sustained stretch
+    # Skipped steps (non-finite losses) extend a stretch that has begun; they do not start one.
+    assert replay([(s, float("nan")) for s in range(1, 500)]) is None
+
+
+@pytest.mark.parametrize("log", sorted((ROOT / "tests" / "data" / "train_logs").glob("*.jsonl")),
+                         ids=lambda p: p.stem)
+def test_the_divergence_detector_never_fires_on_real_runs(log):
+    """The recorded train.jsonl of real main-job and ablation runs (their training lines, every
+    20 steps), replayed through the detector: healthy training must never stop."""
+    import json
+
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    vocab = rows[0]["vocab_size"]
+    curve = [(r["step"], r["loss"]) for r in rows[1:]]
+    assert len(curve) > 30
+    assert replay(curve, vocab_size=vocab) is None

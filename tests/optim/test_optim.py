@@ -2,6 +2,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minitransformer as mt
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, clip_grad_norm_, grad_norm, noam_lr
@@ -118,3 +120,21 @@ def test_optimizer_and_schedule_refuse_bad_settings(make, message):
     with pytest.raises(ValueError, match="^" + message + "$") as e:
         make(params)
     assert "\n" not in str(e.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.integers(1, 40), b1=st.floats(0.0, 0.99), b2=st.floats(0.5, 0.999), scale=st.floats(-20, 20),
+       spread=st.floats(0, 8), seed=st.integers(0, 2**31 - 1))
+def test_max_update_bounds_every_step_whatever_the_gradients(steps, b1, b2, scale, spread, seed):
+    """|p_t - p_{t-1}| <= Adam.max_update() at every step, for gradients of any scale and sign
+    pattern (eps 0, where the bound is tightest)."""
+    rng = np.random.default_rng(seed)
+    p = mt.tensor(rng.standard_normal(64), dtype=mt.float64, requires_grad=True)
+    opt = Adam([p], lr=0.01, betas=(b1, b2), eps=1e-300)
+    for _ in range(steps):
+        bound = opt.max_update()
+        before = p.data.copy()
+        p.grad = mt.tensor(rng.standard_normal(64) * 10.0 ** (scale + rng.uniform(-spread, spread, 64)),
+                           dtype=mt.float64)
+        opt.step()
+        assert np.abs(p.data - before).max() <= bound * (1 + 1e-9)
