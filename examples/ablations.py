@@ -47,7 +47,7 @@ import train_wmt
 
 from minitransformer import cli, distributed, nn
 from minitransformer.decoding import ALPHA, BEAM, translate
-from minitransformer.files import atomic_write
+from minitransformer.files import atomic_write, lock_folder
 from minitransformer.train import evaluate_loss
 
 log = logging.getLogger("ablations")
@@ -208,27 +208,29 @@ def row_run_args(args, row: Row, progress: bool) -> argparse.Namespace:
 
 def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     """Train one row alone (or resume it), score its averaged model on the dev set, and write
-    result.json, which marks it finished."""
-    train, val, tok = corpus
+    result.json, which marks it finished. The row's folder is held while it trains, as
+    train_wmt.py holds its --out-dir: a second sweep into the same folder is refused."""
     run_args = row_run_args(args, row, progress)
-    os.makedirs(run_args.out_dir, exist_ok=True)
-    preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, time_budget=None)  # our budget
-    alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
-    run = train_wmt.prepare(run_args, preset, alone, train, val, tok)
-    step, history_s = train_wmt.start_or_resume(run)
-    step, seconds = train_wmt.train_loop(run, step, history_s, train_wmt.training_budget(run_args, preset, run.batcher))
-    averaged = train_wmt.average(run, step)
-    _, ppl = evaluate_loss(run.model, run.val_batches)
-    hyps = translate(run.model, tok, val.src, "cpu", run_args.beam, run_args.alpha, progress=progress)
-    bleu, signature, _ = train_wmt.bleu(hyps, val.tgt)
-    result = dict(row=row.name, group=row.group, changes=row.changes, **settings(run.model.config), steps=step,
-                  params=run.model.num_parameters(), dev_ppl=ppl, dev_bleu=bleu, signature=signature,
-                  dev_sentences=len(val), averaged=[os.path.basename(p) for p in averaged],
-                  train_minutes=seconds / 60, steps_per_s=step / max(seconds, 1e-9), rank=rank)
-    write_json(os.path.join(run_args.out_dir, "result.json"), result)
-    log.info("row %s (%s): %d steps, dev perplexity %.2f, dev BLEU %.2f, %.2f steps/s", row.name,
-             describe(row), step, ppl, bleu, result["steps_per_s"])
-    return result
+    with lock_folder(run_args.out_dir):
+        train, val, tok = corpus
+        preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, time_budget=None)  # our budget
+        alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
+        run = train_wmt.prepare(run_args, preset, alone, train, val, tok)
+        step, history_s = train_wmt.start_or_resume(run)
+        budget = train_wmt.training_budget(run_args, preset, run.batcher)
+        step, seconds = train_wmt.train_loop(run, step, history_s, budget)
+        averaged = train_wmt.average(run, step)
+        _, ppl = evaluate_loss(run.model, run.val_batches)
+        hyps = translate(run.model, tok, val.src, "cpu", run_args.beam, run_args.alpha, progress=progress)
+        bleu, signature, _ = train_wmt.bleu(hyps, val.tgt)
+        result = dict(row=row.name, group=row.group, changes=row.changes, **settings(run.model.config), steps=step,
+                      params=run.model.num_parameters(), dev_ppl=ppl, dev_bleu=bleu, signature=signature,
+                      dev_sentences=len(val), averaged=[os.path.basename(p) for p in averaged],
+                      train_minutes=seconds / 60, steps_per_s=step / max(seconds, 1e-9), rank=rank)
+        write_json(os.path.join(run_args.out_dir, "result.json"), result)
+        log.info("row %s (%s): %d steps, dev perplexity %.2f, dev BLEU %.2f, %.2f steps/s", row.name,
+                 describe(row), step, ppl, bleu, result["steps_per_s"])
+        return result
 
 
 def write_json(path: str, obj) -> None:

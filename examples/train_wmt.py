@@ -326,9 +326,11 @@ def interrupted(args, argv) -> str | bool:
         return False
     if not os.path.exists(os.path.join(args.out_dir, "last.npz")):
         return "no checkpoint was written yet, so there is nothing to resume: run the command again to start over"
+    # The script as the user named it; called in-process, by a path from here if it is short.
+    script = sys.argv[0] if argv is None else min(os.path.relpath(__file__), os.path.abspath(__file__), key=len)
     argv = sys.argv[1:] if argv is None else list(argv)
     ranks = ["mpiexec", "-n", str(world.world_size)] if world is not None and world.world_size > 1 else []
-    command = ranks + ["python", os.path.relpath(__file__)] + argv + ([] if "--resume" in argv else ["--resume"])
+    command = ranks + ["python", script] + argv + ([] if "--resume" in argv else ["--resume"])
     return f"continue with: {shlex.join(command)}"
 
 

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable
 
 DEBUG_ENV = "MT_DEBUG"
+INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
 
 
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -147,7 +148,7 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         hint = on_interrupt() if on_interrupt is not None else None
         if hint is not False:  # False: another process (rank 0) tells it
             sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")  # past the terminal's ^C
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
     except OSError as e:
         if debug:
             raise

@@ -34,7 +34,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from .. import backend
+from .. import backend, cli
 from .comm import Communicator, LocalCommunicator, MPICommunicator, NCCLCommunicator, import_nccl
 
 # (rank, size) variables that MPI launchers put in each rank's environment.
@@ -144,12 +144,15 @@ def run_main(main, *args, **kwargs):
         world = _world
         if world is not None and world.world_size > 1 and e.code not in (None, 0):
             status = e.code if isinstance(e.code, int) else 1
-            why = "" if isinstance(e.code, int) else f": {e.code}"
-            sys.stderr.write(f"[rank {world.rank}/{world.world_size}] exiting with status "
-                             f"{status}, aborting all ranks{why}\n")
+            if status == cli.INTERRUPTED:  # Ctrl-C reached every rank: rank 0 has said it, and aborts first
+                time.sleep(0.5 if world.is_main else 2.0)
+            else:
+                why = "" if isinstance(e.code, int) else f": {e.code}"
+                sys.stderr.write(f"[rank {world.rank}/{world.world_size}] exiting with status "
+                                 f"{status}, aborting all ranks{why}\n")
+                time.sleep(0.5)  # as in the excepthook: let mpiexec forward the message
             sys.stderr.flush()
             sys.stdout.flush()
-            time.sleep(0.5)  # as in the excepthook: let mpiexec forward the message
             _mpi().COMM_WORLD.Abort(status)
         raise
 

@@ -182,3 +182,10 @@ def test_resuming_on_other_training_data_is_refused_before_anything_is_written(t
         train_wmt.main(args + ["--max-steps", "6", "--resume"])
     one_line_error(e)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+def test_a_bad_max_tokens_is_refused_before_anything_is_read_or_written(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: --max-tokens 50 shared among 1 ranks gives each 50, fewer") as e:
+        train_wmt.main(QUICK + ["--max-tokens", "50", "--out-dir", str(tmp_path / "run")])
+    one_line_error(e)
+    assert not (tmp_path / "run").exists()
