@@ -430,6 +430,8 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         ckpt = load_checkpoint(last_path)
         check_resume(args, ckpt, run, last_path)
         restore(ckpt, run.model, run.optimizer, run.schedule, scaler=run.scaler)
+        if "divergence" in ckpt.extra:  # checkpoints from before the detector have none
+            run.detector.load_state_dict(ckpt.extra["divergence"])
         try:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
         except ValueError as e:  # --max-tokens, --seed, the data subset or the ranks changed
@@ -731,7 +733,8 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, fin
                     "one stays the last good one", step)
         return
     extra = {"step": step, "train_seconds": time.perf_counter() - start, "batcher": run.batcher.state_dict(),
-             "args": vars(args), "tokenizer": os.path.basename(run.tok.path), "corpus": run.corpus}
+             "args": vars(args), "tokenizer": os.path.basename(run.tok.path), "corpus": run.corpus,
+             "divergence": run.detector.state_dict()}
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
     # last.npz first: a kill between the two writes leaves a run that --resume continues (and
     # start_or_resume then writes the missing ckpt-<step>.npz from the same weights).

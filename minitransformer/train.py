@@ -79,7 +79,8 @@ class DivergenceDetector:
 
     A non-finite loss (a skipped step) extends a stretch that has begun. ``update`` returns
     why the run has diverged, or None; ``suspect`` is True while a stretch is under way, when
-    a checkpoint may already hold a diverging model.
+    a checkpoint may already hold a diverging model. ``state_dict()`` goes into checkpoints, so
+    that a resumed run judges as an uninterrupted one.
     """
 
     def __init__(self, vocab_size: int, patience: int = 200, runaway: int = 20, smoothing: float = 50.0) -> None:
@@ -92,6 +93,15 @@ class DivergenceDetector:
     @property
     def suspect(self) -> bool:
         return self.far_since is not None or self.runaway_since is not None
+
+    _STATE = ("smoothed", "best", "best_step", "last_step", "far_since", "runaway_since")
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
 
     def update(self, step: int, loss: float) -> str | None:
         if math.isfinite(loss):

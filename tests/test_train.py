@@ -161,3 +161,24 @@ def test_the_divergence_detector_never_fires_on_real_runs(log):
     curve = [(r["step"], r["loss"]) for r in rows[1:]]
     assert len(curve) > 30
     assert replay(curve, vocab_size=vocab) is None
+
+
+def test_the_divergence_detector_resumes_from_its_state():
+    from minitransformer.train import DivergenceDetector
+
+    rng = np.random.default_rng(1)
+    curve = healthy(rng)[:1000] + [(s, 6.0) for s in range(1001, 1400)]
+    whole, split = DivergenceDetector(8000), DivergenceDetector(8000)
+    verdicts = [whole.update(s, loss) for s, loss in curve]
+    for s, loss in curve[:1100]:
+        split.update(s, loss)
+    resumed = DivergenceDetector(8000)
+    resumed.load_state_dict(json_round_trip(split.state_dict()))
+    assert [resumed.update(s, loss) for s, loss in curve[1100:]] == verdicts[1100:]
+    assert any(verdicts)
+
+
+def json_round_trip(obj):
+    import json
+
+    return json.loads(json.dumps(obj))

@@ -213,3 +213,15 @@ def test_beam_and_alpha_default_to_the_runs(run, tmp_path, monkeypatch):
     for folder, flags in ((ours, []), (ours, ["--beam", "2", "--alpha", "0"]), (run, [])):
         translate.main(["--run", str(folder), "--input", str(src), "--output", str(tmp_path / "out.de"), *flags])
     assert seen == [(3, 1.7), (2, 0.0), (4, 0.6)]
+
+
+def test_a_truncated_checkpoint_is_one_line(run, tmp_path):
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    tiny_run(folder, seed=0)
+    ckpt = folder / "averaged.npz"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])  # a full disk, a copy cut short
+    result = cli(folder, b"A dog.\n")
+    assert result.returncode == 1 and "Traceback" not in result.stderr.decode()
+    line = result.stderr.decode().strip().splitlines()[-1]
+    assert line.startswith(f"error: {ckpt}") and "truncated" in line
