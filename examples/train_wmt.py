@@ -115,6 +115,11 @@ class Budget:
     seconds: float  # math.inf: no limit; the time trained before a resume counts
     eval_every: int
 
+    def spent(self, step: int, seconds: float, epochs: float) -> float:
+        """The share of the budget spent (0 to 1) after ``step`` steps, ``seconds`` trained and
+        ``epochs`` (fractional) seen: the largest of the three, as the first limit ends the run."""
+        return min(1.0, max(step / self.max_steps, seconds / self.seconds, epochs / self.epochs))
+
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -222,6 +227,16 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
     metric = BLEU()
     score = metric.corpus_score(hyps, [refs])
     return score.score, str(metric.get_signature()), score.sys_len / max(score.ref_len, 1)
+
+
+def bleu_lowercased(hyps: list[str], refs: list[str]) -> tuple[float, str]:
+    """sacreBLEU on lowercased text, and its signature (case:lc): the figure the Multi30k
+    literature reports (on Moses tokens there, on sacreBLEU's 13a tokens here), given beside
+    the cased figure for comparison, never instead of it."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(lowercase=True)
+    return metric.corpus_score(hyps, [refs]).score, str(metric.get_signature())
 
 
 # --------------------------------------------------------------------------- training
@@ -524,7 +539,8 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if world.is_main and (step % args.log_every == 0 or step == 1):
             log_step(run, step, batch.epoch, result, rate.read(), time.perf_counter() - start, progress)
         if progress is not None:
-            progress.update(1)
+            epochs = batch.epoch + (batch.step + 1) / run.batcher.steps_per_epoch(batch.epoch)
+            progress.update(100 * budget.spent(step, time.perf_counter() - start, epochs) - progress.n)
 
         late = out_of_time()
         done = step >= budget.max_steps or late
@@ -593,13 +609,18 @@ class TokenRate:
 
 
 def progress_bar(run: Run, step: int, budget: Budget):
-    """A tqdm bar of the steps on rank 0 (None elsewhere, or with --no-progress)."""
+    """A tqdm bar on rank 0 (None elsewhere, or with --no-progress) of the share of the budget
+    spent, in percent: of the time, the steps or the epochs, whichever ends the run first, so
+    that its time left is the run's (a time-bounded run is not shown as the 19,400 steps its
+    epochs would take)."""
     if not run.world.is_main or run.args.no_progress:
         return None
     from tqdm import tqdm
 
-    total = min(budget.max_steps, budget.epochs * run.batcher.steps_per_epoch(0))
-    return tqdm(total=None if math.isinf(total) else int(total), initial=step, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=100.0, unit="%", dynamic_ncols=True,
+               bar_format="{percentage:3.0f}% of the budget|{bar}| {elapsed}<{remaining}{postfix}")
+    bar.set_postfix(step=step)
+    return bar
 
 
 def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, seconds: float, progress) -> None:
@@ -610,7 +631,7 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
         record["loss_scale"] = run.scaler.scale_value
     append_record(run.log_path, record)
     if progress is not None:
-        progress.set_postfix(loss=f"{result.loss:.3g}", ppl=format_ppl(result.ppl), lr=f"{result.lr:.1e}",
+        progress.set_postfix(step=step, loss=f"{result.loss:.3g}", ppl=format_ppl(result.ppl), lr=f"{result.lr:.1e}",
                              tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
@@ -772,7 +793,9 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     with files.atomic_write(os.path.join(args.out_dir, "test.hyp.de")) as f:
         f.write("\n".join(hyps) + "\n")
     score, signature, ratio = bleu(hyps, test.tgt)
-    result = dict(bleu=score, signature=signature, length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
+    score_lc, signature_lc = bleu_lowercased(hyps, test.tgt)
+    result = dict(bleu=score, signature=signature, bleu_lowercased=score_lc, signature_lowercased=signature_lc,
+                  length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
                   decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
                   test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
                   precision=args.precision)
@@ -782,6 +805,8 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "
           f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged; length ratio {ratio:.3f})")
     print(f"sacreBLEU signature: {signature}")
+    print(f"lowercased BLEU = {score_lc:.2f}, the Multi30k literature's metric, for comparison (sacreBLEU "
+          f"signature: {signature_lc})")
     return result
 
 

@@ -8,10 +8,13 @@ sentencepiece model are used. ``--checkpoint`` and ``--tokenizer`` name them exp
 
 One line in, one line out, always: an empty line gives an empty line, a line the vocabulary
 cannot read at all gives an empty line and a warning, an over-long line is split at sentence
-ends (see ``decoding.translate``). Input is read as it arrives: a line typed on stdin is
-translated as soon as it is complete, and a file is translated and written chunk by chunk
-(with a progress bar on stderr), so an interrupted run keeps what it finished. Bytes that are
-not UTF-8 stop the run with the file (or stdin), the line and the byte.
+ends (see ``decoding.translate``). Input is read as it arrives: a line typed on stdin (or a
+named pipe) is translated as soon as it is complete, and a file is translated and written chunk
+by chunk (with a progress bar on stderr). ``--output`` is written into a temporary file that
+replaces it at the end, so a stopped run never leaves it truncated; what it finished is kept in
+OUTPUT.partial. An output that is the input, the checkpoint or the tokenizer is refused before
+anything is written. Bytes that are not UTF-8 stop the run with the file (or stdin), the line
+and the byte. Stderr says which model translates.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import glob
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 
 from minitransformer import cli, data, decoding, files, nn
@@ -141,6 +145,9 @@ def main(argv=None) -> None:
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     run_checkpoint = checkpoint
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
+    for name, path in (("checkpoint", checkpoint), ("tokenizer", tokenizer)):
+        if args.output and os.path.exists(args.output) and os.path.samefile(args.output, path):
+            p.error(f"--output {args.output} is the {name} {path}: writing it would destroy it")
 
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
@@ -150,10 +157,23 @@ def main(argv=None) -> None:
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
     print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
           file=sys.stderr)
+    partial, started = f"{args.output}.partial", time.time()
+    try:
+        translate_stream(args, model, tok, beam, alpha, partial)
+    except BaseException:
+        if args.output and os.path.exists(partial) and os.path.getmtime(partial) >= started:
+            sys.stderr.write(f"{args.output} is unchanged; the lines translated before the stop are in {partial}\n")
+        raise
+    if args.output and os.path.exists(partial):  # an earlier run's, superseded by the whole output
+        os.remove(partial)
+
+
+def translate_stream(args, model, tok, beam: int, alpha: float, partial: str) -> None:
+    """Translate --input (or stdin) chunk by chunk into --output (or stdout), written as it
+    goes: into a temporary file renamed over --output at the end, or to ``partial`` on failure."""
     with contextlib.ExitStack() as stack:
         source = stack.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
-        out = (stack.enter_context(files.atomic_write(args.output, partial=args.output + ".partial"))
-               if args.output else sys.stdout)
+        out = stack.enter_context(files.atomic_write(args.output, partial=partial)) if args.output else sys.stdout
         progress = None
         if args.input:
             from tqdm import tqdm
@@ -164,18 +184,12 @@ def main(argv=None) -> None:
                 total = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
                 source.seek(0)
             progress = stack.enter_context(tqdm(total=total, unit="line", desc="translate"))
-        try:
-            for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
-                hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens, first_line=first)
-                out.write("".join(h + "\n" for h in hyps))
-                out.flush()
-                if progress is not None:
-                    progress.update(len(lines))
-        except BaseException:
-            if args.output:
-                sys.stderr.write(f"{args.output} is unchanged; the lines translated so far are in "
-                                 f"{args.output}.partial\n")
-            raise
+        for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
+            hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens, first_line=first)
+            out.write("".join(h + "\n" for h in hyps))
+            out.flush()
+            if progress is not None:
+                progress.update(len(lines))
 
 
 def beam_and_alpha(ckpt: Checkpoint, beam: int | None, alpha: float | None) -> tuple[int, float]:

@@ -35,7 +35,7 @@ import json
 import os
 import time
 
-from train_wmt import PRESETS, bleu, checkpoints
+from train_wmt import PRESETS, bleu, bleu_lowercased, checkpoints
 from translate import find_run_files, model_from
 
 from minitransformer import cli, data
@@ -102,15 +102,17 @@ def main(argv=None) -> list[dict]:
                 start = time.perf_counter()
                 hyps = translate(model, tok, val.src, args.device, beam, alpha)
                 score, signature, ratio = bleu(hyps, val.tgt)
+                score_lc, _ = bleu_lowercased(hyps, val.tgt)
                 seconds = time.perf_counter() - start
                 name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}.hyp"
                 with atomic_write(os.path.join(args.run, name)) as f:
                     f.writelines(h + "\n" for h in hyps)
                 rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
-                                 beam=beam, alpha=alpha, bleu=score, length_ratio=ratio, seconds=seconds,
+                                 beam=beam, alpha=alpha, bleu=score, bleu_lowercased=score_lc,
+                                 length_ratio=ratio, seconds=seconds,
                                  sentences=len(val), signature=signature, hypotheses=name))
                 print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {score:6.2f}  "
-                      f"length ratio {ratio:.3f}  ({seconds:.1f} s)", flush=True)
+                      f"(lowercased {score_lc:6.2f})  length ratio {ratio:.3f}  ({seconds:.1f} s)", flush=True)
     best = max(rows, key=lambda r: r["bleu"])
     print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
           f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")

@@ -149,7 +149,7 @@ def test_the_divergence_detector_leaves_healthy_training_alone_and_stops_what_di
     assert replay([(s, float("nan")) for s in range(1, 500)]) is None
 
 
-@pytest.mark.parametrize("log", sorted((ROOT / "tests" / "data" / "train_logs").glob("*.jsonl")),
+@pytest.mark.parametrize("log", sorted((ROOT / "tests" / "fixtures" / "train_logs").glob("*.jsonl")),
                          ids=lambda p: p.stem)
 def test_the_divergence_detector_never_fires_on_real_runs(log):
     """The recorded train.jsonl of real main-job and ablation runs (their training lines, every

@@ -3,6 +3,7 @@ checkpoints, resume, averaging, beam search, BLEU, translate.py and plot_attenti
 
 import json
 import logging
+import math
 import os
 import pathlib
 import subprocess
@@ -44,6 +45,13 @@ def test_train_resume_average_translate(tmp_path, caplog):
     assert len(hyps) == 12
     assert (straight / "curves.png").stat().st_size > 10_000
     assert json.loads((straight / "bleu.json").read_text())["bleu"] == result["bleu"]
+    # The literature's metric beside ours: sacreBLEU on lowercased text, with its own signature.
+    from sacrebleu.metrics import BLEU
+
+    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:12]
+    lowered = BLEU(lowercase=True).corpus_score(hyps, [refs]).score
+    assert result["bleu_lowercased"] == pytest.approx(lowered) and "case:lc" in result["signature_lowercased"]
+    assert json.loads((straight / "bleu.json").read_text())["signature_lowercased"] == result["signature_lowercased"]
     preset = train_wmt.PRESETS["multi30k"]  # the beam search it scored with, saved for translate.py
     assert (result["beam"], result["alpha"]) == (preset.beam, preset.alpha)
     averaged = load_checkpoint(str(straight / "averaged.npz"), metadata_only=True).extra
@@ -256,3 +264,22 @@ def test_the_step_batch_is_shared_among_the_ranks():
     assert train_wmt.step_tokens(types.SimpleNamespace(max_tokens=601), preset, world(2)) == 601
     with pytest.raises(train_wmt.SetupError, match="among 4 ranks gives each 99, fewer than the longest"):
         train_wmt.step_tokens(types.SimpleNamespace(max_tokens=399), preset, world(4))
+
+
+def test_the_bar_shows_the_budget_the_run_really_has():
+    """A run ends at the first of its limits: the bar's share is the largest share spent, so a
+    55-minute run is half done at 27.5 minutes, not at half of the steps its epochs would take."""
+    hour = train_wmt.Budget(epochs=100, max_steps=math.inf, seconds=3300, eval_every=200)
+    assert hour.spent(step=5000, seconds=1650, epochs=25.8) == pytest.approx(0.5)
+    steps = train_wmt.Budget(epochs=100, max_steps=1000, seconds=3300, eval_every=200)
+    assert steps.spent(step=900, seconds=60, epochs=4.6) == pytest.approx(0.9)
+    epochs = train_wmt.Budget(epochs=2, max_steps=math.inf, seconds=math.inf, eval_every=200)
+    assert epochs.spent(step=10, seconds=5, epochs=1.5) == pytest.approx(0.75)
+    assert hour.spent(step=1, seconds=4000, epochs=0.1) == 1.0  # a validation ran past the end
+
+
+def test_the_progress_bar_counts_the_budget(tmp_path, capsys):
+    args = [a for a in SMALL if a != "--no-progress"]
+    train_wmt.main(args + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path), "--max-steps", "4"])
+    err = capsys.readouterr().err
+    assert "100% of the budget" in err and "step=4" in err

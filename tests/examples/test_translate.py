@@ -108,6 +108,18 @@ def test_the_input_as_output_is_refused_before_anything_is_written(run, tmp_path
     assert src.read_text() == "A dog runs.\nA man sits.\n"
 
 
+@pytest.mark.parametrize("what", ["averaged.npz", "tokenizer"])
+def test_the_model_or_tokenizer_as_output_is_refused(run, tmp_path, what):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    tiny_run(folder, seed=0)
+    target = folder / "averaged.npz" if what == "averaged.npz" else next(folder.glob("spm-*.model"))
+    before = target.read_bytes()
+    result = cli(folder, b"A dog.\n", "--output", str(target))
+    assert result.returncode == 2 and "writing it would destroy it" in result.stderr.decode().splitlines()[-1]
+    assert target.read_bytes() == before
+
+
 def test_an_output_in_a_missing_folder_is_one_line(run, tmp_path):
     result = cli(run, b"A dog.\n", "--output", str(tmp_path / "missing" / "out.de"))
     assert result.returncode == 2

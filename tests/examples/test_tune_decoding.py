@@ -52,6 +52,7 @@ def test_each_row_is_the_averaged_model_decoded_and_scored(run_with_checkpoints,
         model = translate_cli.model_from(average_checkpoints(paths[r["average"]]), "avg", "cpu")
         hyps = translate(model, tok, val.src, "cpu", r["beam"], r["alpha"])
         assert (r["bleu"], r["signature"], r["length_ratio"]) == train_wmt.bleu(hyps, val.tgt)
+        assert r["bleu_lowercased"] == train_wmt.bleu_lowercased(hyps, val.tgt)[0]
         assert r["last"] == "ckpt-30.npz" and r["sentences"] == 15
         # The translations themselves, one a line, for sacreBLEU's paired bootstrap.
         assert r["hypotheses"] == f"val-avg{r['average']}-beam{r['beam']}-alpha{r['alpha']:g}.hyp"
