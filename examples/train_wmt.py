@@ -61,6 +61,7 @@ class Preset:
     time_budget: float | None = None  # minutes
     beam: int = decoding.BEAM  # beam search: the paper's unless a preset chose its own
     alpha: float = decoding.ALPHA
+    bpe_dropout: float = 0.0  # subword regularization of the training side (0: the paper's fixed BPE)
 
 
 PRESETS = {
@@ -158,6 +159,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--limit-val", type=cli.integer(1), help="validate on only the first N validation pairs")
     p.add_argument("--limit-test", type=cli.integer(1), help="translate only the first N test sentences")
     p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
+    p.add_argument("--bpe-dropout", type=cli.real(0.0, 1.0, high_open=True),
+                   help="BPE-dropout of the training side: a new segmentation each epoch, each merge skipped "
+                        "with this probability (Provilkov et al., 2020; 0: off; default: the preset's)")
     p.add_argument("--d-model", type=cli.integer(1), help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--d-ff", type=cli.integer(1), help="d_ff, the inner width of the feed-forward layers "
                    "(default: the preset's, or 4 * --d-model)")
@@ -415,9 +419,11 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
+    dropout = preset.bpe_dropout if args.bpe_dropout is None else args.bpe_dropout
+    resegment = data.SampledSegmentation(tok, train.src, train.tgt, dropout, args.seed) if dropout else None
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
                                 max_tokens=step_tokens(args, preset, world), max_len=preset.max_len,
-                                seed=args.seed, rank=world.rank, world_size=world.world_size)
+                                seed=args.seed, rank=world.rank, world_size=world.world_size, resegment=resegment)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
                                               shuffle=False).iter_epoch(0)]
@@ -665,7 +671,7 @@ def check_same_data(args, saved: dict, train) -> None:
     the tokenizer's check (check_resume)."""
     path = os.path.join(args.out_dir, "last.npz")
     flags = saved.get("args", {})
-    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size")):
+    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout")):
         if key in flags and flags[key] != getattr(args, key):
             raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume "
                              f"with the run's {flag}, or start a new run")

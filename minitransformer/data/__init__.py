@@ -26,7 +26,7 @@ runs it once, as a script. This package uses NumPy (and sentencepiece, tqdm) onl
 imports nothing from the model or the autograd engine.
 """
 
-from .batching import Batch, PackedSequences, TokenBatcher, collate, encode_packed
+from .batching import Batch, PackedSequences, SampledSegmentation, TokenBatcher, collate, encode_packed
 from .corpus import (
     CorpusError, ParallelCorpus, decode_utf8, find_split_file, load_corpus, load_multi30k, load_wmt14,
     missing_files, read_lines, read_parallel, read_sgm,
@@ -38,7 +38,7 @@ from .tokenizer import (
 
 __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
-    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate",
+    "ParallelCorpus", "SampledSegmentation", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate",
     "decode_utf8", "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
     "load_wmt14", "missing_files", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]

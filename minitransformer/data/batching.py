@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,18 +158,56 @@ class PackedSequences:
         return self.data[self.offsets[i]:self.offsets[i + 1]]
 
 
-def encode_packed(tokenizer: Tokenizer, texts: Sequence[str],
-                  chunk_size: int = 100_000) -> PackedSequences:
+def encode_packed(tokenizer: Tokenizer, texts: Sequence[str], chunk_size: int = 100_000,
+                  dropout: float = 0.0, seed: int | None = None) -> PackedSequences:
     """``tokenizer.encode(texts)``, packed chunk by chunk, so that a corpus the size of
-    WMT14 never exists as Python lists all at once."""
+    WMT14 never exists as Python lists all at once; with ``dropout``, a sampled segmentation
+    (``Tokenizer.encode``) drawn from ``seed`` and the chunk's place."""
+    starts = range(0, max(len(texts), 1), chunk_size)
+    if dropout and seed is None:
+        raise ValueError("a sampled segmentation (dropout > 0) needs a seed, so that it can be drawn again")
+    seeds = np.random.SeedSequence(seed).generate_state(len(starts)).tolist() if dropout else [None] * len(starts)
     return PackedSequences.concatenate([
-        PackedSequences.from_sequences(tokenizer.encode(texts[i:i + chunk_size]))
-        for i in range(0, max(len(texts), 1), chunk_size)
+        PackedSequences.from_sequences(tokenizer.encode(texts[i:i + chunk_size], dropout=dropout, seed=s))
+        for i, s in zip(starts, seeds)
     ])
 
 
 def _packed(seqs: PackedSequences | Sequence[Sequence[int]]) -> PackedSequences:
     return seqs if isinstance(seqs, PackedSequences) else PackedSequences.from_sequences(seqs)
+
+
+@dataclass
+class _Pairs:
+    """One segmentation of the data set's pairs, their lengths (specials included), and the
+    indices of those the batches may use."""
+
+    src: PackedSequences
+    tgt: PackedSequences | None
+    src_len: np.ndarray
+    tgt_len: np.ndarray
+    longest: np.ndarray
+    kept: np.ndarray
+
+
+class SampledSegmentation:
+    """``resegment`` for ``TokenBatcher``: a new BPE-dropout segmentation of both sides every
+    epoch (subword regularization, Provilkov et al., 2020), drawn from (seed, epoch) alone.
+
+    BPE-dropout skips each merge with probability ``dropout`` while a word is segmented, so a
+    word the vocabulary holds whole now and then comes in smaller pieces, and the model learns
+    to compose them; validation, test and decoding keep the deterministic segmentation.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], dropout: float, seed: int):
+        if not 0 < dropout < 1:
+            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
+        self.tokenizer, self.src, self.tgt, self.dropout, self.seed = tokenizer, src, tgt, dropout, seed
+
+    def __call__(self, epoch: int) -> tuple[PackedSequences, PackedSequences]:
+        src_seed, tgt_seed = np.random.SeedSequence([self.seed, epoch]).generate_state(2).tolist()
+        return (encode_packed(self.tokenizer, self.src, dropout=self.dropout, seed=src_seed),
+                encode_packed(self.tokenizer, self.tgt, dropout=self.dropout, seed=tgt_seed))
 
 
 class TokenBatcher:
@@ -185,6 +223,11 @@ class TokenBatcher:
     shuffle: False gives a fixed order (sorted by length, the same each epoch), e.g. for
         evaluation; ``Batch.indices`` maps rows back to the input order.
     seed, rank, world_size: see the module docstring.
+    resegment: ``resegment(epoch)`` gives that epoch's (src, tgt) segmentation of the same pairs,
+        in place of ``src``/``tgt`` (subword regularization: ``SampledSegmentation``); it must
+        depend on the epoch alone, so that ranks and resumed runs see the same batches.
+        ``src``/``tgt`` still give ``num_dropped`` and the errors. Pairs that a sampled
+        segmentation makes longer than ``max_len`` sit that epoch out.
 
     Iterate with ``for batch in batcher`` (endless, epoch after epoch, from ``position``),
     or ``iter_epoch(epoch)`` for one epoch.
@@ -193,7 +236,8 @@ class TokenBatcher:
     def __init__(self, src: PackedSequences | Sequence[Sequence[int]],
                  tgt: PackedSequences | Sequence[Sequence[int]] | None = None, *,
                  max_tokens: int, max_len: int | None = None, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1,
+                 resegment: Callable[[int], tuple[PackedSequences, PackedSequences | None]] | None = None):
         if tgt is not None and len(tgt) != len(src):
             raise ValueError(f"TokenBatcher got {len(src)} source and {len(tgt)} target sequences")
         if len(src) == 0:
@@ -207,47 +251,62 @@ class TokenBatcher:
         self.max_tokens, self.max_len, self.shuffle = max_tokens, max_len, shuffle
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.num_pairs = len(src)
-        self._src = _packed(src)
-        self._tgt = _packed(tgt) if tgt is not None else None
-        self._src_len = self._src.lengths + 1                     # + EOS
-        self._tgt_len = (self._tgt.lengths + 1 if self._tgt is not None  # + BOS (or EOS)
-                         else np.zeros_like(self._src_len))
-        # B * max(S, T) <= max_tokens keeps both sides within budget.
-        self._longest = np.maximum(self._src_len, self._tgt_len)
-        if max_len is not None:
-            self.kept = np.flatnonzero(self._longest <= max_len)
-            self.num_dropped = self.num_pairs - len(self.kept)
-            if self.num_dropped:
-                logger.warning("dropped %d of %d sentence pairs longer than max_len=%d tokens",
-                               self.num_dropped, self.num_pairs, max_len)
-            if len(self.kept) == 0:
-                raise ValueError(f"every pair is longer than max_len={max_len}")
-        else:
-            too_long = np.flatnonzero(self._longest > max_tokens)
-            if len(too_long):
-                i = int(too_long[0])
-                raise ValueError(
-                    f"{len(too_long)} pairs cannot fit max_tokens={max_tokens} on their own, "
-                    f"e.g. pair {i} ({self._src_len[i]} source, {self._tgt_len[i]} target "
-                    f"tokens); raise max_tokens or set max_len to drop them"
-                )
-            self.kept = np.arange(self.num_pairs)
-            self.num_dropped = 0
+        self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None, warn=True)
+        self.kept, self.num_dropped = self._pairs.kept, self.num_pairs - len(self._pairs.kept)
+        self.resegment = resegment
+        self._resegmented: tuple[int, _Pairs] | None = None
         self.position = (0, 0)  # (epoch, step) of the next batch the iterator yields
         self._cached: tuple[int, list[np.ndarray]] | None = None
 
+    def _measure(self, src: PackedSequences, tgt: PackedSequences | None, warn: bool) -> _Pairs:
+        """The pairs with their lengths, and those kept: within max_len, or (without it) an
+        error naming a pair that cannot fit max_tokens on its own."""
+        src_len = src.lengths + 1                                        # + EOS
+        tgt_len = tgt.lengths + 1 if tgt is not None else np.zeros_like(src_len)  # + BOS (or EOS)
+        longest = np.maximum(src_len, tgt_len)  # B * max(S, T) <= max_tokens keeps both sides within budget
+        if self.max_len is not None:
+            kept = np.flatnonzero(longest <= self.max_len)
+            dropped = len(src) - len(kept)
+            if dropped and warn:
+                logger.warning("dropped %d of %d sentence pairs longer than max_len=%d tokens",
+                               dropped, len(src), self.max_len)
+            if len(kept) == 0:
+                raise ValueError(f"every pair is longer than max_len={self.max_len}")
+        else:
+            too_long = np.flatnonzero(longest > self.max_tokens)
+            if len(too_long):
+                i = int(too_long[0])
+                raise ValueError(
+                    f"{len(too_long)} pairs cannot fit max_tokens={self.max_tokens} on their own, "
+                    f"e.g. pair {i} ({src_len[i]} source, {tgt_len[i]} target "
+                    f"tokens); raise max_tokens or set max_len to drop them"
+                )
+            kept = np.arange(len(src))
+        return _Pairs(src, tgt, src_len, tgt_len, longest, kept)
+
+    def pairs(self, epoch: int) -> _Pairs:
+        """The epoch's segmentation of the pairs: the one given, or ``resegment(epoch)``'s."""
+        if self.resegment is None:
+            return self._pairs
+        if self._resegmented is None or self._resegmented[0] != epoch:
+            src, tgt = self.resegment(epoch)
+            if len(src) != self.num_pairs or (tgt is not None and len(tgt) != self.num_pairs):
+                raise ValueError(f"resegment({epoch}) gave {len(src)} pairs, not {self.num_pairs}")
+            self._resegmented = (epoch, self._measure(src, tgt, warn=False))
+        return self._resegmented[1]
+
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches of an epoch (all ranks together), as index arrays, in step order."""
+        pairs = self.pairs(epoch)
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.kept) if self.shuffle else self.kept
+        order = rng.permutation(pairs.kept) if self.shuffle else pairs.kept
         # lexsort's last key is the primary one; it is stable, so ties keep the shuffled order.
         # Sorting on max(S, T) first, the quantity the budget bounds, fills batches best
         # (Multi30k: 4% padding on either side; sorting on S first pads T by 12%).
-        order = order[np.lexsort((self._tgt_len[order], self._src_len[order],
-                                  self._longest[order]))]
+        order = order[np.lexsort((pairs.tgt_len[order], pairs.src_len[order], pairs.longest[order]))]
         batches, start, longest = [], 0, 0
         # Python ints: this loop visits every pair, and NumPy scalars are ~10x slower here.
-        for k, n in enumerate(self._longest[order].tolist()):
+        for k, n in enumerate(pairs.longest[order].tolist()):
             longest = max(longest, n)
             if (k + 1 - start) * longest > self.max_tokens:  # pair k opens the next batch
                 batches.append(order[start:k])
@@ -270,20 +329,21 @@ class TokenBatcher:
         between epochs, as the greedy cut sees a different order)."""
         return len(self.epoch_batches(epoch))
 
-    def make_batch(self, indices: np.ndarray) -> Batch:
-        """The padded ``Batch`` for these pair indices; no indices (an empty share of a step)
-        give a batch of no rows."""
+    def make_batch(self, indices: np.ndarray, epoch: int = 0) -> Batch:
+        """The padded ``Batch`` for these pair indices (in the epoch's segmentation); no
+        indices (an empty share of a step) give a batch of no rows."""
+        pairs = self.pairs(epoch)
         if len(indices) == 0:
             none = np.zeros((0, 0), dtype=np.int64)
-            has_tgt = self._tgt is not None
+            has_tgt = pairs.tgt is not None
             return Batch(none, none.astype(bool), none if has_tgt else None, none if has_tgt else None,
                          none.astype(bool) if has_tgt else None, np.asarray(indices, np.int64), 0, 0)
-        src = [self._src[i] for i in indices]
-        tgt = [self._tgt[i] for i in indices] if self._tgt is not None else None
+        src = [pairs.src[i] for i in indices]
+        tgt = [pairs.tgt[i] for i in indices] if pairs.tgt is not None else None
         return collate(src, tgt, indices)
 
     def _batch_at(self, epoch: int, step: int) -> Batch:
-        batch = self.make_batch(self.epoch_batches(epoch)[step])
+        batch = self.make_batch(self.epoch_batches(epoch)[step], epoch)
         batch.epoch, batch.step = epoch, step
         return batch
 

@@ -110,11 +110,24 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Piece ids of each sentence, without BOS/EOS."""
+    def encode(self, texts: Sequence[str], dropout: float = 0.0, seed: int | None = None) -> list[list[int]]:
+        """Piece ids of each sentence, without BOS/EOS.
+
+        ``dropout`` > 0 samples a segmentation instead of the deterministic one: BPE-dropout
+        (Provilkov et al., 2020), each merge skipped with that probability. The draw depends on
+        ``seed`` alone: sentencepiece's generator, seeded, on one thread (with several, its
+        threads take their draws in an order that varies from run to run).
+        """
         if isinstance(texts, str):
             raise TypeError("encode takes a batch (a list of sentences), not one str")
-        return self._sp.encode(list(texts), out_type=int)
+        if not dropout:
+            return self._sp.encode(list(texts), out_type=int)
+        if not 0 < dropout < 1:
+            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
+        if seed is None:
+            raise ValueError("a sampled segmentation (dropout > 0) needs a seed, so that it can be drawn again")
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1)
 
     def decode(self, batch: Iterable[Sequence[int]] | np.ndarray) -> list[str]:
         """Detokenized text of each row of ids (cut at the first EOS; PAD and BOS dropped)."""

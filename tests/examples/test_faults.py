@@ -60,6 +60,7 @@ def test_an_interrupt_at_a_random_step_ends_in_one_line_and_resumes_exactly(tmp_
     seed = random.randrange(1 << 16)
     at = random.Random(seed).randrange(4, 11)  # past the first checkpoint (step 3), before the end
     why = f"interrupt seed {seed}: SIGINT at step {at}"
+    print(why)  # shown with a failure, to replay it
     straight, split = tmp_path / "straight", tmp_path / "split"
     args = QUICK + ["--max-steps", "12"]
     proc = start(args + ["--out-dir", str(split)])

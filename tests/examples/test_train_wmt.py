@@ -283,3 +283,20 @@ def test_the_progress_bar_counts_the_budget(tmp_path, capsys):
     train_wmt.main(args + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path), "--max-steps", "4"])
     err = capsys.readouterr().err
     assert "100% of the budget" in err and "step=4" in err
+
+
+def test_bpe_dropout_trains_and_resumes_exactly_across_epochs(tmp_path):
+    """--bpe-dropout: a new segmentation of the training side each epoch, decided by (seed,
+    epoch), so a run stopped in its first epoch and resumed in its second repeats an
+    uninterrupted one; the resumed run must keep the setting."""
+    args = [a for a in SMALL] + ["--limit-train", "100", "--vocab-size", "200", "--limit-test", "2", "--limit-val",
+                                 "20", "--bpe-dropout", "0.1", "--eval-every", "4"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    result = train_wmt.main(args + ["--out-dir", str(straight), "--max-steps", "10"])
+    train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "4"])
+    train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "10", "--resume"])
+    assert losses(split) == losses(straight) and result["steps"] == 10
+    rows = [json.loads(line) for line in open(straight / "train.jsonl") if '"train"' in line]
+    assert rows[-1]["epoch"] >= 1  # the resumed part crossed into a new segmentation
+    with pytest.raises(SystemExit, match="--bpe-dropout 0.1, not 0.2"):
+        train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--bpe-dropout", "0.2"])
