@@ -75,7 +75,8 @@ PRESETS = {
                             dropout=0.2, label_smoothing=0.1),
                        max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=100, max_len=100, average_last=5,
                        time_budget=55.0, beam=8, alpha=2.0),
-    # The paper's setups (Table 3): 25,000 tokens a side per step, 3,125 per GPU on 8 GPUs.
+    # The paper's setups: base and big (Table 3), 25,000 tokens a side per step (section 5.1),
+    # about 3,125 per GPU on 8 GPUs.
     "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=25000, warmup=4000, lr_factor=1.0,
                          epochs=100, max_len=256, average_last=5),
     "wmt14-big": Preset("wmt14", "wmt14", dict(d_model=1024, d_ff=4096, h=16, dropout=0.3),

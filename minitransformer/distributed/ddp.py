@@ -15,7 +15,8 @@ This object does not wrap the model's forward; it owns the gradients' way betwee
 
 The gradient contract: backpropagate a SUM over tokens
 ------------------------------------------------------
-The training loss is the mean over target tokens (paper section 5.4), and batches are cut by
+The training loss is the mean over target tokens (as in tensor2tensor; the paper does not say
+how the loss is normalised), and batches are cut by
 token count (section 5.1), so the ranks' shares hold different numbers of tokens n_r. With
 G_r = d/dθ (sum of rank r's token losses) and N = sum_r n_r, the gradient of the mean over all
 N tokens is
@@ -37,7 +38,9 @@ Buckets
 One all-reduce per parameter would pay the collective's latency a hundred times a step; one
 for the whole model could only start after backward has ended. The gradients are therefore
 packed into one flat buffer (per dtype) in the reverse of the parameters' registration order,
-roughly the order backward produces them (the output layer first), and the buffer is cut into
+roughly the order backward completes them (the last decoder layer first; with tied embeddings
+the output matrix is the source embedding, registered first and so placed last, which suits it:
+its gradient is complete only once backward has reached the embedding lookups), and the buffer is cut into
 buckets of ``bucket_bytes`` (25 MiB by default, as in PyTorch). A bucket boundary may split a
 parameter: its first elements end one bucket, the rest begin the next, so every bucket but the
 last has the full size.

@@ -17,9 +17,10 @@ from .module import Module, Parameter
 class Embedding(Module):
     """A (num_embeddings, d_model) table of learned vectors, looked up by integer id.
 
-    Initialised N(0, d_model^-1/2): the Transformer multiplies embeddings by sqrt(d_model)
-    (section 3.4), which brings them to unit scale, and with tied weights the same matrix
-    maps decoder states to logits of moderate size.
+    Initialised from a normal distribution of standard deviation d_model^-1/2 (variance
+    1/d_model): the Transformer multiplies embeddings by sqrt(d_model) (section 3.4), which
+    brings them to unit scale, and with tied weights the same matrix maps decoder states to
+    logits of moderate size.
     """
 
     def __init__(self, num_embeddings: int, d_model: int) -> None:

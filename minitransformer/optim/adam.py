@@ -96,23 +96,23 @@ class Adam:
         terms = t if r == 1 else (1 - r**t) / (1 - r)  # sum_{k < t} r^k
         return lr * (1 - b1) / (1 - b1**t) * math.sqrt((1 - b2**t) / (1 - b2) * terms)
 
-    def _update(self, p, g, m, v, t, step_size: float, v_corr: float) -> None:
-        """One block of the update, in place on ``p``, ``m`` and ``v``; ``t`` is scratch."""
+    def _update(self, p, g, m, v, buf, step_size: float, v_corr: float) -> None:
+        """One block of the update, in place on ``p``, ``m`` and ``v``; ``buf`` is scratch."""
         b1, b2 = self.betas
         xp = backend.array_module_of(p)
         if self.weight_decay:  # g + weight_decay * p, into the scratch
-            xp.multiply(p, self.weight_decay, out=t)
-            g = xp.add(g, t, out=t)
+            xp.multiply(p, self.weight_decay, out=buf)
+            g = xp.add(g, buf, out=buf)
         m *= b1
         m += (1 - b1) * g
         v *= b2
         v += (1 - b2) * (g * g)
-        xp.multiply(v, v_corr, out=t)  # t = sqrt(v_hat) + eps, then the step
-        xp.sqrt(t, out=t)
-        t += self.eps
-        xp.divide(m, t, out=t)
-        t *= step_size
-        p -= t
+        xp.multiply(v, v_corr, out=buf)  # buf = sqrt(v_hat) + eps, then the step
+        xp.sqrt(buf, out=buf)
+        buf += self.eps
+        xp.divide(m, buf, out=buf)
+        buf *= step_size
+        p -= buf
 
     def state_dict(self) -> dict:
         """Moments as NumPy arrays (None for parameters that never had a gradient)."""
