@@ -437,7 +437,7 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
                         "for GPUs", args.precision)
     return Run(args, world, model, ddp, optimizer, schedule, scaler_for(amp_dtype), amp_dtype, batcher, tok, val,
                val_batches, os.path.join(args.out_dir, "train.jsonl"),
-               {"fingerprint": train.fingerprint(), "pairs": len(train)},
+               {"fingerprint": train.fingerprint, "pairs": len(train)},
                DivergenceDetector(model.config.target_vocab_size))
 
 
@@ -677,10 +677,10 @@ def check_same_data(args, saved: dict, train) -> None:
             raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume "
                              f"with the run's {flag}, or start a new run")
     corpus = saved.get("corpus")
-    if corpus is not None and corpus["fingerprint"] != train.fingerprint():
+    if corpus is not None and corpus["fingerprint"] != train.fingerprint:
         raise SetupError(f"{path} was trained on other data than {len(train)} pairs of "
                          f"{args.data_dir or 'data/' + PRESETS[args.preset].corpus} give now ({corpus['pairs']} "
-                         f"pairs, fingerprint {corpus['fingerprint']}, now {train.fingerprint()}): resume with the "
+                         f"pairs, fingerprint {corpus['fingerprint']}, now {train.fingerprint}): resume with the "
                          f"run's training data, or start a new run")
 
 

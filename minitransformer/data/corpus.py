@@ -27,6 +27,7 @@ would then shift every later line against its translation.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import re
@@ -66,9 +67,11 @@ class ParallelCorpus:
     def __len__(self) -> int:
         return len(self.src)
 
+    @functools.cached_property
     def fingerprint(self) -> str:
         """A hash of every pair, in order (hex, 16 digits): a run keeps it to tell, when it is
-        resumed, whether it is given the data it was trained on."""
+        resumed, whether it is given the data it was trained on. Computed once (WMT14's pairs
+        take seconds)."""
         h = hashlib.sha256()
         for src, tgt in zip(self.src, self.tgt):
             h.update(src.encode("utf-8") + b"\t" + tgt.encode("utf-8") + b"\n")
