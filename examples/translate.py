@@ -117,6 +117,11 @@ def build_parser() -> cli.ArgumentParser:
     return p
 
 
+def is_same_file(path: str, other: str) -> bool:
+    """Whether ``path`` exists and is ``other`` (by any path, symlink or hard link)."""
+    return os.path.exists(path) and os.path.samefile(path, other)
+
+
 def check_files(p: cli.ArgumentParser, args) -> None:
     """Refuse, before anything is opened for writing, an output that is the input (by any path
     or link) or that lies in a missing folder, and an input that is missing or a folder."""
@@ -131,7 +136,7 @@ def check_files(p: cli.ArgumentParser, args) -> None:
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
             p.error(f"--output {args.output}: the folder {folder} does not exist")
-        if args.input and os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+        if args.input and is_same_file(args.output, args.input):
             p.error(f"--output {args.output} is the input file: writing it would destroy the input")
 
 
@@ -146,7 +151,7 @@ def main(argv=None) -> None:
     run_checkpoint = checkpoint
     checkpoint, tokenizer = args.checkpoint or checkpoint, args.tokenizer or tokenizer
     for name, path in (("checkpoint", checkpoint), ("tokenizer", tokenizer)):
-        if args.output and os.path.exists(args.output) and os.path.samefile(args.output, path):
+        if args.output and is_same_file(args.output, path):
             p.error(f"--output {args.output} is the {name} {path}: writing it would destroy it")
 
     tok = data.Tokenizer(tokenizer)

@@ -131,7 +131,7 @@ def os_error_line(e: OSError) -> str:
 
 
 def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tuple = (),
-        on_interrupt: Callable[[], str | None] | None = None):
+        on_interrupt: Callable[[], str | bool | None] | None = None):
     """``main(argv)``, with ordinary failures told in one line (module docstring).
 
     ``debug``: let tracebacks through; None reads ``--debug`` in ``argv`` (or ``sys.argv``) and
@@ -142,18 +142,12 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
     try:
         return main(argv)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, OSError, *user_errors) as e:
         if debug:
             raise
+        if not isinstance(e, KeyboardInterrupt):
+            raise SystemExit(f"error: {os_error_line(e) if isinstance(e, OSError) else e}") from None
         hint = on_interrupt() if on_interrupt is not None else None
         if hint is not False:  # False: another process (rank 0) tells it
             sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")  # past the terminal's ^C
         raise SystemExit(INTERRUPTED) from None
-    except OSError as e:
-        if debug:
-            raise
-        raise SystemExit(f"error: {os_error_line(e)}") from None
-    except user_errors as e:
-        if debug:
-            raise
-        raise SystemExit(f"error: {e}") from None

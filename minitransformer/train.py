@@ -58,7 +58,7 @@ def perplexity(nll: float) -> float:
 
 def format_ppl(ppl: float) -> str:
     """A perplexity as a person reads it: 5.49, 3.7e+07, and '>1e304' at the cap."""
-    if not math.isfinite(ppl) and ppl == ppl or ppl >= math.exp(PPL_CAP) * (1 - 1e-9):
+    if math.isinf(ppl) or ppl >= math.exp(PPL_CAP) * (1 - 1e-9):
         return f">1e{int(PPL_CAP / math.log(10))}"
     return f"{ppl:.2f}" if ppl < 1e5 else f"{ppl:.3g}"
 

@@ -252,7 +252,7 @@ class TokenBatcher:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.num_pairs = len(src)
         self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None, warn=True)
-        self.kept, self.num_dropped = self._pairs.kept, self.num_pairs - len(self._pairs.kept)
+        self.num_dropped = self.num_pairs - len(self._pairs.kept)
         self.resegment = resegment
         self._resegmented: tuple[int, _Pairs] | None = None
         self.position = (0, 0)  # (epoch, step) of the next batch the iterator yields
