@@ -213,7 +213,8 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     run_args = row_run_args(args, row, progress)
     with lock_folder(run_args.out_dir):
         train, val, tok = corpus
-        preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, time_budget=None)  # our budget
+        preset = dataclasses.replace(PRESET, model={**args.base, **row.changes},
+                                     max_steps=None, time_budget=None)  # our budget
         alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
         run = train_wmt.prepare(run_args, preset, alone, train, val, tok)
         step, history_s = train_wmt.start_or_resume(run)
