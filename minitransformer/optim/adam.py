@@ -26,6 +26,18 @@ from .. import backend
 CPU_BLOCK = 32768  # entries: 128 KiB per float32 array, five arrays fit a 1-2 MiB L2 cache
 
 
+def adam_formula(p, g, m, v, t: int, lr: float, betas=(0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0):
+    """Step ``t`` (from 1) of Algorithm 1 of Kingma and Ba, written plainly: returns the new
+    (p, m, v). ``Adam.step`` computes the same, in place and in cache-sized blocks (tested equal
+    in tests/optim/test_optim.py)."""
+    b1, b2 = betas
+    g = g + weight_decay * p
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+    return p - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
+
+
 class Adam:
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.98), eps: float = 1e-9,
                  weight_decay: float = 0.0) -> None:

@@ -7,7 +7,7 @@ marked ``gpu_sized`` draw shapes a CPU cannot run through per-thread emulation i
 minutes; the emulator sections check the same kernels at emulator sizes. Marked ``on_device``:
 skipped, with the reason, where the kernels are unavailable. The tolerances and the 16-bit
 rule (at most twice a naive same-precision implementation's error) are described in
-formulas.py.
+checks.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from hypothesis import settings
 
 from minitransformer import backend, kernels
 
-import formulas
+import checks
+from minitransformer.kernels.reference import formulas
 
 on_device = pytest.mark.skipif(not kernels.available(),
                                reason=f"CUDA kernels unavailable: {kernels.unavailable_reason()}")
@@ -29,4 +30,4 @@ gpu_sized = pytest.mark.skipif(
 
 cp = backend.get_array_module("cuda") if kernels.available() else None  # CuPy, or its stand-in
 DEVICE_SETTINGS = settings(max_examples=30, deadline=None)
-randn = functools.partial(formulas.randn, xp=cp)
+randn = functools.partial(checks.randn, xp=cp)

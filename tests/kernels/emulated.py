@@ -34,8 +34,9 @@ from minitransformer.kernels import reference as R
 from minitransformer.testing import emulator
 from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
 
-import formulas
-from formulas import check, naive_attention, rounder, to_f32
+import checks
+from minitransformer.kernels.reference import formulas
+from checks import check, naive_attention, rounder, to_f32
 
 CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 # The shared memory per block of each architecture the kernels are built for: the launchers
@@ -78,7 +79,7 @@ def device_copy(a):
 
 
 def randn(rng, shape, dtype, scale=1.0):
-    a, a64 = formulas.randn(rng, shape, dtype, np, scale)
+    a, a64 = checks.randn(rng, shape, dtype, np, scale)
     return device_copy(a), a64
 
 
@@ -146,7 +147,7 @@ def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1]):
     naive = [None] * 4
     if dtype != "float32":
         ones, zeros = np.ones(D, np.float32), np.zeros(D, np.float32)
-        naive = formulas.naive_layernorm(to_f32(x), ones if w is None else to_f32(w),
+        naive = checks.naive_layernorm(to_f32(x), ones if w is None else to_f32(w),
                                          zeros if b is None else to_f32(b), to_f32(g), 1e-5, rounder(dtype))
     for got, ref, nv in zip((y, dx, dw, db), (y_r, dx_r, dw_r, db_r), naive):
         check("layernorm", dtype, got, ref, nv)
@@ -161,19 +162,19 @@ def check_softmax(C, dtype, N, V, masked, scale, seed):
         mask = rng.random((N, V)) < 0.8
         mask[0] = False  # a fully masked row
     # A row with no finite entry: zeros, as the composite op gives (not NaN).
-    x[-1], x64[-1] = formulas.to_kernel(np.full(V, -np.inf, np.float32), dtype), -np.inf
+    x[-1], x64[-1] = checks.to_kernel(np.full(V, -np.inf, np.float32), dtype), -np.inf
     y, dx = device_empty(x.shape, x.dtype), device_empty(x.shape, x.dtype)
     mask_bytes = None if mask is None else device_copy(mask.view(np.uint8))
     C.softmax_forward(ptr(x), ptr(mask_bytes), ptr(y), CODE[dtype], N, V, scale, 0)
     C.softmax_backward(ptr(y), ptr(g), ptr(dx), CODE[dtype], N, V, scale, 0)
-    y64 = formulas.host64(y)
+    y64 = checks.host64(y)
     y_r = formulas.softmax(x64, mask, scale)
     dx_r = scale * y64 * (g64 - (g64 * y64).sum(axis=1, keepdims=True))
     naive = [None, None]
     if dtype != "float32":
         rnd = rounder(dtype)
-        naive = [formulas.naive_softmax(to_f32(x), mask, scale, rnd),
-                 formulas.naive_softmax_backward(to_f32(y), to_f32(g), scale, rnd)]
+        naive = [checks.naive_softmax(to_f32(x), mask, scale, rnd),
+                 checks.naive_softmax_backward(to_f32(y), to_f32(g), scale, rnd)]
     check("softmax", dtype, y, y_r, naive[0])
     check("softmax", dtype, dx, dx_r, naive[1])
     assert (y64[-1] == 0).all()
@@ -184,7 +185,7 @@ def check_softmax(C, dtype, N, V, masked, scale, seed):
 def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
-    t, ignore = formulas.targets(rng, N, V, use_ignore)
+    t, ignore = checks.targets(rng, N, V, use_ignore)
     target = device_copy(t.astype(np.int64))
     loss = device_empty(N, np.float32)
     nll_out = device_empty(N, np.float32) if nll else None
@@ -196,8 +197,8 @@ def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed):
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
     naive = [None, None, None]
     if dtype != "float32":  # the unsmoothed NLL is the loss at eps = 0
-        naive = [*formulas.naive_cross_entropy(zf, t, eps, ignore, rounder(dtype)),
-                 formulas.naive_cross_entropy(zf, t, 0.0, ignore, rounder(dtype))[0]]
+        naive = [*checks.naive_cross_entropy(zf, t, eps, ignore, rounder(dtype)),
+                 checks.naive_cross_entropy(zf, t, 0.0, ignore, rounder(dtype))[0]]
     check("cross_entropy", dtype, loss.astype(np.float64), loss_r, naive[0])
     check("cross_entropy", dtype, grad, grad_r, naive[1])
     if nll:

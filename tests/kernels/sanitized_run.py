@@ -27,7 +27,7 @@ if __name__ == "__main__":  # not when test_sanitizers.py imports this file for 
     sys.modules["cupy"] = None
 
 import emulated  # noqa: E402
-from formulas import DTYPES  # noqa: E402
+from checks import DTYPES  # noqa: E402
 
 # name -> (check, arguments after the module and dtype); every name gets a -<dtype> suffix.
 _SHAPES = {

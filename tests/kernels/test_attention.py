@@ -23,10 +23,10 @@ from minitransformer.kernels import reference as R
 from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
 
 import emulated
-import formulas
+from minitransformer.kernels.reference import formulas
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
 from emulated import CODE, EMULATOR_SETTINGS, LIMITS
-from formulas import (
+from checks import (
     DTYPES, TWIN_SETTINGS, TWIN_TOL, check, naive_attention, rounder, seeds, to_f32,
 )
 

@@ -17,10 +17,11 @@ from minitransformer import kernels
 from minitransformer.kernels import reference as R
 
 import emulated
-import formulas
+import checks
+from minitransformer.kernels.reference import formulas
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
 from emulated import EMULATOR_SETTINGS
-from formulas import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, rounder, seeds, to_f32
+from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, rounder, seeds, to_f32
 
 
 # --------------------------------------------------------------------------- twin vs formula
@@ -32,7 +33,7 @@ from formulas import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, rounder, seeds, to_
 def test_cross_entropy_twin_matches_formula(N, V, eps, use_ignore, seed):
     r = np.random.default_rng(seed)
     logits = r.standard_normal((N, V)) * 3
-    target, ignore = formulas.targets(r, N, V, use_ignore)
+    target, ignore = checks.targets(r, N, V, use_ignore)
     loss, grad, nll = R.cross_entropy_forward(logits, target, eps, ignore, nll=True)
     loss_ref, grad_ref = formulas.cross_entropy(logits, target, eps, ignore)
     np.testing.assert_allclose(loss, loss_ref, **TWIN_TOL)
@@ -76,14 +77,14 @@ def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, nll, see
 def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore, seed):
     rng = np.random.default_rng(seed)
     z, z64 = randn(rng, (N, V), dtype, scale=3.0)
-    t, ignore = formulas.targets(rng, N, V, use_ignore, ignore_index=0)
+    t, ignore = checks.targets(rng, N, V, use_ignore, ignore_index=0)
     loss, grad, nll = kernels.cross_entropy_forward(z, cp.asarray(t), eps, ignore, nll=True)
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)
     naive = [None, None, None]
     if dtype != "float32":  # the unsmoothed NLL is the loss at eps = 0
         zf, tc, rnd = to_f32(z), cp.asarray(t), rounder(dtype)
-        naive = [*formulas.naive_cross_entropy(zf, tc, eps, ignore, rnd),
-                 formulas.naive_cross_entropy(zf, tc, 0.0, ignore, rnd)[0]]
+        naive = [*checks.naive_cross_entropy(zf, tc, eps, ignore, rnd),
+                 checks.naive_cross_entropy(zf, tc, 0.0, ignore, rnd)[0]]
     check("cross_entropy", dtype, cp.asnumpy(loss).astype(np.float64), loss_r, naive[0])
     check("cross_entropy", dtype, grad, grad_r, naive[1])
     check("cross_entropy", dtype, cp.asnumpy(nll).astype(np.float64),

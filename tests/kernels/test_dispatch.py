@@ -12,7 +12,7 @@ import minitransformer as mt
 import minitransformer.functional as F
 from minitransformer import kernels
 
-import formulas
+from minitransformer.kernels.reference import formulas
 from device import cp, on_device
 
 pytestmark = on_device

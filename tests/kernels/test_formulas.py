@@ -8,8 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import formulas
-from formulas import seeds
+import checks
+from minitransformer.kernels.reference import formulas
+from checks import seeds
 from minitransformer.testing.gradcheck import numerical_gradient
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -68,7 +69,7 @@ def test_layer_norm_gradients(N, D, affine, seed):
 def test_cross_entropy_gradient(N, V, eps, use_ignore, seed):
     rng = np.random.default_rng(seed)
     z, r = rng.standard_normal((N, V)) * 2, rng.standard_normal(N)
-    t, ignore = formulas.targets(rng, N, V, use_ignore)
+    t, ignore = checks.targets(rng, N, V, use_ignore)
     _, grad = formulas.cross_entropy(z, t, eps, ignore)
     numeric = numeric_vjp(lambda: formulas.cross_entropy(z, t, eps, ignore)[0], z, r)
     assert_close(grad * r[:, None], numeric)  # grad is per row: d loss_n / d z_n

@@ -11,7 +11,7 @@ import pytest
 
 import emulated
 from emulated import CODE, device_empty, ptr
-from formulas import DTYPES
+from checks import DTYPES
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

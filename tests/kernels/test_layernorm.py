@@ -16,10 +16,10 @@ from minitransformer import kernels
 from minitransformer.kernels import reference as R
 
 import emulated
-import formulas
+from minitransformer.kernels.reference import formulas
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
 from emulated import EMULATOR_SETTINGS, LIMITS
-from formulas import (
+from checks import (
     DTYPES, TWIN_SETTINGS, TWIN_TOL, check, host64, naive_layernorm, rounder, seeds, to_f32,
     to_kernel,
 )

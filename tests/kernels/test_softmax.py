@@ -15,10 +15,11 @@ from minitransformer import kernels
 from minitransformer.kernels import reference as R
 
 import emulated
-import formulas
+import checks
+from minitransformer.kernels.reference import formulas
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
 from emulated import EMULATOR_SETTINGS
-from formulas import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, host64, rounder, seeds, to_f32
+from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, host64, rounder, seeds, to_f32
 
 
 # --------------------------------------------------------------------------- twin vs formula
@@ -87,8 +88,8 @@ def test_softmax_matches_float64(dtype, N, V, masked, scale, seed):
     naive = [None, None]
     if dtype != "float32":
         rnd, yf, gf = rounder(dtype), to_f32(y), to_f32(g)
-        naive = [formulas.naive_softmax(to_f32(x), mask, scale, rnd),
-                 formulas.naive_softmax_backward(yf, gf, scale, rnd)]
+        naive = [checks.naive_softmax(to_f32(x), mask, scale, rnd),
+                 checks.naive_softmax_backward(yf, gf, scale, rnd)]
     check("softmax", dtype, y, y_r, naive[0])
     check("softmax", dtype, dx, dx_r, naive[1])
     if masked:

@@ -1,0 +1,266 @@
+"""Build the reading: the paper, page by page in its order, beside the code that implements it.
+
+    python docs/build.py                 # writes docs/_site/; open docs/_site/index.html
+    python docs/build.py --out /tmp/site --pictures /tmp/tour   # pictures a tour already wrote
+
+Each page is a Markdown file of docs/pages/ (the prose that joins the pieces, written for the
+reading), in the order of PAGES below. The code it explains is taken from the source at build
+time, so the reading cannot drift from the code:
+
+    ```source
+    minitransformer/functional/attention.py::scaled_dot_product_attention
+    ```
+
+shows that function (a class, ``Class.method``, or a whole file without ``::``): its docstring
+as notes beside its code, highlighted, with a link to the line it starts on. An inline link
+``[text](src:minitransformer/nn/attention.py::MultiHeadAttention)`` points into the highlighted
+copy of the file that the build writes under src/. A name that no longer exists fails the
+build, with the page and line that named it. ``$...$`` and ``$$...$$`` are LaTeX, typeset to
+MathML here (no script and no network when the page is read); ``![...](pictures/NAME.png)``
+is a picture of ``examples/tour.py``, which the build runs unless ``--pictures`` names a folder
+where it already ran. The libraries (markdown-it-py with mdit-py-plugins, latex2mathml,
+Pygments, Jinja2) come with the ``docs`` extra, which ``dev`` includes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import jinja2
+from latex2mathml.converter import convert as latex_to_mathml
+from markdown_it import MarkdownIt
+from mdit_py_plugins.dollarmath import dollarmath_plugin
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_for_filename
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    name: str  # docs/pages/<name>.md, written as <name>.html
+    title: str
+    section: str  # the paper's section, or "" for the engine's pages
+
+
+# The paper's order (sections 3, 5 and 6), then the engine under it.
+PAGES = [
+    Page("index", "Read it", ""),
+    Page("stacks", "The encoder and decoder stacks", "3.1"),
+    Page("attention", "Scaled dot-product attention and its masks", "3.2.1"),
+    Page("multi-head", "Multi-head attention", "3.2.2"),
+    Page("uses-of-attention", "The three uses of attention", "3.2.3"),
+    Page("feed-forward", "The position-wise feed-forward network", "3.3"),
+    Page("embeddings", "Embeddings and the shared softmax weights", "3.4"),
+    Page("positional-encoding", "Positional encoding", "3.5"),
+    Page("batching", "Batches of similar length", "5.1"),
+    Page("optimizer", "Adam and the learning rate of equation (3)", "5.3"),
+    Page("regularization", "Dropout and label smoothing", "5.4"),
+    Page("beam-search", "Beam search and checkpoint averaging", "6.1"),
+    Page("variations", "Table 3: the variations, at small scale", "6.2"),
+    Page("autograd", "The engine: a backward walk over the graph", ""),
+    Page("fused-attention", "The fused attention kernel and its online softmax", ""),
+    Page("mixed-precision", "Mixed precision", ""),
+    Page("data-parallel", "Data parallel: the gradients' all-reduce", ""),
+]
+
+
+class BuildError(Exception):
+    """A page names something the source no longer has, or a picture that is missing."""
+
+
+@dataclasses.dataclass
+class SourceRef:
+    path: str  # relative to the repository root
+    name: str  # "" for the whole file
+    first: int  # 1-based lines
+    last: int
+    node: ast.AST | None
+
+
+def resolve(ref: str, where: str) -> SourceRef:
+    """``path`` or ``path::Name`` or ``path::Class.method``, checked against the source."""
+    path, _, name = ref.strip().partition("::")
+    full = os.path.join(ROOT, path)
+    if not os.path.isfile(full):
+        raise BuildError(f"{where}: no file {path}")
+    text = open(full, encoding="utf-8").read()
+    if not name:
+        return SourceRef(path, "", 1, text.count("\n") + 1, None)
+    if not path.endswith(".py"):
+        raise BuildError(f"{where}: {path} is not Python, so it has no {name}; name the file alone")
+    node: ast.AST = ast.parse(text, filename=path)
+    for part in name.split("."):
+        found = [n for n in ast.iter_child_nodes(node)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part]
+        found += [n for n in ast.iter_child_nodes(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                  and part in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                               if isinstance(t, ast.Name)]]
+        if not found:
+            raise BuildError(f"{where}: {path} has no {name}")
+        node = found[0]
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return SourceRef(path, name, first, node.end_lineno, node)
+
+
+def src_href(ref: SourceRef) -> str:
+    return f"src/{ref.path}.html#L{ref.first}"
+
+
+class Site:
+    """One build: the pages rendered, the source files they point into, the pictures they show."""
+
+    def __init__(self, out: str, pictures: str):
+        self.out = out
+        self.pictures = pictures
+        self.sources: set[str] = set()  # files a page points into, written under src/
+        self.formatter = HtmlFormatter(cssclass="hl")
+        self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
+        dollarmath_plugin(self.md, renderer=self.math, allow_space=True, allow_digits=False)
+        for rule in ("fence", "link_open", "image"):  # markdown-it binds a rule to its renderer
+            self.md.add_render_rule(rule, lambda renderer, *args, method=getattr(self, rule): method(*args))
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(DOCS), autoescape=True,
+                                      undefined=jinja2.StrictUndefined)
+        self.page: Page | None = None
+
+    # -- what the Markdown pages may contain beyond CommonMark ----------------------------------
+
+    @staticmethod
+    def math(latex: str, options: dict) -> str:
+        return latex_to_mathml(latex, display="block" if options.get("display_mode") else "inline")
+
+    def where(self, token) -> str:
+        line = token.map[0] + 1 if token.map else "?"
+        return f"docs/pages/{self.page.name}.md:{line}"
+
+    def fence(self, tokens, idx, options, env):
+        token = tokens[idx]
+        if token.info.strip() != "source":
+            return self.code(token.content, token.info.strip() or "text")
+        return "".join(self.listing(resolve(line, self.where(token)))
+                       for line in token.content.splitlines() if line.strip())
+
+    def link_open(self, tokens, idx, options, env):
+        token = tokens[idx]
+        href = token.attrGet("href") or ""
+        if href.startswith("src:"):
+            ref = resolve(href[4:], self.where(token))
+            self.sources.add(ref.path)
+            token.attrSet("href", src_href(ref))
+            token.attrSet("class", "src")
+        return self.md.renderer.renderToken(tokens, idx, options, env)
+
+    def image(self, tokens, idx, options, env):
+        token = tokens[idx]
+        src = token.attrGet("src") or ""
+        if src.startswith("pictures/"):
+            if not os.path.isfile(os.path.join(self.pictures, src[len("pictures/"):])):
+                raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py write it?)")
+        alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
+        return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
+
+    def code(self, text: str, language: str) -> str:
+        from pygments.lexers import get_lexer_by_name
+        try:
+            lexer = get_lexer_by_name(language)
+        except Exception:
+            lexer = get_lexer_by_name("text")
+        return highlight(text, lexer, self.formatter)
+
+    def listing(self, ref: SourceRef) -> str:
+        """A piece of the source: its docstring as notes on the left, its code on the right."""
+        self.sources.add(ref.path)
+        lines = open(os.path.join(ROOT, ref.path), encoding="utf-8").read().splitlines()
+        body = lines[ref.first - 1:ref.last]
+        notes = ""
+        doc = ast.get_docstring(ref.node) if ref.node is not None and not isinstance(
+            ref.node, (ast.Assign, ast.AnnAssign)) else None
+        if doc and ref.node.body and isinstance(ref.node.body[0], ast.Expr):
+            d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
+            body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
+            notes = "".join(f"<p>{html.escape(p)}</p>" for p in re.split(r"\n\s*\n", doc))
+        code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.formatter)
+        label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
+        return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'
+                f'{html.escape(label)}, line {ref.first}</a>{notes}</div><div class="code">{code}</div></div>\n')
+
+    # -- the pages ---------------------------------------------------------------------------
+
+    def render_page(self, page: Page, i: int) -> None:
+        self.page = page
+        path = os.path.join(DOCS, "pages", page.name + ".md")
+        if not os.path.isfile(path):
+            raise BuildError(f"docs/build.py: PAGES lists {page.name!r}, but there is no docs/pages/{page.name}.md")
+        text = open(path, encoding="utf-8").read()
+        body = self.md.render(text)
+        out = self.env.get_template("template.html").render(
+            page=page, body=body, pages=PAGES, prev=PAGES[i - 1] if i > 0 else None,
+            next=PAGES[i + 1] if i + 1 < len(PAGES) else None, root="")
+        write(os.path.join(self.out, page.name + ".html"), out)
+
+    def render_source(self, path: str) -> None:
+        text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+        formatter = HtmlFormatter(cssclass="hl", linenos="inline", lineanchors="L", anchorlinenos=True)
+        code = highlight(text, get_lexer_for_filename(path), formatter)
+        depth = path.count("/") + 1
+        out = self.env.get_template("source.html").render(path=path, code=code, root="../" * depth, pages=PAGES)
+        write(os.path.join(self.out, "src", path + ".html"), out)
+
+    def build(self) -> None:
+        for i, page in enumerate(PAGES):
+            self.render_page(page, i)
+        for path in sorted(self.sources):
+            self.render_source(path)
+        css = open(os.path.join(DOCS, "style.css"), encoding="utf-8").read()
+        write(os.path.join(self.out, "style.css"), css + "\n" + self.formatter.get_style_defs(".hl"))
+        if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
+            shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
+
+
+def write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def build(out: str, pictures: str | None = None) -> Site:
+    """Build the site into ``out``, running the tour for its pictures unless ``pictures`` has them."""
+    if pictures is None:
+        pictures = os.path.join(out, "pictures")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tour.py"), "--out", pictures],
+                       check=True, stdout=subprocess.DEVNULL)
+    site = Site(out, pictures)
+    site.build()
+    return site
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join(DOCS, "_site"), help="the site's folder (default: docs/_site)")
+    p.add_argument("--pictures", help="a folder where examples/tour.py --out already wrote its pictures "
+                   "(default: run the tour into OUT/pictures)")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        site = build(args.out, args.pictures)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{len(PAGES)} pages and {len(site.sources)} source files in {time.perf_counter() - start:.1f} s: "
+          f"open {os.path.join(args.out, 'index.html')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
