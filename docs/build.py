@@ -11,7 +11,8 @@ time, so the reading cannot drift from the code:
     minitransformer/functional/attention.py::scaled_dot_product_attention
     ```
 
-shows that function (a class, ``Class.method``, or a whole file without ``::``): its docstring
+shows that function (a class, ``Class.method``, a C++/CUDA function of csrc/, or a whole file
+without ``::``): its docstring
 as notes beside its code, highlighted, with a link to the line it starts on. An inline link
 ``[text](src:minitransformer/nn/attention.py::MultiHeadAttention)`` points into the highlighted
 copy of the file that the build writes under src/. A name that no longer exists fails the
@@ -98,8 +99,13 @@ def resolve(ref: str, where: str) -> SourceRef:
     text = open(full, encoding="utf-8").read()
     if not name:
         return SourceRef(path, "", 1, text.count("\n") + 1, None)
+    if path.endswith((".cu", ".cuh", ".cpp", ".h")):
+        first, last = c_function(text, name)
+        if not first:
+            raise BuildError(f"{where}: {path} defines no function {name}")
+        return SourceRef(path, name, first, last, None)
     if not path.endswith(".py"):
-        raise BuildError(f"{where}: {path} is not Python, so it has no {name}; name the file alone")
+        raise BuildError(f"{where}: {path} is neither Python nor C++, so it has no {name}; name the file alone")
     node: ast.AST = ast.parse(text, filename=path)
     for part in name.split("."):
         found = [n for n in ast.iter_child_nodes(node)
@@ -114,6 +120,25 @@ def resolve(ref: str, where: str) -> SourceRef:
     return SourceRef(path, name, first, node.end_lineno, node)
 
 
+def c_function(text: str, name: str) -> tuple[int, int]:
+    """The lines (1-based, inclusive) of C++/CUDA function ``name``'s definition, with the
+    ``template`` line above it; (0, 0) if there is none. Braces are counted from the first one
+    after the name: enough for this project's kernels, which put no brace in a string."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not re.search(rf"\b{re.escape(name)}\s*\(", line) or line.rstrip().endswith(";") \
+                or line.startswith((" ", "\t", "#", "//")):
+            continue
+        first = i - 1 if i and lines[i - 1].startswith("template") else i
+        depth, opened = 0, False
+        for j in range(i, len(lines)):
+            depth += lines[j].count("{") - lines[j].count("}")
+            opened = opened or "{" in lines[j]
+            if opened and depth == 0:
+                return first + 1, j + 1
+    return 0, 0
+
+
 def src_href(ref: SourceRef) -> str:
     return f"src/{ref.path}.html#L{ref.first}"
 
@@ -125,6 +150,7 @@ class Site:
         self.out = out
         self.pictures = pictures
         self.sources: set[str] = set()  # files a page points into, written under src/
+        self.images: set[str] = set()  # pictures of docs/ the pages show
         self.formatter = HtmlFormatter(cssclass="hl")
         self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
         dollarmath_plugin(self.md, renderer=self.math, allow_space=True, allow_digits=False)
@@ -167,6 +193,10 @@ class Site:
         if src.startswith("pictures/"):
             if not os.path.isfile(os.path.join(self.pictures, src[len("pictures/"):])):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py write it?)")
+        elif "://" not in src:  # a picture kept in docs/ (e.g. ablations.png): copied beside the pages
+            if not os.path.isfile(os.path.join(DOCS, src)):
+                raise BuildError(f"{self.where(tokens[idx])}: no picture docs/{src}")
+            self.images.add(src)
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
 
@@ -224,6 +254,9 @@ class Site:
             self.render_source(path)
         css = open(os.path.join(DOCS, "style.css"), encoding="utf-8").read()
         write(os.path.join(self.out, "style.css"), css + "\n" + self.formatter.get_style_defs(".hl"))
+        for image in self.images:
+            os.makedirs(os.path.dirname(os.path.join(self.out, image)), exist_ok=True)
+            shutil.copyfile(os.path.join(DOCS, image), os.path.join(self.out, image))
         if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
             shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
 
