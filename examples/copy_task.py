@@ -56,13 +56,14 @@ def exact_match(model, rng, args, n: int = 200, beam: int = 1) -> float:
     return float(np.mean([h == r for h, r in zip(hyps, refs)]))
 
 
-def run(args) -> dict:
-    mt.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    model = build(args).to(args.device)
+def train(model, args, rng: np.random.Generator, stop=None) -> list[float]:
+    """Train ``model`` for ``args.steps`` steps of fresh random batches; returns the losses.
+
+    Adam and the warmup schedule are the paper's (section 5.3). ``stop(step)``, if given, is
+    asked at each log line; True ends the training there (the tour stops once the
+    cross-attention is diagonal)."""
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = WarmupInverseSqrtSchedule(optimizer, args.d_model, warmup=args.warmup, factor=args.lr_factor)
-    print(f"model: {model.num_parameters():,} parameters; task: {args.task}; device: {args.device}")
     losses, start = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         src, tgt_in, tgt_out, _ = make_batch(rng, args.batch_size, args.vocab, args.min_len, args.max_len, args.task)
@@ -75,6 +76,17 @@ def run(args) -> dict:
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step:5d}  loss {result.loss:.4f}  ppl {result.ppl:8.3f}  lr {result.lr:.2e}  "
                   f"{time.perf_counter() - start:6.1f}s")
+            if stop is not None and stop(step):
+                break
+    return losses
+
+
+def run(args) -> dict:
+    mt.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    model = build(args).to(args.device)
+    print(f"model: {model.num_parameters():,} parameters; task: {args.task}; device: {args.device}")
+    losses = train(model, args, rng)
     eval_rng = np.random.default_rng(args.seed + 1)
     greedy = exact_match(model, eval_rng, args)
     beam = exact_match(model, np.random.default_rng(args.seed + 1), args, beam=4)

@@ -8,7 +8,7 @@ Layers, each importing only those before it (tests/test_layers.py checks this):
 
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
     tensor             Tensor: an array and its autograd fields
-    autograd           Function, the reverse-mode walk (binds Tensor.backward), no_grad
+    autograd           Function, the reverse-mode walk (Tensor.backward calls it), no_grad
     kernels            the CUDA kernels' launchers and limits, and their NumPy twins
     functional (F)     differentiable ops, each with its backward (binds Tensor's operators)
     nn, optim, amp, data, checkpoint, distributed

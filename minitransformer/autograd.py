@@ -36,6 +36,7 @@ import numpy as np
 
 from .backend import array_module_of, device_of
 from .tensor import Tensor
+from .tensor import _ops as _tensor_ops
 
 _grad_enabled = True
 
@@ -175,14 +176,23 @@ def sum_to_shape(grad, shape: tuple):
 
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
-    Bound as ``Tensor.backward``."""
+    ``root.backward()`` calls it."""
     grad = _seed_gradient(root, grad)
     if root._ctx is None:
         _accumulate(root, grad)
         return
     order = _topological_order(root._ctx)  # iterative, each context once (step 1 above)
-    node_done = _walk_observer(order)  # None unless something listens (DDP's gradient hooks)
-    grads = {id(root._ctx): grad}  # context -> gradient of its output, summed over its uses
+    listeners = [cb for cb in (observer(order) for observer in _observers) if cb is not None]
+    for node in _chain_rule(order, grad, retain_graph):  # steps 2 to 4
+        for listen in listeners:  # step 5: empty unless something listens (DDP's gradient hooks)
+            listen(node)
+
+
+def _chain_rule(order: list[Context], grad, retain_graph: bool):
+    """The walk proper: for each context in ``order`` (root first), its output's gradient,
+    summed over its uses, goes through its ``backward`` to its inputs. Yields each context once
+    it is done, then frees it unless ``retain_graph``."""
+    grads = {id(order[0]): grad}  # context -> gradient of its output, summed over its uses
     for node in order:
         g = grads.pop(id(node), None)  # None: every path to this node carried no gradient
         if g is not None:
@@ -197,13 +207,12 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 else:
                     key = id(t._ctx)
                     grads[key] = grads[key] + gi if key in grads else gi
-        if node_done is not None:
-            node_done(node)
+        yield node
         if not retain_graph:
             node.free()
 
 
-Tensor.backward = backward  # tensor.py imports nothing above backend; autograd gives it backward()
+_tensor_ops.backward = backward  # Tensor.backward (tensor.py imports nothing above backend)
 
 
 def _seed_gradient(root: Tensor, grad):
@@ -263,23 +272,11 @@ def _accumulate(leaf: Tensor, g) -> None:
 # --------------------------------------------------------------------------- observers
 
 # Factories ``observer(order) -> callable(node) or None``, asked at the start of every walk;
-# the callable runs once the walk is done with each node. Data-parallel training registers
-# one (distributed/grad_hooks.py) to learn when a parameter's gradient is complete.
+# the callable runs once the walk is done with each node (step 5). Data-parallel training
+# registers one (distributed/grad_hooks.py) to learn when a parameter's gradient is complete.
 _observers: list = []
 
 
 def add_walk_observer(observer) -> None:
     """Register ``observer(order)`` to be asked at the start of every ``backward``."""
     _observers.append(observer)
-
-
-def _walk_observer(order: list[Context]):
-    callbacks = [cb for cb in (observer(order) for observer in _observers) if cb is not None]
-    if len(callbacks) <= 1:
-        return callbacks[0] if callbacks else None
-
-    def node_done(node: Context) -> None:
-        for callback in callbacks:
-            callback(node)
-
-    return node_done

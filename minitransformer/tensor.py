@@ -20,10 +20,12 @@ tensor: ``x * 0.5`` and ``x + 2`` keep x's dtype, float16 and bfloat16 included.
 tensor keeps its dtype with a Python int, and becomes float64 with a Python float (PyTorch:
 float32).
 
-This file depends on ``backend`` only. The layers above give the class its behaviour, each
-where it is defined: ``autograd`` binds ``backward()``, and ``functional`` binds the operators
-(``+ - * / ** @``, unary minus, indexing, comparisons) and the methods that are ops (``sum``,
-``reshape``, ``softmax``, ``to``...), so ``a + b`` runs ``functional.add(a, b)``.
+This file depends on ``backend`` only. The operators (``+ - * / ** @``, unary minus, indexing,
+comparisons), the methods that are ops (``sum``, ``reshape``, ``softmax``, ``to``...) and
+``backward()`` are all defined in the class below, each one line naming the op it runs: ``a + b``
+is ``F.add(a, b)``, defined in functional/elementwise.py, and ``loss.backward()`` is
+``autograd.backward(loss)``. Those modules import this one, so the class reaches them through
+``_ops``, which they fill when they are imported (``import minitransformer`` imports both).
 Creation functions (``tensor``, ``zeros``, ``randn``...) are at the bottom of this file.
 Floating-point data defaults to float32, as in PyTorch.
 """
@@ -57,6 +59,16 @@ def _cannot_hold(who: str, dtype, data=None) -> TypeError:
         odd = next((v for v in data.flat if not isinstance(v, (numbers.Number, np.bool_))), data.flat[0])
         what += f": {type(odd).__name__}"
     return TypeError(f"{who}: cannot hold data of dtype {dtype} ({what}); a Tensor holds numbers or booleans")
+
+
+class _Ops:
+    """Where Tensor's operators find the ops: ``F`` is minitransformer.functional, ``backward``
+    is autograd.backward; each sets itself here when imported."""
+    F = None
+    backward = None
+
+
+_ops = _Ops()
 
 
 class Tensor:
@@ -152,9 +164,129 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
-    # Identity, as in PyTorch: functional binds == to an elementwise comparison, and tensors
-    # are dictionary keys (autograd, optimisers) by identity.
+    # ----------------------------------------------------------------- the ops, by name
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf that requires grad: the
+        walk of autograd.py (a scalar needs no ``grad``; anything else, one of its shape)."""
+        _ops.backward(self, grad, retain_graph)
+
+    def __add__(self, other):
+        return _ops.F.add(self, other)
+
+    def __radd__(self, other):
+        return _ops.F.add(other, self)
+
+    def __sub__(self, other):
+        return _ops.F.sub(self, other)
+
+    def __rsub__(self, other):
+        return _ops.F.sub(other, self)
+
+    def __mul__(self, other):
+        return _ops.F.mul(self, other)
+
+    def __rmul__(self, other):
+        return _ops.F.mul(other, self)
+
+    def __truediv__(self, other):
+        return _ops.F.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _ops.F.div(other, self)
+
+    def __pow__(self, other):
+        return _ops.F.pow(self, other)
+
+    def __rpow__(self, other):
+        return _ops.F.pow(other, self)
+
+    def __neg__(self):
+        return _ops.F.neg(self)
+
+    def __matmul__(self, other):
+        return _ops.F.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _ops.F.matmul(other, self)
+
+    def __getitem__(self, index):
+        return _ops.F.getitem(self, index)
+
+    # Comparisons give boolean tensors (masks); they are not differentiable.
+    def __eq__(self, other):
+        return _ops.F.compare(self, other, "equal")
+
+    def __ne__(self, other):
+        return _ops.F.compare(self, other, "not_equal")
+
+    def __lt__(self, other):
+        return _ops.F.compare(self, other, "less")
+
+    def __le__(self, other):
+        return _ops.F.compare(self, other, "less_equal")
+
+    def __gt__(self, other):
+        return _ops.F.compare(self, other, "greater")
+
+    def __ge__(self, other):
+        return _ops.F.compare(self, other, "greater_equal")
+
+    # Identity, as in PyTorch: == is an elementwise comparison, and tensors are dictionary
+    # keys (autograd, optimisers) by identity.
     __hash__ = object.__hash__
+
+    def sum(self, axis=None, keepdims: bool = False):
+        return _ops.F.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims: bool = False):
+        return _ops.F.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims: bool = False):
+        return _ops.F.max(self, axis, keepdims)
+
+    def exp(self):
+        return _ops.F.exp(self)
+
+    def log(self):
+        return _ops.F.log(self)
+
+    def sqrt(self):
+        return _ops.F.sqrt(self)
+
+    def relu(self):
+        return _ops.F.relu(self)
+
+    def softmax(self, axis: int = -1):
+        return _ops.F.softmax(self, axis)
+
+    def log_softmax(self, axis: int = -1):
+        return _ops.F.log_softmax(self, axis)
+
+    def masked_fill(self, mask, value):
+        return _ops.F.masked_fill(self, mask, value)
+
+    def transpose(self, axis0: int, axis1: int):
+        return _ops.F.transpose(self, axis0, axis1)
+
+    def reshape(self, *shape):
+        """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+        return _ops.F.reshape(self, as_shape(shape))
+
+    def permute(self, *axes):
+        """``x.permute(0, 2, 1)`` or ``x.permute((0, 2, 1))``."""
+        return _ops.F.permute(self, as_shape(axes))
+
+    def to(self, device: str):
+        """This tensor on ``device`` (itself if already there); differentiable, so gradients
+        flow back across devices."""
+        return self if device == self.device else _ops.F.to_device(self, device)
+
+    def astype(self, dtype):
+        """Cast to ``dtype``; differentiable between floating-point types."""
+        return _ops.F.cast(self, dtype)
+
+    def float(self):
+        return _ops.F.cast(self, np.float32)
 
 
 # --------------------------------------------------------------------------- creation

@@ -175,3 +175,22 @@ def test_binary_ops_promote_as_the_module_docstring_states():
     # With an integer tensor, a Python int keeps its dtype and a Python float gives float64.
     assert (t(np.int32) + 2).dtype == np.int32
     assert (t(np.int64) * 0.5).dtype == np.float64
+
+
+def test_every_operator_is_defined_where_a_reader_looks():
+    """``a + b`` has its definition in tensor.py's class, one line naming the op it runs; the
+    ops themselves live in functional/ (and autograd.py for backward)."""
+    import inspect
+
+    import minitransformer.tensor as tensor_module
+
+    names = ["__add__", "__radd__", "__sub__", "__mul__", "__truediv__", "__pow__", "__neg__",
+             "__matmul__", "__getitem__", "__eq__", "__lt__", "sum", "mean", "max", "softmax",
+             "reshape", "permute", "to", "astype", "backward"]
+    for name in names:
+        method = vars(mt.Tensor).get(name)
+        assert method is not None, f"Tensor.{name} is not defined in the class"
+        assert inspect.getsourcefile(method) == inspect.getsourcefile(tensor_module), name
+    x = mt.tensor([1.0, 2.0], requires_grad=True)
+    ((x + 1) * x).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 5.0])

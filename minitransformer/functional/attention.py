@@ -156,10 +156,10 @@ class FusedAttention(Function):
 
 
 def _fused_attention(q, k, v, mask, key_mask, is_causal, dropout_p, scale):
-    """FusedAttention when the kernels take q, k, v (``kernels.attention_supported`` decides)
+    """FusedAttention when the kernels take q, k, v (``kernels.attention_refusal`` decides)
     and the mask is one they can express: none, a ``KeyMask``, or a boolean key-padding mask
     (B, 1, 1, S) that keeps a prefix of each row; else None."""
-    if kernels.attention_supported(q.data, k.data, v.data) is not None:
+    if kernels.attention_refusal(q.data, k.data, v.data) is not None:
         return None
     kv_lens = None
     if mask is not None:

@@ -84,6 +84,6 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and p.shape != (d,):
             raise ValueError(f"layer_norm: {name} of shape {p.shape} does not match the last axis of {x.shape}")
-    if kernels.layernorm_supported(*(None if t is None else t.data for t in (x, weight, bias))) is None:
+    if kernels.layernorm_refusal(*(None if t is None else t.data for t in (x, weight, bias))) is None:
         return FusedLayerNorm.apply(x, weight, bias, eps)
     return LayerNorm.apply(x, weight, bias, eps)

@@ -2,8 +2,8 @@
 
     extension.py   the handle on ``minitransformer._C`` (optional: setup.py builds it only
                    where nvcc is found) and whether it can run; ``limits()``
-    launch.py      one wrapper per launcher (CuPy arrays in and out), and the predicates
-                   ``attention_supported`` / ``layernorm_supported`` that functional asks
+    launch.py      one wrapper per launcher (CuPy arrays in and out), and
+                   ``attention_refusal`` / ``layernorm_refusal``, which functional asks first
     reference/     each kernel's NumPy twin: the same algorithm, step by step (attention.py,
                    layernorm.py, softmax.py, cross_entropy.py beside csrc/'s files)
 
@@ -15,9 +15,10 @@ ops. Calling a launcher without them raises a RuntimeError that says what is mis
     enabled()             available() and not switched off by MINITRANSFORMER_KERNELS=0
     enabled_for(*arrays)  enabled() and every array is a CuPy array of a dtype the kernels take
     limits()              what the kernels can take: csrc/limits.cuh, read through _C
-    attention_supported(q, k, v), layernorm_supported(x, weight, bias)
-                          None if the kernel takes these arrays on this device, else why: the
-                          one place that decides (the binding checks only pointers and sizes)
+    attention_refusal(q, k, v), layernorm_refusal(x, weight, bias)
+                          why the kernel cannot take these arrays on this device, None when it
+                          can: the one place that decides (the binding checks only pointers
+                          and sizes)
     shared_memory_limit() the current device's shared memory per block, which picks the tiles
 
 bfloat16. CuPy has no bfloat16 dtype of its own; CuPy 14 can use ``ml_dtypes.bfloat16`` when
@@ -27,9 +28,9 @@ ml_dtypes is installed. The launchers take bfloat16 in either form: arrays whose
 dispatch in ``functional`` only sees float32/float16/(ml_dtypes) bfloat16 tensors.
 
 Dispatch from ``functional`` (on "cuda" tensors, when enabled): scaled_dot_product_attention
--> fused attention where ``attention_supported`` and the mask is one the kernel can express
+-> fused attention where ``attention_refusal`` gives None and the mask is one the kernel can express
 (none, a ``functional.KeyMask``, or a boolean (B, 1, 1, S) mask keeping a prefix of each row,
-with is_causal as needed); layer_norm where ``layernorm_supported``; softmax over the last
+with is_causal as needed); layer_norm where ``layernorm_refusal`` gives None; softmax over the last
 axis; cross_entropy. Otherwise the composite op runs. Inputs that are not contiguous (a
 transposed q) are copied before the launch.
 """
@@ -38,18 +39,18 @@ from __future__ import annotations
 
 from .extension import available, enabled, extension_built, limits, unavailable_reason
 from .launch import (
-    attention_backward, attention_forward, attention_supported, cross_entropy_forward,
+    attention_backward, attention_forward, attention_refusal, cross_entropy_forward,
     dtype_code, enabled_for, from_bfloat16_bits, key_lengths_from_mask, layernorm_backward,
-    layernorm_forward, layernorm_supported, loss_overwrites_logits, new_seed,
+    layernorm_forward, layernorm_refusal, loss_overwrites_logits, new_seed,
     set_loss_overwrites_logits, shared_memory_limit, softmax_backward, softmax_forward,
     to_bfloat16_bits,
 )
 
 __all__ = [
-    "attention_backward", "attention_forward", "attention_supported", "available",
+    "attention_backward", "attention_forward", "attention_refusal", "available",
     "cross_entropy_forward", "dtype_code", "enabled", "enabled_for", "extension_built",
     "from_bfloat16_bits", "key_lengths_from_mask", "layernorm_backward", "layernorm_forward",
-    "layernorm_supported", "limits", "loss_overwrites_logits", "new_seed",
+    "layernorm_refusal", "limits", "loss_overwrites_logits", "new_seed",
     "set_loss_overwrites_logits", "shared_memory_limit", "softmax_backward", "softmax_forward",
     "to_bfloat16_bits", "unavailable_reason",
 ]

@@ -11,7 +11,7 @@ bytes of shared memory, and GPUs that run the same build differ: 163 KiB on an A
 99 KiB on RTX 30/40, A10, L4 and L40 (sm_86, sm_89), 227 KiB on an H100 (sm_90). The attention
 and layernorm_backward wrappers pass that limit to the binding, whose launcher takes the largest
 variant of its kernel that fits (csrc/launch_config.cuh) or raises ``_C.SharedMemoryLimitError``
-before launching anything. ``attention_supported`` tells ``functional`` beforehand, so that it
+before launching anything. ``attention_refusal`` tells ``functional`` beforehand, so that it
 can use the composite op instead.
 """
 
@@ -171,7 +171,7 @@ def _attention_shape_problem(q, k, v) -> str | None:
 
 
 @functools.cache
-def _attention_refusal(code: int, D: int, smem_limit: int) -> str | None:
+def _shared_memory_refusal(code: int, D: int, smem_limit: int) -> str | None:
     """Why no tile configuration of the forward or backward kernel for (dtype code, D) fits
     smem_limit bytes of shared memory per block, or None. Warns the first time (per dtype, D and
     limit, since the answer is cached): the composite op then runs, slower and in T x S memory."""
@@ -186,12 +186,12 @@ def _attention_refusal(code: int, D: int, smem_limit: int) -> str | None:
     return None
 
 
-def attention_supported(q, k, v) -> str | None:
-    """None when the fused attention kernels, forward and backward, can take the arrays q
-    (B, H, T, D) and k, v (B, H, S, D) on the current device; otherwise the reason. This is
+def attention_refusal(q, k, v) -> str | None:
+    """Why the fused attention kernels, forward and backward, cannot take the arrays q
+    (B, H, T, D) and k, v (B, H, S, D) on the current device; None when they can. This is
     the dispatch decision of ``functional.scaled_dot_product_attention`` (which also needs a mask
     the kernels can express). A refusal for lack of shared memory warns once (see
-    ``_attention_refusal``); the others are the ordinary cases of the composite op."""
+    ``_shared_memory_refusal``); the others are the ordinary cases of the composite op."""
     if not enabled():
         return unavailable_reason() or "the kernels are switched off (MINITRANSFORMER_KERNELS=0)"
     if not enabled_for(q, k, v):
@@ -199,7 +199,7 @@ def attention_supported(q, k, v) -> str | None:
     problem = _attention_shape_problem(q, k, v)
     if problem is not None:
         return problem
-    return _attention_refusal(dtype_code(q.dtype), q.shape[3], shared_memory_limit())
+    return _shared_memory_refusal(dtype_code(q.dtype), q.shape[3], shared_memory_limit())
 
 
 def _attention_inputs(cupy, fn, q, k, v, kv_lens):
@@ -221,7 +221,7 @@ def _attention_inputs(cupy, fn, q, k, v, kv_lens):
 def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
                       dropout_p: float = 0.0, seed: int = 0):
     """Fused attention. q (B, H, T, D), k and v (B, H, S, D), kv_lens (B,) ints or None.
-    Raises ``_C.SharedMemoryLimitError`` where ``attention_supported`` gives a shared-memory reason.
+    Raises ``_C.SharedMemoryLimitError`` where ``attention_refusal`` gives a shared-memory reason.
 
     Returns ``(o, lse)``: o like q, lse (B, H, T) float32 (-inf for a query that sees no key).
     See csrc/attention.cu and reference.attention_forward for the algorithm.
@@ -283,9 +283,9 @@ def key_lengths_from_mask(mask, batch: int, keys: int):
 # --------------------------------------------------------------------------- layernorm
 
 
-def layernorm_supported(x, weight=None, bias=None) -> str | None:
-    """None when the layernorm kernels, forward and backward, take x (..., D) with weight and
-    bias (D,) or None on the current device; otherwise the reason (the composite op then runs)."""
+def layernorm_refusal(x, weight=None, bias=None) -> str | None:
+    """Why the layernorm kernels, forward and backward, cannot take x (..., D) with weight and
+    bias (D,) or None on the current device (the composite op then runs); None when they can."""
     if not enabled():
         return unavailable_reason() or "the kernels are switched off (MINITRANSFORMER_KERNELS=0)"
     if not enabled_for(x, weight, bias):

@@ -54,6 +54,18 @@ def test_dispatch_attention(monkeypatch, causal):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
 
 
+def test_a_refusal_is_a_reason_and_none_is_yes(monkeypatch):
+    """attention_refusal / layernorm_refusal answer "why not", so None is the kernels' yes."""
+    rng = np.random.default_rng()
+    q = cp.asarray(rng.standard_normal((1, 2, 16, 32)).astype(np.float32))
+    x, w = cp.asarray(rng.standard_normal((4, 32)).astype(np.float32)), cp.ones(32, dtype=np.float32)
+    assert kernels.attention_refusal(q, q, q) is None and kernels.layernorm_refusal(x, w, w) is None
+    assert "CuPy" in kernels.attention_refusal(q.get(), q.get(), q.get())
+    assert "CuPy" in kernels.layernorm_refusal(x.get(), w.get(), w.get())
+    monkeypatch.setenv("MINITRANSFORMER_KERNELS", "0")
+    assert "switched off" in kernels.attention_refusal(q, q, q)
+
+
 def test_dispatch_attention_falls_back_for_masks_it_cannot_express():
     rng = np.random.default_rng()
     q, k, v = leaves(rng, (1, 2, 16, 32), (1, 2, 16, 32), (1, 2, 16, 32))
