@@ -140,15 +140,16 @@ def c_function(text: str, name: str) -> tuple[int, int]:
 
 
 def src_href(ref: SourceRef) -> str:
-    return f"src/{ref.path}.html#L{ref.first}"
+    return f"src/{ref.path}.html#L-{ref.first}"  # Pygments' line anchors
 
 
 class Site:
     """One build: the pages rendered, the source files they point into, the pictures they show."""
 
-    def __init__(self, out: str, pictures: str):
+    def __init__(self, out: str, pictures: str, pages: str = os.path.join(DOCS, "pages")):
         self.out = out
         self.pictures = pictures
+        self.pages = pages
         self.sources: set[str] = set()  # files a page points into, written under src/
         self.images: set[str] = set()  # pictures of docs/ the pages show
         self.formatter = HtmlFormatter(cssclass="hl")
@@ -167,8 +168,8 @@ class Site:
         return latex_to_mathml(latex, display="block" if options.get("display_mode") else "inline")
 
     def where(self, token) -> str:
-        line = token.map[0] + 1 if token.map else "?"
-        return f"docs/pages/{self.page.name}.md:{line}"
+        line = token.map[0] + 1 if token.map else token.meta.get("line", "?")
+        return f"{os.path.relpath(os.path.join(self.pages, self.page.name + '.md'), ROOT)}:{line}"
 
     def fence(self, tokens, idx, options, env):
         token = tokens[idx]
@@ -229,11 +230,15 @@ class Site:
 
     def render_page(self, page: Page, i: int) -> None:
         self.page = page
-        path = os.path.join(DOCS, "pages", page.name + ".md")
+        path = os.path.join(self.pages, page.name + ".md")
         if not os.path.isfile(path):
             raise BuildError(f"docs/build.py: PAGES lists {page.name!r}, but there is no docs/pages/{page.name}.md")
         text = open(path, encoding="utf-8").read()
-        body = self.md.render(text)
+        tokens = self.md.parse(text)
+        for token in tokens:  # inline tokens (links, pictures) know no line: give them their block's
+            for child in token.children or []:
+                child.meta.setdefault("line", token.map[0] + 1 if token.map else "?")
+        body = self.md.renderer.render(tokens, self.md.options, {})
         out = self.env.get_template("template.html").render(
             page=page, body=body, pages=PAGES, prev=PAGES[i - 1] if i > 0 else None,
             next=PAGES[i + 1] if i + 1 < len(PAGES) else None, root="")
@@ -267,13 +272,14 @@ def write(path: str, text: str) -> None:
         f.write(text)
 
 
-def build(out: str, pictures: str | None = None) -> Site:
-    """Build the site into ``out``, running the tour for its pictures unless ``pictures`` has them."""
+def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS, "pages")) -> Site:
+    """Build the site into ``out`` from the Markdown of ``pages``, running the tour for its
+    pictures unless ``pictures`` names a folder that has them."""
     if pictures is None:
         pictures = os.path.join(out, "pictures")
         subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tour.py"), "--out", pictures],
                        check=True, stdout=subprocess.DEVNULL)
-    site = Site(out, pictures)
+    site = Site(out, pictures, pages)
     site.build()
     return site
 

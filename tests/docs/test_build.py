@@ -1,0 +1,185 @@
+"""The reading (docs/build.py), tested as a reader reads it: every section of the paper it
+promises has its page, every code reference and link on every page resolves, every picture
+is there; then a real browser (headless Chromium) opens the main pages from the file system.
+
+The browser tests skip without Chromium, except where MT_REQUIRE_BROWSER=1 (CI installs it and
+sets that), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "docs"))
+import build  # noqa: E402
+
+# The paper's sections the reading walks through (issue 27): each must have its page.
+SECTIONS = ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "6.1", "6.2"]
+MAIN_PAGES = ["index", "attention", "positional-encoding", "optimizer", "fused-attention"]
+
+
+@pytest.fixture(scope="module")
+def site(tour, tmp_path_factory):
+    """The site, built once from the tour's pictures."""
+    pictures, _ = tour
+    out = tmp_path_factory.mktemp("site")
+    built = build.build(str(out), str(pictures))
+    return out, built
+
+
+class _Refs(html.parser.HTMLParser):
+    """Every href and src of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.refs += [v for k, v in attrs if k in ("href", "src") and v]
+
+
+def test_every_section_of_the_paper_has_its_page(site):
+    out, _ = site
+    sections = {p.section for p in build.PAGES}
+    assert set(SECTIONS) <= sections, f"no page for sections {sorted(set(SECTIONS) - sections)}"
+    for page in build.PAGES:
+        text = (out / f"{page.name}.html").read_text()
+        assert "TO BE WRITTEN" not in text, f"{page.name}: still a placeholder"
+        assert len(re.sub(r"<[^>]+>", " ", text).split()) > 300, f"{page.name}: hardly any prose"
+
+
+def test_every_link_and_picture_on_every_page_resolves(site):
+    out, built = site
+    pages = sorted(out.glob("*.html")) + sorted((out / "src").rglob("*.html"))
+    assert len(pages) == len(build.PAGES) + len(built.sources)
+    for page in pages:
+        refs = _Refs()
+        refs.feed(page.read_text())
+        for ref in refs.refs:
+            url = urllib.parse.urlparse(ref)
+            assert url.scheme in ("", "file"), f"{page.name}: {ref} would need the network"
+            if not url.path:
+                continue  # #anchor on the same page
+            target = (page.parent / urllib.parse.unquote(url.path)).resolve()
+            assert target.is_file(), f"{page.relative_to(out)}: broken link {ref}"
+            if url.fragment.startswith("L") and target.suffix == ".html":
+                assert f'id="{url.fragment}"' in target.read_text(), f"{page.name}: no line {ref}"
+    for picture in ("positional-encoding", "learning-rate", "masks", "label-smoothing", "beam-search",
+                    "online-softmax", "copy-attention", "position-dot-products"):
+        assert any(f"pictures/{picture}.png" in p.read_text() for p in out.glob("*.html")), \
+            f"no page shows {picture}.png"
+
+
+def test_the_listings_are_the_source_itself(site):
+    """A listing is the function as it is in the file, not a copy that can drift."""
+    out, _ = site
+    text = (out / "optimizer.html").read_text()
+    source = open(os.path.join(ROOT, "minitransformer", "optim", "adam.py")).read()
+    body = re.search(r"def adam_formula.*?\n\n\n", source, re.S).group(0)
+    last_line = [line for line in body.splitlines() if line.strip()][-1].strip()
+    assert last_line in html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def test_a_name_that_no_longer_exists_fails_the_build(tour, tmp_path):
+    pages = tmp_path / "pages"
+    shutil.copytree(os.path.join(ROOT, "docs", "pages"), pages)
+    with open(pages / "attention.md", "a") as f:
+        f.write("\n\n```source\nminitransformer/functional/attention.py::scaled_dot_product_attention_v2\n```\n")
+    line = (pages / "attention.md").read_text().splitlines().index("```source", -4) + 1  # the fence's
+    pictures, _ = tour
+    with pytest.raises(build.BuildError, match=rf"attention\.md:{line}: .*has no scaled_dot_product_attention_v2"):
+        build.build(str(tmp_path / "out"), str(pictures), str(pages))
+    (pages / "attention.md").write_text("# A\n\nSee [it](src:minitransformer/gone.py).\n")
+    with pytest.raises(build.BuildError, match=r"attention\.md:3: no file minitransformer/gone\.py"):
+        build.build(str(tmp_path / "out"), str(pictures), str(pages))
+
+
+def test_a_missing_picture_fails_the_build(tmp_path):
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()  # empty: the pages' pictures are missing
+    with pytest.raises(build.BuildError, match=r"docs/pages/index\.md:\d+: no picture pictures/"):
+        build.build(str(tmp_path / "out"), str(pictures))
+
+
+# --------------------------------------------------------------------------- in a real browser
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    path = _chromium()
+    if path is None:
+        if os.environ.get("MT_REQUIRE_BROWSER") == "1":
+            pytest.fail("MT_REQUIRE_BROWSER=1 but no Chromium: apt-get install chromium")
+        pytest.skip("no Chromium (apt-get install chromium); CI sets MT_REQUIRE_BROWSER=1")
+    return path
+
+
+def _run_chromium(chromium: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--allow-file-access-from-files", *args], capture_output=True, text=True, timeout=120)
+
+
+# Runs in the page once it has loaded: what a reader would see broken.
+_PROBE = """<script>
+window.addEventListener("load", () => {
+  const maths = [...document.querySelectorAll("math")];
+  const report = {
+    mathml: typeof MathMLElement !== "undefined" && maths.every(m => m instanceof MathMLElement),
+    maths: maths.length,
+    flat_maths: maths.filter(m => { const r = m.getBoundingClientRect(); return !(r.width > 0 && r.height > 0); }).length,
+    images: document.images.length,
+    broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+    text: document.body.innerText.length,
+  };
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify(report);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+@pytest.mark.parametrize("name", MAIN_PAGES)
+def test_the_main_pages_render_in_a_browser(site, chromium, tmp_path, name):
+    out, _ = site
+    probed = out / f"{name}.probe.html"
+    probed.write_text((out / f"{name}.html").read_text().replace("</body>", _PROBE + "</body>"))
+    try:
+        dom = _run_chromium(chromium, "--virtual-time-budget=5000", "--dump-dom", probed.as_uri()).stdout
+    finally:
+        probed.unlink()
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found, f"{name}: the page did not load in Chromium"
+    report = json.loads(html.unescape(found.group(1)))
+    assert report["text"] > 1000, f"{name}: almost no text rendered"
+    assert report["broken_images"] == [], f"{name}: broken images {report['broken_images']}"
+    if name != "index":
+        assert report["maths"] > 0, f"{name}: no equations"
+    assert report["mathml"], f"{name}: the browser did not take the equations as MathML"
+    assert report["flat_maths"] == 0, f"{name}: {report['flat_maths']} of {report['maths']} equations laid out empty"
+
+    shot = tmp_path / f"{name}.png"
+    _run_chromium(chromium, "--window-size=1400,1000", f"--screenshot={shot}", (out / f"{name}.html").as_uri())
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))[..., :3]
+    assert pixels.std() > 0.05, f"{name}: the screenshot is blank"
+    if os.environ.get("MT_SCREENSHOTS"):  # keep them to look at: MT_SCREENSHOTS=/some/folder
+        shutil.copy(shot, os.path.join(os.environ["MT_SCREENSHOTS"], shot.name))
