@@ -24,6 +24,10 @@ first step, where all beams are the same BOS; k after), EOS forced at the length
 that finish and the k that live on (``_select_beams``), and the cache gathered for the survivors
 (``_reorder``: the self-attention caches every step; the source side, the same for all beams of
 a sentence, only when sentences leave the batch).
+
+``beam_search(..., observer=f)`` calls ``f(step)`` after each step with a ``BeamStep``: the
+candidates the step scored, the hypotheses that finished, the beams it kept (examples/tour.py
+draws one sentence's search as a tree from them). Without an observer nothing of it is built.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,17 +112,53 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     return out
 
 
+@dataclass
+class BeamStep:
+    """What one step of ``beam_search`` scored and chose, as its ``observer`` receives it.
+
+    A slot is a sentence still in the batch; rows are its beams, ``row = slot * width + beam``
+    (width 1 at step 0, where every beam is the same BOS). Arrays are NumPy, on the host.
+
+        t             the output position this step filled (0: the first token after BOS)
+        sentences     (slots,) each slot's index in the batch given to ``beam_search``
+        prefixes      (rows, t) each row's tokens before this step, BOS left out
+        candidate_*   (slots, min(2k, width * V)) the best extensions of each slot, best
+                      first: the row each extends (``_rows``), the word it adds (``_words``),
+                      and its log P(prefix + word | src) (``_scores``; -inf: not possible)
+        finished      (sentence, tokens, log_prob, score) of each hypothesis that ended here
+                      (tokens without EOS; score = log_prob / length_penalty decides the winner)
+        kept_*        the beams that live on: ``kept_sentences`` (n,) the sentences still
+                      decoding, and for each its k beams (n, k): the row each extends, its word
+                      and its log P (-inf: a dead beam, when the vocabulary is tiny)
+    """
+
+    t: int
+    sentences: np.ndarray
+    prefixes: np.ndarray
+    candidate_rows: np.ndarray
+    candidate_words: np.ndarray
+    candidate_scores: np.ndarray
+    finished: list[tuple[int, list[int], float, float]]
+    kept_sentences: np.ndarray
+    kept_rows: np.ndarray
+    kept_words: np.ndarray
+    kept_scores: np.ndarray
+
+
 @no_grad()
 def beam_search(model, src, beam_size: int = BEAM, alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA,
-                return_scores: bool = False):
+                return_scores: bool = False, observer=None):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
-    hypothesis's token ids without BOS/EOS (and its score when ``return_scores``)."""
+    hypothesis's token ids without BOS/EOS (and its score when ``return_scores``).
+
+    ``observer``: called as ``observer(step)`` with a ``BeamStep`` after every step, to watch
+    the search; it changes nothing (None, the default, costs nothing)."""
     with _eval_mode(model):
-        results = _beam(model, src, beam_size, alpha, max_len_extra)
+        results = _beam(model, src, beam_size, alpha, max_len_extra, observer)
     return results if return_scores else [hyp for hyp, _ in results]
 
 
-def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[list[int], float]]:
+def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -> list[tuple[list[int], float]]:
     eos = model.config.eos_id
     src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
@@ -141,6 +182,14 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int) -> list[tuple[li
             hyp = tokens[row].tolist()
             finished[active[slot]].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
         going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
+        if observer is not None:  # copies of what the search reads on: the observer cannot change it
+            vocab = logp.shape[-1]
+            observer(BeamStep(
+                t, active.copy(), tokens.copy(),
+                np.arange(len(top))[:, None] * width + top // vocab, top % vocab, top_scores,
+                [(int(active[slot]), tokens[row].tolist(), score,
+                  score / length_penalty(len(tokens[row]) + 1, alpha)) for slot, row, score in zip(*ends)],
+                active[slots[going]], rows[going], words[going], scores[going]))
         if not going.any():
             break
         # Sentences done leave the batch; only the rows of those still going live on.

@@ -70,11 +70,19 @@ def _bh(B: int, H: int):
 
 
 def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
-                      dropout_p: float = 0.0, seed: int = 0, block_q: int = 64, block_k: int = 64):
+                      dropout_p: float = 0.0, seed: int = 0, block_q: int = 64, block_k: int = 64,
+                      observer=None):
     """Tiled attention with online softmax. q (B, H, T, D), k and v (B, H, S, D).
 
     Returns ``(o, lse)``: o (B, H, T, D) and the log-sum-exp of each query's scaled scores,
     lse (B, H, T), -inf for a query that sees no key (its o is 0).
+
+    ``observer``: called as ``observer(rows, cols, m, l, o_acc)`` after each key tile of each
+    query tile, to watch the online softmax: the tile's query and key indices, the max m of
+    the scores seen so far and the sum l = sum_j exp(s_j - m) over them (B, H, br), and the
+    output o_acc (B, H, br, D), not yet normalised: o_acc / l is the softmax-weighted mean of
+    the values seen so far (without dropout). The arrays are the loop's own: read them, do
+    not write them.
     """
     B, H, T, D = q.shape
     S = k.shape[2]
@@ -112,6 +120,8 @@ def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float 
                 p = p * dropout_factor(bh, rows[:, None], cols[None, :], dropout_p, seed, acc)
             o_acc = o_acc * alpha[..., None] + p @ vt
             m = m_new
+            if observer is not None:
+                observer(rows, cols, m, l, o_acc)
         seen = l > 0
         o[:, :, rows] = o_acc * np.where(seen, 1 / np.where(seen, l, 1), 0)[..., None]
         lse[:, :, rows] = np.where(seen, m + np.log(np.where(seen, l, 1)), -np.inf)
