@@ -1,7 +1,7 @@
 // What the kernels can take, in one place (plain C++: bindings.cpp includes it too).
 //
 // Python reads these through _C.limits(): minitransformer/kernels/launch.py decides from them
-// whether a call goes to a kernel (attention_supported, layernorm_supported), and functional
+// whether a call goes to a kernel (attention_refusal, layernorm_refusal), and functional
 // falls back to its composite op otherwise. The launchers throw past them, as the last guard.
 #pragma once
 

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=cli.integer(1), help="validate and checkpoint every N steps (default: a "
                    "tenth of --max-steps, else 50)")
     p.add_argument("--average-last", type=cli.integer(1), default=4, help="checkpoints averaged for a row's score "
-                   "(with the default --eval-every, the last 30%% of training, as the main job's last 5 of ~14 epochs)")
+                   "(with the default --eval-every, the last 30%% of training)")
     p.add_argument("--bleu-sample", type=cli.integer(1), default=20, help="validation sentences beam-searched at "
                    "each checkpoint (the row's score always uses them all)")
     p.add_argument("--seed", type=cli.integer(0), default=1, help="the same for every row")

@@ -10,7 +10,7 @@ Layers, each importing only those before it (tests/test_layers.py checks this):
     tensor             Tensor: an array and its autograd fields
     autograd           Function, the reverse-mode walk (Tensor.backward calls it), no_grad
     kernels            the CUDA kernels' launchers and limits, and their NumPy twins
-    functional (F)     differentiable ops, each with its backward (binds Tensor's operators)
+    functional (F)     differentiable ops, each with its backward (Tensor's operators call them)
     nn, optim, amp, data, checkpoint, distributed
     decoding, train
 """

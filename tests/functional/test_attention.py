@@ -5,28 +5,9 @@ from hypothesis import given, strategies as st
 import minitransformer as mt
 from minitransformer import backend
 from minitransformer import functional as F
+from minitransformer.kernels.reference import formulas
 from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import grad_flags, randn, requiring_grad, seeds
-
-
-def attention_reference(q, k, v, keep=None, causal=False):
-    """Equation (1) written out in NumPy, with explicit loops over nothing clever."""
-    d_k = q.shape[-1]
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
-    t, s = scores.shape[-2:]
-    allowed = np.ones(scores.shape, bool)
-    if keep is not None:
-        allowed &= keep
-    if causal:
-        allowed &= np.tril(np.ones((t, s), bool), k=s - t)
-    scores = np.where(allowed, scores, -np.inf)
-    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
-    for idx in np.ndindex(*scores.shape[:-1]):
-        row = scores[idx]
-        if np.isfinite(row).any():
-            p = np.exp(row - row[np.isfinite(row)].max())
-            out[idx] = (p / p.sum()) @ v[idx[:-1]]
-    return out
 
 
 dims = st.integers(1, 4)
@@ -38,13 +19,20 @@ def test_attention_matches_reference_and_gradients(device, b, h, t, s, d_k, d_v,
     q = randn(device, b, h, t, d_k, seed=seed)
     k = randn(device, b, h, s, d_k, seed=seed + 1)
     v = randn(device, b, h, s, d_v, seed=seed + 2)
-    keep = None
-    if masked:  # key padding: (B, 1, 1, S), broadcast over heads and queries
-        keep = np.random.default_rng(seed).random((b, 1, 1, s)) > 0.3
-    mask = None if keep is None else mt.tensor(keep, device=device)
+    lens = None
+    if masked:  # key padding: each sentence keeps a prefix of its keys, possibly none
+        lens = np.random.default_rng(seed).integers(0, s + 1, b)
+    mask = None if lens is None else mt.tensor((np.arange(s) < lens[:, None])[:, None, None, :], device=device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    expected = attention_reference(q.numpy(), k.numpy(), v.numpy(), keep, causal)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10, atol=1e-12)
+    # The plain formula of equation (1) (kernels/reference/formulas.py), forward and backward.
+    dout = np.random.default_rng(seed + 3).standard_normal(out.shape)
+    want, _, dq, dk, dv = formulas.attention(q.numpy(), k.numpy(), v.numpy(), lens, causal, dout=dout)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-10, atol=1e-12)
+    out.backward(mt.tensor(dout, device=device))
+    for got, ref in zip((q.grad, k.grad, v.grad), (dq, dk, dv)):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-12)
+    for t_ in (q, k, v):
+        t_.grad = None
     gradcheck(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal), [q, k, v])
 
 

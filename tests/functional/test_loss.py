@@ -5,25 +5,9 @@ from hypothesis import given, strategies as st
 import minitransformer as mt
 from minitransformer import functional as F
 from minitransformer.functional import loss as loss_module
+from minitransformer.kernels.reference import formulas
 from minitransformer.testing.gradcheck import gradcheck
 from tests.helpers import randn, seeds
-
-
-def smoothed_ce_reference(logits, target, eps, ignore_index):
-    """The explicit formula: -sum_k q_k log p_k with q = (1-eps) onehot + eps/V, per position."""
-    v = logits.shape[-1]
-    z = logits.reshape(-1, v)
-    t = target.reshape(-1)
-    logp = z - z.max(-1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    losses = []
-    for row, y in zip(logp, t):
-        if ignore_index is not None and y == ignore_index:
-            continue
-        q = np.full(v, eps / v)
-        q[y] += 1 - eps
-        losses.append(-(q * row).sum())
-    return np.array(losses)
 
 
 @given(n=st.integers(1, 5), v=st.integers(2, 6), seed=seeds,
@@ -36,15 +20,20 @@ def test_cross_entropy_matches_formula_and_gradients(device, n, v, seed, eps, re
     ignore = 0 if with_ignore else None
     target = mt.tensor(target_np, device=device)
     loss = F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=ignore, reduction=reduction)
-    ref = smoothed_ce_reference(logits.numpy(), target_np, eps, ignore)
+    # The plain formula beside the cache-blocked op: per position loss and softmax - q.
+    ref, ref_grad = formulas.cross_entropy(logits.numpy().reshape(-1, v), target_np.reshape(-1), eps, ignore)
+    keep = (target_np != ignore if with_ignore else np.ones_like(target_np, bool)).reshape(-1)
+    weight = {"none": 1.0, "sum": 1.0, "mean": 1.0 / max(keep.sum(), 1)}[reduction]
     if reduction == "none":
-        keep = target_np != ignore if with_ignore else np.ones_like(target_np, bool)
         assert loss.shape == (2, n)
-        np.testing.assert_allclose(loss.numpy()[keep], ref, rtol=1e-10)
-        np.testing.assert_array_equal(loss.numpy()[~keep], 0.0)
+        np.testing.assert_allclose(loss.numpy().reshape(-1), ref, rtol=1e-10)
+        loss.sum().backward()
     else:
-        expected = ref.sum() if reduction == "sum" else (ref.mean() if ref.size else 0.0)
+        expected = ref.sum() * weight
         np.testing.assert_allclose(loss.item(), expected, rtol=1e-10, atol=1e-12)
+        loss.backward()
+    np.testing.assert_allclose(logits.grad.numpy().reshape(-1, v), ref_grad * weight, rtol=1e-10, atol=1e-12)
+    logits.grad = None
     gradcheck(lambda z: F.cross_entropy(z, target, eps, ignore, reduction), [logits])
 
 
@@ -117,7 +106,7 @@ def test_an_ignored_row_of_infinite_logits_costs_nothing(device):
     logits = mt.tensor(data, device=device, requires_grad=True)
     for eps in (0.0, 0.1):
         loss = F.cross_entropy(logits, mt.tensor(target, device=device), eps, ignore_index=0, reduction="none")
-        expected = smoothed_ce_reference(data[[0, 2]], target[[0, 2]], eps, None)
+        expected, _ = formulas.cross_entropy(data[[0, 2]], target[[0, 2]], eps)
         np.testing.assert_allclose(loss.numpy()[[0, 2]], expected, rtol=1e-10)
         assert loss.numpy()[1] == 0.0
 

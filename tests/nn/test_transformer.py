@@ -57,6 +57,14 @@ def test_embeddings_are_shared_three_ways():
     assert sum(p is m.src_embed.weight for p in m.parameters()) == 1
 
 
+def test_embeddings_start_at_unit_scale_after_the_sqrt_d_model_factor():
+    """Standard deviation d_model^-1/2 (not variance): times sqrt(d_model), unit scale."""
+    d_model = 256
+    weight = nn.Embedding(4000, d_model).weight.numpy()
+    assert weight.std() == pytest.approx(d_model**-0.5, rel=0.02)
+    assert (weight * d_model**0.5).std() == pytest.approx(1.0, rel=0.02)
+
+
 def test_sinusoid_matches_section_3_5_and_grows():
     table = sinusoid_table(50, 8)
     pos, i = 17, 3
