@@ -6,7 +6,10 @@ the CPU), so that CI runs the GPU path of every op, the launch layer, mixed prec
 and DDP. MT_EMULATE_CUDA=0 turns the emulation off (then the "cuda" cases skip).
 """
 
+import importlib
 import os
+import pathlib
+import sys
 
 
 def _cupy_sees_a_gpu() -> bool:
@@ -65,3 +68,14 @@ def device(request):
 @pytest.fixture(autouse=True)
 def _seed():
     mt.manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def tour(tmp_path_factory):
+    """examples/tour.py run once, into a temporary folder: (the folder, the tour's TourResult).
+    Shared by the tests of the tour and of the docs that show its pictures."""
+    examples = str(pathlib.Path(__file__).resolve().parents[1] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)  # the tour imports copy_task, its neighbour
+    folder = tmp_path_factory.mktemp("tour")
+    return folder, importlib.import_module("tour").main(["--out", str(folder)])

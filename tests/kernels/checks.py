@@ -28,6 +28,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from minitransformer import backend, kernels
+from minitransformer.kernels.reference.formulas import attention_mask
 
 # Every test draws its inputs from a hypothesis-drawn seed, so that a failing example replays.
 seeds = st.integers(0, 2**32 - 1)

@@ -20,7 +20,6 @@ from hypothesis import settings
 from minitransformer import backend, kernels
 
 import checks
-from minitransformer.kernels.reference import formulas
 
 on_device = pytest.mark.skipif(not kernels.available(),
                                reason=f"CUDA kernels unavailable: {kernels.unavailable_reason()}")
