@@ -6,7 +6,8 @@ cross-attention keys and values of the source, so a step costs O(current length)
 recompute of the whole prefix.
 
 Beam search follows the paper (section 6.1): beam size 4, length penalty alpha = 0.6, and a
-maximum output length of input length + 50. The length penalty is GNMT's (Wu et al., 2016):
+maximum output length of input length + 50 (and never past the model's ``config.max_len``
+positions). The length penalty is GNMT's (Wu et al., 2016):
 
     score(Y) = log P(Y | X) / lp(Y),     lp(Y) = ((5 + |Y|) / 6) ** alpha
 
@@ -71,6 +72,13 @@ def _prepare(model, src):
     return src, lengths, src_mask, model.encode(src, src_mask)
 
 
+def _max_out(model, lengths: np.ndarray, max_len_extra: int) -> np.ndarray:
+    """Each sentence's longest output, EOS included: its source's length + ``max_len_extra``
+    (section 6.1), within the model's ``config.max_len`` positions (a learned position table
+    has no more rows, and the export writes no more for the sinusoids)."""
+    return np.minimum(lengths + max_len_extra, model.config.max_len)
+
+
 def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
     """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
 
@@ -93,7 +101,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
-    max_out = lengths + max_len_extra  # tokens, EOS included
+    max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
     out = [[] for _ in range(n)]
     done = np.zeros(n, bool)
@@ -162,7 +170,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     eos = model.config.eos_id
     src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
-    max_out = lengths + max_len_extra  # tokens, EOS included
+    max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
     # Every beam starts from the same BOS, so the first step decodes one row per sentence.
@@ -178,17 +186,16 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
         _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
         top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
         ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)
-        for slot, row, score in zip(*ends):
-            hyp = tokens[row].tolist()
-            finished[active[slot]].append((score / length_penalty(len(hyp) + 1, alpha), hyp))
+        ended = [(int(active[slot]), tokens[row].tolist(), score) for slot, row, score in zip(*ends)]
+        ended = [(sid, hyp, score, score / length_penalty(len(hyp) + 1, alpha)) for sid, hyp, score in ended]
+        for sid, hyp, _, penalized in ended:
+            finished[sid].append((penalized, hyp))
         going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
         if observer is not None:  # copies of what the search reads on: the observer cannot change it
             vocab = logp.shape[-1]
             observer(BeamStep(
                 t, active.copy(), tokens.copy(),
-                np.arange(len(top))[:, None] * width + top // vocab, top % vocab, top_scores,
-                [(int(active[slot]), tokens[row].tolist(), score,
-                  score / length_penalty(len(tokens[row]) + 1, alpha)) for slot, row, score in zip(*ends)],
+                np.arange(len(top))[:, None] * width + top // vocab, top % vocab, top_scores, ended,
                 active[slots[going]], rows[going], words[going], scores[going]))
         if not going.any():
             break

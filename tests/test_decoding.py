@@ -93,6 +93,17 @@ def test_beam_respects_max_length_and_reports_its_score():
         assert score == pytest.approx(logp / length_penalty(len(hyp) + 1, 0.6), rel=1e-4)
 
 
+@pytest.mark.parametrize("learned", [True, False])
+def test_outputs_stay_within_the_models_positions(learned):
+    """A source near config.max_len would run 50 tokens past it: the output is capped at the
+    model's positions (a learned table has no more rows), not a crash halfway."""
+    m = model(seed=3, max_len=8, learned_positions=learned)
+    m.src_embed.weight.data[3] = -10.0  # EOS improbable: every output runs to its limit
+    src = sources(seed=6, n=3, max_len=6)
+    for hyps in (beam_search(m, src, beam_size=3), greedy_decode(m, src)):
+        assert all(len(hyp) == 8 - 1 for hyp in hyps)  # the limit counts EOS
+
+
 def test_beam_wider_than_the_vocabulary_allows():
     mt.manual_seed(0)
     m = nn.Transformer(nn.TransformerConfig(**{**CFG, "vocab_size": 6})).eval()

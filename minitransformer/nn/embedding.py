@@ -49,9 +49,11 @@ def sinusoid_table(length: int, d_model: int) -> np.ndarray:
 class PositionalEncoding(Module):
     """Adds position information to (B, T, d_model) inputs, starting at position ``offset``.
 
-    Sinusoidal by default (section 3.5): a fixed table, grown on demand, so any length works.
-    ``learned=True`` is the paper's ablation (Table 3, row E): a trained table of ``max_len``
-    rows, which cannot extrapolate past them.
+    Sinusoidal by default (section 3.5): a fixed formula, its table grown on demand, so a
+    forward pass of any length works. ``learned=True`` is the paper's ablation (Table 3, row
+    E): a trained table of ``max_len`` rows, which cannot extrapolate past them. Decoding keeps
+    to ``config.max_len`` positions either way (``decoding``: longer sources are split, outputs
+    capped), as the export to CTranslate2 writes a table of fixed size.
     """
 
     def __init__(self, d_model: int, max_len: int = 1024, learned: bool = False) -> None:
@@ -65,8 +67,8 @@ class PositionalEncoding(Module):
             self._table = Tensor(sinusoid_table(max_len, d_model).astype(np.float32))
 
     def table(self, length: int, device: str, dtype=np.float32) -> Tensor:
-        """Rows [0, length) on ``device``; the sinusoids are kept in ``dtype`` (the
-        activations', so that a 16-bit model stays 16-bit)."""
+        """A table of at least ``length`` rows on ``device`` (the caller slices it); the
+        sinusoids are kept in ``dtype`` (the activations', so that a 16-bit model stays 16-bit)."""
         if self.learned:
             if length > self.weight.shape[0]:
                 raise ValueError(

@@ -51,7 +51,7 @@ class TransformerConfig:
     norm_first: bool = False
     attention_dropout: float = 0.0
     learned_positions: bool = False
-    max_len: int = 1024  # rows of the learned position table; the sinusoid grows past it
+    max_len: int = 1024  # the positions the model reads: a learned table's rows; decoding keeps within them
 
     def __post_init__(self) -> None:
         # Here, not when a layer is built, so that the message names the field.
