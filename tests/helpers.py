@@ -81,3 +81,25 @@ def tiny_test_set(folder, n=12, split="test_2016_flickr"):
     for lang, seed in (("en", 6), ("de", 7)):
         (folder / f"{split}.{lang}").write_text("\n".join(sentences(n, seed)) + "\n")
     return folder
+
+
+DECODING_CFG = dict(vocab_size=13, d_model=16, d_ff=32, h=2, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
+
+
+def sharp_model(device="cpu", seed=0, **overrides):
+    """A small Transformer for decoding tests, in eval mode."""
+    mt.manual_seed(seed)
+    m = nn.Transformer(nn.TransformerConfig(**{**DECODING_CFG, **overrides})).to(device)
+    # Sharpen the output distribution so that decoding is not a coin toss between ties.
+    m.src_embed.weight.data *= 4
+    return m.eval()
+
+
+def sources(seed=0, n=4, max_len=6):
+    """(n, max_len) source ids: 2 to max_len real tokens (ids 4-12) each, then padding."""
+    rng = np.random.default_rng(seed)
+    src = np.zeros((n, max_len), np.int64)
+    for i in range(n):
+        k = rng.integers(2, max_len + 1)
+        src[i, :k] = rng.integers(4, 13, k)
+    return src

@@ -5,26 +5,8 @@ import minitransformer as mt
 from minitransformer import nn
 from minitransformer.decoding import beam_search, greedy_decode, length_penalty, translate
 from minitransformer.functional.softmax import log_softmax_array
-
-CFG = dict(vocab_size=13, d_model=16, d_ff=32, h=2, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
-
-
-def model(device="cpu", seed=0, **overrides):
-    mt.manual_seed(seed)
-    m = nn.Transformer(nn.TransformerConfig(**{**CFG, **overrides})).to(device)
-    # Sharpen the output distribution so that decoding is not a coin toss between ties.
-    m.src_embed.weight.data *= 4
-    return m.eval()
-
-
-def sources(seed=0, n=4, max_len=6):
-    rng = np.random.default_rng(seed)
-    src = np.zeros((n, max_len), np.int64)
-    for i in range(n):
-        k = rng.integers(2, max_len + 1)
-        src[i, :k] = rng.integers(4, 13, k)
-    return src
-
+from tests.helpers import sharp_model as model
+from tests.helpers import DECODING_CFG, sources
 
 @pytest.mark.parametrize("sizes", [{}, {"d_k": 3, "d_v": 5}])
 def test_incremental_logits_equal_full_recompute(device, sizes):
@@ -106,7 +88,7 @@ def test_outputs_stay_within_the_models_positions(learned):
 
 def test_beam_wider_than_the_vocabulary_allows():
     mt.manual_seed(0)
-    m = nn.Transformer(nn.TransformerConfig(**{**CFG, "vocab_size": 6})).eval()
+    m = nn.Transformer(nn.TransformerConfig(**{**DECODING_CFG, "vocab_size": 6})).eval()
     src = np.array([[4, 5, 4], [5, 0, 0]])
     out = beam_search(m, src, beam_size=4, max_len_extra=3)  # only 2 tokens besides the specials
     assert len(out) == 2 and all(set(h) <= {4, 5} for h in out)

@@ -11,9 +11,9 @@ import pytest
 from matplotlib import image
 
 import minitransformer as mt
-from minitransformer import nn
 from minitransformer.decoding import BeamStep, beam_search
 from minitransformer.kernels import reference
+from tests.helpers import sharp_model, sources
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 from tour import PICTURES  # noqa: E402
@@ -44,26 +44,9 @@ def test_the_beam_search_drawn_decodes_its_source(tour):
     assert result.beam_hypothesis == result.beam_source  # a trained copy model copies
 
 
-def tiny_model(seed=0):
-    mt.manual_seed(seed)
-    model = nn.Transformer(nn.TransformerConfig(vocab_size=13, d_model=16, d_ff=32, h=2, num_encoder_layers=1,
-                                                num_decoder_layers=2))
-    model.src_embed.weight.data *= 4  # sharper distributions: fewer near-ties between beams
-    return model.eval()
-
-
-def sources(seed=0, n=5, max_len=6):
-    rng = np.random.default_rng(seed)
-    src = np.zeros((n, max_len), np.int64)
-    for i in range(n):
-        length = rng.integers(2, max_len + 1)
-        src[i, :length] = rng.integers(4, 13, length)
-    return src
-
-
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_beam_search_observer_changes_nothing_and_reports_the_search(beam_size):
-    model, src = tiny_model(), mt.tensor(sources())
+    model, src = sharp_model(num_encoder_layers=1), mt.tensor(sources(n=5))
     plain = beam_search(model, src, beam_size, return_scores=True, max_len_extra=4)
     steps: list[BeamStep] = []
     traced = beam_search(model, src, beam_size, return_scores=True, max_len_extra=4, observer=steps.append)
