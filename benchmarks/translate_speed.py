@@ -2,6 +2,7 @@
 model exported to CTranslate2 (float32 and int8), on the same sentences in the same batches.
 
     OMP_NUM_THREADS=2 python benchmarks/translate_speed.py --run runs/multi30k --data-dir ../shared/data/multi30k
+    ... --beam 8 --alpha 2.0 --profile 25 --hyps ours.ids   # the preset's search, profiled, outputs kept
 
 The test set's first ``--limit`` sources are cut into our translate batches (length-sorted,
 about ``--max-tokens`` source tokens each); every engine decodes exactly those batches with the
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=cli.integer(1), default=2048, help="source tokens per batch, as translate.py")
     p.add_argument("--repeats", type=cli.integer(1), default=3, help="runs of every engine; the figures are medians")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--profile", type=cli.integer(1), metavar="N",
+                   help="then decode once more, ours alone, under cProfile, and print its N most costly functions")
+    p.add_argument("--hyps", help="write our hypotheses here, one line of token ids per sentence (to compare "
+                   "two commits' outputs)")
     return p
 
 
@@ -111,12 +116,31 @@ def main(argv=None) -> dict:
         ratio = f"{base['seconds'] / r['seconds']:.2f}x" if base else "-"
         print(f"{name:12s} {r['seconds']:8.2f} {r['tokens_per_s']:9.0f} {r['sentences_per_s']:8.1f} "
               f"{r['bleu']:6.2f} {ratio:>11s}")
+    if args.hyps:
+        with files.atomic_write(args.hyps) as f:
+            f.writelines(" ".join(map(str, h)) + "\n" for h in hyps["ours"])
+    if args.profile:
+        profile(runs["ours"], batches, src, args.profile)
     result = dict(sentences=n, batches=len(batches), beam=args.beam, alpha=args.alpha, threads=threads,
                   max_tokens=args.max_tokens, repeats=args.repeats, engines=rows)
     if args.json:
         with files.atomic_write(args.json) as f:
             f.write(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def profile(decode, batches, src, top: int) -> None:
+    """Our decoding of every batch under cProfile: the ``top`` functions by their own time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for batch in batches:
+        decode(batch, [src[i] for i in batch.indices])
+    profiler.disable()
+    print(f"\nours under cProfile, the {top} functions that cost most time of their own:")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,7 @@ cross-attention keys and values of the source, so a step costs O(current length)
 recompute of the whole prefix.
 
 Beam search follows the paper (section 6.1): beam size 4, length penalty alpha = 0.6, and a
-maximum output length of input length + 50 (and never past the model's ``config.max_len``
-positions). The length penalty is GNMT's (Wu et al., 2016):
+maximum output length of input length + 50 (and never past a learned position table). The length penalty is GNMT's (Wu et al., 2016):
 
     score(Y) = log P(Y | X) / lp(Y),     lp(Y) = ((5 + |Y|) / 6) ** alpha
 
@@ -42,7 +41,7 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.softmax import log_softmax_array
+from .functional.softmax import log_softmax_rows_
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -74,19 +73,32 @@ def _prepare(model, src):
 
 def _max_out(model, lengths: np.ndarray, max_len_extra: int) -> np.ndarray:
     """Each sentence's longest output, EOS included: its source's length + ``max_len_extra``
-    (section 6.1), within the model's ``config.max_len`` positions (a learned position table
-    has no more rows, and the export writes no more for the sinusoids)."""
-    return np.minimum(lengths + max_len_extra, model.config.max_len)
+    (section 6.1). Sources stay within ``config.max_len`` positions (``translate`` splits longer
+    ones) and outputs may run ``max_len_extra`` past them, as the sinusoids allow and the export
+    writes; a learned position table has only ``max_len`` rows, so there outputs stop at it."""
+    if model.config.learned_positions:
+        return np.minimum(lengths + max_len_extra, model.config.max_len)
+    return lengths + max_len_extra
 
 
-def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
-    """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
+def _logits_buffer(model, rows: int, xp):
+    """Room for the logits of ``rows`` rows: each step of a search writes its own into it."""
+    weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
+    return xp.empty((rows, model.config.target_vocab_size), dtype=weight.dtype)
+
+
+def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp, buffer):
+    """log P(next token | prefix) for each row, computed on the model's device: (rows, V),
+    written into ``buffer`` (``_logits_buffer``, reused every step).
 
     PAD and BOS are never valid outputs, so they get probability 0."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
-    logits = model.project(states).data[:, -1]
+    if states.dtype == buffer.dtype:
+        logits = model.project(states, out=buffer[:len(last_tokens)]).data
+    else:  # mixed precision: the product in the model's own dtype rules
+        logits = model.project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
-    return log_softmax_array(logits)
+    return log_softmax_rows_(logits)
 
 
 @no_grad()
@@ -103,11 +115,12 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     n = src.shape[0]
     max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
+    buffer = _logits_buffer(model, n, xp)
     out = [[] for _ in range(n)]
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp, buffer)
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -172,6 +185,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     xp = backend.array_module_of(src.data)
     max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
+    buffer = _logits_buffer(model, len(lengths) * k, xp)
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
     # Every beam starts from the same BOS, so the first step decodes one row per sentence.
     width = 1
@@ -182,7 +196,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
 
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)  # (slots * width, V)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp, buffer)  # (slots * width, V)
         _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
         top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
         ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)

@@ -76,14 +76,19 @@ def test_beam_respects_max_length_and_reports_its_score():
 
 
 @pytest.mark.parametrize("learned", [True, False])
-def test_outputs_stay_within_the_models_positions(learned):
-    """A source near config.max_len would run 50 tokens past it: the output is capped at the
-    model's positions (a learned table has no more rows), not a crash halfway."""
+def test_outputs_stop_where_the_positions_do(learned):
+    """A learned table has config.max_len rows: a source near it would run 50 tokens past them,
+    so its output stops there instead of crashing halfway; sinusoids run the full 50."""
     m = model(seed=3, max_len=8, learned_positions=learned)
     m.src_embed.weight.data[3] = -10.0  # EOS improbable: every output runs to its limit
     src = sources(seed=6, n=3, max_len=6)
-    for hyps in (beam_search(m, src, beam_size=3), greedy_decode(m, src)):
-        assert all(len(hyp) == 8 - 1 for hyp in hyps)  # the limit counts EOS
+    lengths = (src != 0).sum(axis=1) + 1  # with EOS
+    for hyps in (beam_search(m, src, beam_size=3, max_len_extra=5), greedy_decode(m, src, max_len_extra=5)):
+        got = np.array([len(h) for h in hyps])
+        if learned:
+            assert list(got) == list(np.minimum(lengths + 5, 8) - 1)  # the limit counts EOS
+        else:
+            assert (got <= lengths + 5 - 1).all() and got.max() > 8  # past max_len, as the export
 
 
 def test_beam_wider_than_the_vocabulary_allows():

@@ -51,9 +51,10 @@ class PositionalEncoding(Module):
 
     Sinusoidal by default (section 3.5): a fixed formula, its table grown on demand, so a
     forward pass of any length works. ``learned=True`` is the paper's ablation (Table 3, row
-    E): a trained table of ``max_len`` rows, which cannot extrapolate past them. Decoding keeps
-    to ``config.max_len`` positions either way (``decoding``: longer sources are split, outputs
-    capped), as the export to CTranslate2 writes a table of fixed size.
+    E): a trained table of ``max_len`` rows, which cannot extrapolate past them. Decoding reads
+    sources of at most ``config.max_len`` tokens either way (it splits longer ones); outputs may
+    run 50 tokens further with sinusoids (the export to CTranslate2 writes that many rows), and
+    stop at ``max_len`` with a learned table.
     """
 
     def __init__(self, d_model: int, max_len: int = 1024, learned: bool = False) -> None:
