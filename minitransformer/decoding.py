@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.softmax import log_softmax_rows_
+from .functional.softmax import log_softmax_array
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -81,24 +81,14 @@ def _max_out(model, lengths: np.ndarray, max_len_extra: int) -> np.ndarray:
     return lengths + max_len_extra
 
 
-def _logits_buffer(model, rows: int, xp):
-    """Room for the logits of ``rows`` rows: each step of a search writes its own into it."""
-    weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
-    return xp.empty((rows, model.config.target_vocab_size), dtype=weight.dtype)
-
-
-def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp, buffer):
-    """log P(next token | prefix) for each row, computed on the model's device: (rows, V),
-    written into ``buffer`` (``_logits_buffer``, reused every step).
+def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
+    """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
 
     PAD and BOS are never valid outputs, so they get probability 0."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
-    if states.dtype == buffer.dtype:
-        logits = model.project(states, out=buffer[:len(last_tokens)]).data
-    else:  # mixed precision: the product in the model's own dtype rules
-        logits = model.project(states).data[:, -1]
+    logits = model.project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
-    return log_softmax_rows_(logits)
+    return log_softmax_array(logits)
 
 
 @no_grad()
@@ -115,12 +105,11 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     n = src.shape[0]
     max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
-    buffer = _logits_buffer(model, n, xp)
     out = [[] for _ in range(n)]
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp, buffer)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -185,7 +174,6 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     xp = backend.array_module_of(src.data)
     max_out = _max_out(model, lengths, max_len_extra)
     cache = model.new_cache()
-    buffer = _logits_buffer(model, len(lengths) * k, xp)
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
     # Every beam starts from the same BOS, so the first step decodes one row per sentence.
     width = 1
@@ -196,7 +184,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
 
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp, buffer)  # (slots * width, V)
+        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)  # (slots * width, V)
         _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
         top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
         ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)

@@ -18,8 +18,6 @@ Backward, with y = softmax(x) and upstream gradient g:
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
@@ -52,30 +50,6 @@ def log_softmax_array(x, axis: int = -1):
     shifted, _, s = stable_softmax_parts(x, axis)
     shifted -= xp.log(xp.where(s == 0, 1, s))
     return shifted
-
-
-ROW_BLOCK_BYTES = 1 << 18  # 256 KiB of float32 rows a block: they and their exponentials fit an L2 cache
-
-
-def log_softmax_rows_(x):
-    """``log_softmax_array(x)`` over the last axis of a 2-D float32 NumPy array, written over
-    ``x`` itself: the same arithmetic, row for row (tested equal), done in blocks of rows that
-    stay in the cache, with one block-sized scratch instead of two temporaries of x's size.
-    Beam search calls it on each step's (rows, V) logits, its largest arrays. Any other array
-    (CuPy, 16-bit) gets ``log_softmax_array(x)``, a new array (float32 for 16-bit ``x``)."""
-    if backend.array_module_of(x) is not np or x.dtype != np.float32 or x.ndim != 2:
-        return log_softmax_array(x)
-    rows = max(1, ROW_BLOCK_BYTES // max(1, x.shape[1] * x.itemsize))
-    scratch = np.empty((min(rows, len(x)), x.shape[1]), dtype=x.dtype)
-    for start in range(0, len(x), rows):
-        block = x[start:start + rows]
-        e = scratch[:len(block)]
-        m = block.max(axis=-1, keepdims=True)
-        block -= np.where(np.isfinite(m), m, 0)
-        np.exp(block, out=e)
-        s = e.sum(axis=-1, keepdims=True)
-        block -= np.log(np.where(s == 0, 1, s))
-    return x
 
 
 class Softmax(Function):

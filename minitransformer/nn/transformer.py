@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from .attention import MultiHeadAttention, reorder_cache
@@ -216,22 +215,8 @@ class Transformer(Module):
         x = self._embed(self.tgt_embed, tgt_in, offset)
         return self.decoder(x, memory, src_mask, cache)
 
-    def project(self, states: Tensor, out=None) -> Tensor:
-        """Decoder states -> logits over the target vocabulary (the pre-softmax linear map).
-
-        ``out``: a (rows, V) array to write the logits of (rows, 1, d_model) states into, with
-        the same product, but no graph: beam search reuses one such buffer every step instead
-        of a fresh array of its largest size (its allocation costs as much as its arithmetic)."""
-        if out is not None:
-            if self.out_proj is not None:
-                weight, bias = self.out_proj.weight.data, self.out_proj.bias
-            else:
-                weight, bias = self.tgt_embed.weight.data.T, None  # (d_model, V), a view
-            xp = backend.array_module_of(out)
-            xp.matmul(states.data.reshape(-1, states.shape[-1]), weight, out=out)
-            if bias is not None:
-                out += bias.data
-            return Tensor(out)
+    def project(self, states: Tensor) -> Tensor:
+        """Decoder states -> logits over the target vocabulary (the pre-softmax linear map)."""
         if self.out_proj is not None:
             return self.out_proj(states)
         return F.linear(states, F.transpose(self.tgt_embed.weight, 0, 1))  # x W_emb^T

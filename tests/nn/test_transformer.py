@@ -219,17 +219,3 @@ def test_config_refuses_fields_out_of_range(field, bad, edge, rule):
 ])
 def test_multi_head_attention_refuses_bad_sizes(make, message):
     _one_line_error(ValueError, "^" + message + "$", make)
-
-
-@pytest.mark.parametrize("share", [True, False])
-def test_project_into_a_buffer_is_project(share):
-    """Decoding's logits buffer: the same product as the plain projection, bit for bit."""
-    cfg = nn.TransformerConfig(vocab_size=50, d_model=16, d_ff=32, h=2, num_encoder_layers=1,
-                               num_decoder_layers=1, share_embeddings=share,
-                               **({} if share else {"tgt_vocab_size": 40}))
-    m = nn.Transformer(cfg)
-    states = mt.randn(7, 1, 16)
-    buffer = np.empty((9, cfg.target_vocab_size), np.float32)
-    got = m.project(states, out=buffer[:7])
-    np.testing.assert_array_equal(got.numpy(), m.project(states).numpy()[:, 0])
-    assert np.shares_memory(got.data, buffer)
