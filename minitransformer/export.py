@@ -21,6 +21,14 @@ PAD and BOS are never emitted (suppressed), an empty hypothesis may finish at th
 source + 50 tokens, EOS included. CTranslate2's length penalty is score / L^alpha, not GNMT's
 ((5 + L) / 6)^alpha, so to compare beam search exactly ``ctranslate2_beam_search`` asks for
 all finished hypotheses with raw log-probabilities and applies ours.
+
+Both searches stop a sentence once it holds ``beam_size`` finished hypotheses, but CTranslate2
+only when a length penalty is set: with ``length_penalty=0`` it goes on until the best live beam
+itself ends, and may find longer, more probable hypotheses than ours. So raw log-probabilities
+are asked for with a penalty too small to change a float32 score (``_RAW``), not with 0.
+One difference remains, at the length limit: CTranslate2 chooses the hypotheses it cuts there
+by their scores without EOS (``ctranslate2_beam_search`` adds it afterwards), ours forces EOS
+and chooses with its log-probability.
 """
 
 from __future__ import annotations
@@ -157,6 +165,11 @@ def ctranslate2_translate(translator, pieces: Pieces, src: list[list[int]], beam
     return pieces.to_ids([r.hypotheses[0] for r in results])
 
 
+# A length penalty L^_RAW divides a score by exp(_RAW ln L) = 1 + 4e-9 at L = 50, which rounds to
+# 1.0 in float32: the raw log-probability, but CTranslate2's stopping rule for a penalized search.
+_RAW = 1e-9
+
+
 def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], beam_size: int = BEAM,
                             alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA) -> list[tuple[list[int], float]]:
     """CTranslate2's beam search scored as ours: all ``beam_size`` finished hypotheses with their
@@ -167,7 +180,7 @@ def ctranslate2_beam_search(translator, pieces: Pieces, src: list[list[int]], be
     EOS and counts its log-probability: that is read from one more step of CTranslate2's
     decoder after the hypothesis (its logits, PAD and BOS suppressed as in the search)."""
     options = decode_options(src, beam_size, max_len_extra)
-    results = translator.translate_batch(pieces.to_pieces(src), length_penalty=0.0, num_hypotheses=beam_size,
+    results = translator.translate_batch(pieces.to_pieces(src), length_penalty=_RAW, num_hypotheses=beam_size,
                                          return_scores=True, **options)
     hyps = [pieces.to_ids(r.hypotheses) for r in results]
     logp = [list(r.scores) for r in results]

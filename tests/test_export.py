@@ -50,6 +50,41 @@ def test_greedy_and_beam_search_agree(exported):
         np.testing.assert_allclose([s for _, s in theirs], [s for _, s in ours], rtol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def eos_prone(tmp_path_factory):
+    """The tiny model with EOS's embedding scaled up: its hypotheses end at all lengths, so that
+    which search stops when decides the answer (the plain one runs most to the length limit)."""
+    folder = tiny_run(tmp_path_factory.mktemp("run"), seed=0)
+    tok = data.Tokenizer(next(folder.glob("*.model")))
+    model = load_model(str(folder / "averaged.npz"), "cpu", tokenizer=tok)
+    model.src_embed.weight.data[data.EOS_ID] *= 7
+    translator = export.load_translator(export.to_ctranslate2(model, tok, str(folder / "ct2")), threads=1)
+    src = [ids for ids in tok.encode(sentences(300, seed=4)) if len(ids) <= 20][:100]
+    return model, export.Pieces(tok), translator, src
+
+
+@pytest.mark.parametrize("beam, alpha", [(4, 0.6), (8, 2.0)])
+def test_beam_searches_stop_alike(eos_prone, beam, alpha):
+    """CTranslate2 asked for raw scores stops a sentence as ours does (with length_penalty=0 it
+    would go on until its best beam ends: export._RAW). They still differ where a hypothesis is
+    cut at the length limit, which CTranslate2 ranks without its EOS: those sentences are left
+    out, and most are not."""
+    model, pieces, translator, src = eos_prone
+    compared = 0
+    for idx in same_length_batches(src, 16):
+        batch = [src[i] for i in idx]
+        ours = beam_search(model, data.collate(batch).src, beam, alpha, return_scores=True)
+        theirs = export.ctranslate2_beam_search(translator, pieces, batch, beam, alpha)
+        all_theirs = translator.translate_batch(pieces.to_pieces(batch), num_hypotheses=beam,
+                                                **export.decode_options(batch, beam))
+        limit = export.decode_options(batch, beam)["max_decoding_length"]
+        for (o, o_score), (t, t_score), r in zip(ours, theirs, all_theirs):
+            if max(map(len, r.hypotheses)) < limit:
+                compared += 1
+                assert o == t and o_score == pytest.approx(t_score, rel=1e-4, abs=1e-5)
+    assert compared >= 80, compared
+
+
 def test_int8_export_translates(exported, tmp_path):
     model, tok, pieces, _, src = exported
     int8 = export.load_translator(export.to_ctranslate2(model, tok, str(tmp_path / "int8"), "int8"), threads=1)
