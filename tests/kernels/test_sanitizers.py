@@ -10,8 +10,8 @@ Three checks (emu.h says how each works, and what it cannot see):
 Every kernel, forward and backward, in every dtype, runs clean under each sanitizer on the
 fixed shapes of sanitized_run.py, and matches the formulas there. A check that cannot fail
 is no check: for each, bugs planted in the real csrc/ (textual mutations before the build)
-must be flagged. The planted bugs of one check share a build, each in a kernel that the
-others leave alone, so that each case sees only its own bug.
+must be flagged. The planted bugs of one check share a build (one per ``build`` name), each in
+a kernel that the others of its build leave alone, so that each case sees only its own bug.
 
 Sanitized modules load only in a process whose sanitizer runtime came first, so every run
 here is a subprocess running sanitized_run.py.
@@ -45,11 +45,13 @@ class Planted:
     case: str            # a sanitized_run case that reaches it
     mutation: Mutation
     report: str          # a pattern that the run's output must match
+    build: str = ""      # bugs of one check and build name share a build
 
 
 RACE = "WARNING: ThreadSanitizer: data race"
 OVERFLOW = "AddressSanitizer: heap-buffer-overflow"
 NAN = "nan location mismatch"  # the formulas' numbers where the kernel gave NaN
+MISMATCH = "MISMATCH in case"  # any disagreement with the formulas (sanitized_run.py)
 
 PLANTED = {
     "thread": [
@@ -84,6 +86,15 @@ PLANTED = {
         Planted("static-smem-written-by-block-0-only", "softmax-block-float32", Mutation(
             "common.cuh", "if (lane == 0) part[warp] = v;",
             "if (lane == 0 && blockIdx.x == 0) part[warp] = v;"), NAN),
+        # cp.async in flight until its wait (emu.h): the last key tile's group left pending
+        Planted("last-kv-tile-waits-for-all-but-one-group", "attention-tiles-float16", Mutation(
+            "attention.cu", "            __pipeline_wait_prior(0);\n        }\n        __syncthreads();  // this tile's",
+            "            __pipeline_wait_prior(1);\n        }\n        __syncthreads();  // this tile's"),
+            MISMATCH),
+        # the backward also runs the forward, which the bug above breaks: a build of its own
+        Planted("query-tile-read-before-its-copies-land", "attention-tiles-float16", Mutation(
+            "attention.cu", "last iteration\n                __pipeline_wait_prior(1);\n", "last iteration\n"),
+            r"attention_grad \(float16\): error nan", build="backward"),
     ],
 }
 
@@ -126,5 +137,6 @@ def test_kernels_are_clean(variants, sanitize, kernel):
     pytest.param(sanitize, planted, id=f"{sanitize or 'poison'}-{planted.why}")
     for sanitize, bugs in PLANTED.items() for planted in bugs])
 def test_planted_bug_is_flagged(variants, sanitize, planted):
-    result = run(variants(sanitize, PLANTED[sanitize]), sanitize, [planted.case])
+    build = [p for p in PLANTED[sanitize] if p.build == planted.build]
+    result = run(variants(sanitize, build), sanitize, [planted.case])
     assert result.returncode != 0 and re.search(planted.report, result.stderr), result.stderr[-6000:]

@@ -6,7 +6,7 @@
 // `mt_emu::launch(kernel, grid, block, smem, stream)(args)`, the dynamic shared-memory
 // declaration becomes a pointer to the launch's buffer, a static `__shared__ T name[N];`
 // becomes a reference to a StaticShared array, and <cuda_pipeline.h> is replaced by the
-// synchronous cp.async below (so the emulation cannot see a missing wait).
+// cp.async below.
 //
 // Model: blocks run one after another, each thread of a block on an OS thread of its own.
 //   __syncthreads        an OrderedBarrier over the block's threads: whatever any of them did
@@ -26,6 +26,10 @@
 //                        columns of B that its four outputs need, by the PTX ISA's fragment
 //                        layout, and computes them in float32 (the tensor cores' products of
 //                        16-bit inputs are exact, and they accumulate in float32 too)
+//   cp.async             in flight until the __pipeline_wait_prior that covers its group: the
+//                        source is read when the copy is issued, the destination holds poison
+//                        until the wait, and a group no wait covers never lands, so a missing
+//                        or too weak wait turns the results into NaN
 //   misaligned cp.async or ldmatrix addresses abort, as the hardware faults on them.
 // Functions map to the C library's (more exact than the GPU's approximate exp).
 //
@@ -43,7 +47,7 @@
 //                        (Unobserved), and the order a barrier does create is told to it by a
 //                        release and an acquire (publish, subscribe).
 // What they cannot see: races between blocks (the blocks run one after another, ordered);
-// a missing or too weak cp.async wait (copies complete at once); overruns that land in other
+// overruns that land in other
 // valid memory (from one shared-memory array carved out of the dynamic buffer into the next,
 // or from one row of a global tensor into the next); races and reads of unwritten memory on
 // paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf
@@ -62,6 +66,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -270,6 +275,75 @@ class SharedMemory {
     size_t bytes_;
 };
 
+// ---------------------------------------------------------------------------- cp.async
+
+// A thread's copies in flight, oldest first, and how many of them each committed group holds
+// (oldest first; copies past the groups are issued but not yet committed). Bookkeeping of the
+// emulator, so unobserved; what a copy reads and writes is the thread's own, and checked.
+struct AsyncCopy {
+    void* dst;
+    unsigned size;
+    unsigned char bytes[16];
+};
+struct AsyncCopies {
+    std::deque<AsyncCopy> copies;
+    std::deque<size_t> groups;
+};
+inline thread_local AsyncCopies async_copies;
+
+// What a thread left in flight when its block ended never lands.
+inline void forget_async_copies() {
+    Unobserved hidden;
+    async_copies.copies.clear();
+    async_copies.groups.clear();
+}
+
+inline void issue_async_copy(void* dst, const void* src, size_t size, size_t zfill) {
+    if (size > sizeof(AsyncCopy::bytes)) {
+        std::fprintf(stderr, "cp.async of %zu bytes: 4, 8 or 16 only\n", size);
+        std::abort();
+    }
+    unsigned char staged[sizeof(AsyncCopy::bytes)];
+    std::memcpy(staged, src, size - zfill);
+    std::memset(staged + size - zfill, 0, zfill);
+    std::memset(dst, kPoison, size);  // in flight: the destination is not yet the data
+    Unobserved hidden;
+    AsyncCopy& copy = async_copies.copies.emplace_back(AsyncCopy{dst, unsigned(size), {}});
+    std::memcpy(copy.bytes, staged, size);
+}
+
+inline void commit_async_copies() {
+    Unobserved hidden;
+    size_t grouped = 0;
+    for (size_t n : async_copies.groups) grouped += n;
+    async_copies.groups.push_back(async_copies.copies.size() - grouped);
+}
+
+// __pipeline_wait_prior(pending): every committed group but the newest `pending` lands.
+inline void land_async_copies(size_t pending) {
+    while (true) {
+        AsyncCopy copy;
+        {
+            Unobserved hidden;
+            AsyncCopies& q = async_copies;
+            if (q.groups.size() <= pending) return;
+            if (q.groups.front() == 0) {
+                q.groups.pop_front();
+                continue;
+            }
+            --q.groups.front();
+            copy = q.copies.front();
+            q.copies.pop_front();
+        }
+        unsigned char staged[sizeof(AsyncCopy::bytes)];
+        {
+            Unobserved hidden;
+            std::memcpy(staged, copy.bytes, copy.size);
+        }
+        std::memcpy(copy.dst, staged, copy.size);
+    }
+}
+
 // ---------------------------------------------------------------------------- launches
 
 // One OS thread per CUDA thread of a block, for the whole launch (creating them anew for every
@@ -300,6 +374,7 @@ struct Launcher {
                 Warp* warp = state->warps[t / 32].get();
                 ts = ThreadState{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(), warp,
                                  shared.dynamic()};
+                forget_async_copies();
                 std::apply(kernel, packed);
                 // An exited thread no longer holds up its block's or warp's barriers.
                 state->barrier.arrive_and_drop();
@@ -376,15 +451,16 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
     return mt_emu::shuffle(v, mt_emu::lane() ^ offset);
 }
 
-// cp.async, done at once: copy size - zfill bytes, zero the rest. Waits have nothing to wait for.
+// cp.async: size - zfill bytes of the source, then zfill zero bytes, read as issued but written
+// only at the __pipeline_wait_prior that covers the copy's group; until then the destination
+// holds poison (a read too early gives NaN), and a copy no wait covers never lands.
 inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
     mt_emu::require_aligned(dst, size, "cp.async destination");
     if (zfill < size) mt_emu::require_aligned(src, size, "cp.async source");
-    std::memcpy(dst, src, size - zfill);
-    std::memset(static_cast<char*>(dst) + size - zfill, 0, zfill);
+    mt_emu::issue_async_copy(dst, src, size, zfill);
 }
-inline void __pipeline_commit() {}
-inline void __pipeline_wait_prior(size_t) {}
+inline void __pipeline_commit() { mt_emu::commit_async_copies(); }
+inline void __pipeline_wait_prior(size_t pending) { mt_emu::land_async_copies(pending); }
 
 inline float atomicAdd(float* address, float value) {
     return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
