@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 import minitransformer as mt  # noqa: E402
 from minitransformer import backend, kernels  # noqa: E402
+from minitransformer.testing import emulator  # noqa: E402
 
 settings.register_profile(
     "default", max_examples=50, deadline=None,
@@ -68,6 +69,16 @@ def device(request):
 @pytest.fixture(autouse=True)
 def _seed():
     mt.manual_seed(1234)
+    emulator.restart_block_order()  # each test's emulated launches replay alone as they ran here
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure where emulated kernels ran says how to replay their blocks' orders."""
+    report = (yield).get_result()
+    if report.failed and (seed := emulator.block_seed()) is not None:
+        report.sections.append(("emulated blocks", f"the blocks ran in the orders of MT_EMU_BLOCK_SEED={seed}: "
+                                                   f"set it to replay this test's"))
 
 
 @pytest.fixture(scope="session")

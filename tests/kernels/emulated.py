@@ -10,8 +10,9 @@ Philox bits (bit-exact with the NumPy twin's) and arithmetic, and each launcher'
 kernel variant by the device's shared memory per block (every architecture's limit is drawn).
 What it cannot check: that the hardware's mma.sync / ldmatrix fragments are what the emulation
 reads in the PTX ISA, tensor-core rounding, when a cp.async really lands (here: at the wait
-that covers it, never sooner), races that the emulation's scheduling hides (test_sanitizers.py has ThreadSanitizer look for
-those within a block), speed. The device sections, on a GPU, remain the authority.
+that covers it, never sooner), races that the emulation's scheduling hides (test_sanitizers.py
+has ThreadSanitizer look for those, within and between blocks), speed. The device sections, on
+a GPU, remain the authority.
 
 Shapes stay small (EMULATOR_SETTINGS draws few): every emulated CUDA thread is an OS thread.
 

@@ -66,7 +66,9 @@ def main(module_path: str, names: list[str]) -> int:
         try:
             CASES[name](C)
         except AssertionError as e:
-            print(f"MISMATCH in case {name}: {e}", file=sys.stderr, flush=True)
+            seed = emulator.block_seed(module_path)
+            print(f"MISMATCH in case {name} (blocks in the orders of MT_EMU_BLOCK_SEED={seed}): {e}",
+                  file=sys.stderr, flush=True)
             return 1
     return 0
 

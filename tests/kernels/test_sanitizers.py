@@ -3,9 +3,11 @@
 Three checks (emu.h says how each works, and what it cannot see):
   AddressSanitizer + UndefinedBehaviorSanitizer   accesses past the end of global buffers,
       dynamic and static shared memory; misaligned accesses; indices past fixed-size arrays
-  ThreadSanitizer   races between the threads of a block, on shared and global memory
-  poisoned shared memory (every variant)   reads of shared memory the block has not written
-      turn the results into NaN
+  ThreadSanitizer   races between the threads of a block and between blocks, on shared and
+      global memory
+  poisoned shared memory and cp.async destinations, and blocks in shuffled order (every
+      variant)   reads of shared memory the block has not written, of a copy before its wait,
+      or of another block's output, turn the results into NaN
 
 Every kernel, forward and backward, in every dtype, runs clean under each sanitizer on the
 fixed shapes of sanitized_run.py, and matches the formulas there. A check that cannot fail
@@ -43,9 +45,23 @@ KERNELS = ["attention", "layernorm", "softmax", "cross_entropy"]
 class Planted:
     why: str             # what the bug is (the test's id)
     case: str            # a sanitized_run case that reaches it
-    mutation: Mutation
+    mutation: Mutation | tuple[Mutation, ...]
     report: str          # a pattern that the run's output must match
     build: str = ""      # bugs of one check and build name share a build
+
+    @property
+    def mutations(self) -> tuple[Mutation, ...]:
+        return self.mutation if isinstance(self.mutation, tuple) else (self.mutation,)
+
+
+# Blocks that count on running in index order: each adds the previous block's column sums to its
+# own, and the weight-gradient kernel then reads the last block's alone.
+CHAINED_PARTIALS = (
+    Mutation("layernorm.cu", "        out[c] = sw;\n        out[D + c] = sb;\n",
+             "        out[c] = sw + (blockIdx.x ? out[c - 2 * D] : 0.f);\n"
+             "        out[D + c] = sb + (blockIdx.x ? out[c - D] : 0.f);\n"),
+    Mutation("layernorm.cu", "for (int blk = 0; blk < blocks; ++blk) {", "for (int blk = blocks - 1; blk < blocks; ++blk) {"),
+)
 
 
 RACE = "WARNING: ThreadSanitizer: data race"
@@ -65,6 +81,12 @@ PLANTED = {
         Planted("no-barrier-after-static-smem-write", "softmax-block-float32", Mutation(
             "common.cuh", "        if (lane == 0) part[warp] = v;\n        __syncthreads();\n",
             "        if (lane == 0) part[warp] = v;\n"), RACE),
+        # between blocks (emu.h: each block's threads are fibers TSan sees in no order)
+        Planted("block-reads-another-blocks-output", "layernorm-vector-float32", CHAINED_PARTIALS, RACE),
+        # the forward, which every float32 case also runs, has a bug above: a build of its own
+        Planted("dq-accumulated-across-blocks-without-atomics", "attention-tiles-float32", Mutation(
+            "attention.cu", "atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDO + d]);",
+            "p.dq_accum[q_off + size_t(r) * D + d] += sdQ[r * L::LDO + d];"), RACE, build="between-blocks"),
     ],
     "address": [
         Planted("cp-async-reads-a-row-past-the-end", "attention-tiles-float16", Mutation(
@@ -86,6 +108,8 @@ PLANTED = {
         Planted("static-smem-written-by-block-0-only", "softmax-block-float32", Mutation(
             "common.cuh", "if (lane == 0) part[warp] = v;",
             "if (lane == 0 && blockIdx.x == 0) part[warp] = v;"), NAN),
+        # blocks run in a shuffled order, never in index order (emu.h)
+        Planted("block-reads-another-blocks-output", "layernorm-vector-float32", CHAINED_PARTIALS, NAN),
         # cp.async in flight until its wait (emu.h): the last key tile's group left pending
         Planted("last-kv-tile-waits-for-all-but-one-group", "attention-tiles-float16", Mutation(
             "attention.cu", "            __pipeline_wait_prior(0);\n        }\n        __syncthreads();  // this tile's",
@@ -108,7 +132,7 @@ def variants():
         emulated.require_emulator(sanitize)
         key = (sanitize, tuple(planted))
         if key not in built:
-            built[key] = emulator.compile_variant(sanitize, [p.mutation for p in planted])
+            built[key] = emulator.compile_variant(sanitize, [m for p in planted for m in p.mutations])
         return built[key]
 
     return variant

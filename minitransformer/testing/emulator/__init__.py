@@ -15,7 +15,8 @@ Variants, chosen by ``compile_variant(sanitize, mutations)``:
                         check flags them shows that it sees bugs in the real kernels
 
 Every variant poisons shared memory at every block start (emu.h), so a read of shared memory
-before the block wrote it turns results into NaN. A sanitized module loads only in a process
+before the block wrote it turns results into NaN, and runs the blocks of a launch in a shuffled
+order, never in index order; ``block_seed`` gives the seed that replays the orders. A sanitized module loads only in a process
 whose sanitizer runtime was loaded first (Python is not built with it): run it in a fresh
 process with ``sanitizer_environment(sanitize)``.
 
@@ -26,6 +27,7 @@ files it changes, and bindings.cpp, host code, is compiled once, plain, for ever
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import importlib.util
@@ -226,11 +228,41 @@ def load(path: Path):
     return module
 
 
+_built: Path | None = None  # the module build() imported
+
+
 @functools.cache
 def build():
     """Compile (or reuse) the plain emulated extension and return the imported module: once a
     process (the emulated device and the kernel tests share it)."""
-    return load(compile_variant())
+    global _built
+    path = compile_variant()
+    module = load(path)
+    _built = path
+    return module
+
+
+def _library(path: Path | None):
+    path = path or _built
+    return None if path is None else ctypes.CDLL(str(path))  # the loaded module, not a second copy
+
+
+def block_seed(path: Path | None = None) -> int | None:
+    """The seed of the block orders (emu.h) of the module at ``path`` (default: build()'s), loaded
+    in this process; None if build() has not run. ``MT_EMU_BLOCK_SEED=<seed>`` replays them."""
+    library = _library(path)
+    if library is None:
+        return None
+    library.mt_emu_block_seed.restype = ctypes.c_ulonglong
+    return int(library.mt_emu_block_seed())
+
+
+def restart_block_order(path: Path | None = None) -> None:
+    """Start the sequence of block orders again (if the module is loaded): the next launch gets
+    the first order of the seed, as if the process had just begun."""
+    library = _library(path)
+    if library is not None:
+        library.mt_emu_restart_block_order()
 
 
 def sanitizer_environment(sanitize: str) -> dict[str, str]:

@@ -8,7 +8,9 @@
 // becomes a reference to a StaticShared array, and <cuda_pipeline.h> is replaced by the
 // cp.async below.
 //
-// Model: blocks run one after another, each thread of a block on an OS thread of its own.
+// Model: blocks run one after another, in an order shuffled from launch to launch and never in
+// index order (block_order; a GPU promises none), each thread of a block on an OS thread of
+// its own.
 //   __syncthreads        an OrderedBarrier over the block's threads: whatever any of them did
 //                        before it happens before whatever any does after it
 //   warp collectives     __shfl_*_sync, mma.sync, ldmatrix: every lane posts its registers in
@@ -16,7 +18,8 @@
 //                        exchange registers and order no memory, as on the GPU (where only
 //                        barriers and fences do)
 //   shared memory        dynamic: one exactly sized heap buffer per launch; static: one heap
-//                        array per declaration (and template instantiation). Both are filled
+//                        array per declaration (and template instantiation); under TSan new
+//                        ones for every block. Both are filled
 //                        with 0xFF bytes, a NaN in every float type, at the start of every
 //                        block, so that a read of shared memory the block has not written
 //                        shows up as NaN in the results (compute-sanitizer's initcheck)
@@ -40,18 +43,22 @@
 //                        UndefinedBehaviorSanitizer, misaligned typed accesses (a uint4 load
 //                        from an address not 16-byte aligned), indices past fixed-size arrays,
 //                        signed overflow, bad shifts.
-//   ThreadSanitizer      races between the threads of a block: two accesses to one location,
-//                        one a write, with no barrier between them, in shared or global memory,
-//                        also between lanes of a warp. TSan must see no order where the GPU has
-//                        none: the emulator's own locking and slots are hidden from it
-//                        (Unobserved), and the order a barrier does create is told to it by a
-//                        release and an acquire (publish, subscribe).
-// What they cannot see: races between blocks (the blocks run one after another, ordered);
-// overruns that land in other
-// valid memory (from one shared-memory array carved out of the dynamic buffer into the next,
-// or from one row of a global tensor into the next); races and reads of unwritten memory on
-// paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf
-// with a larger value, a branch not taken).
+//   ThreadSanitizer      races between the threads of a block, and between blocks: two
+//                        accesses to one location, one a write, with no barrier between them,
+//                        in shared or global memory, also between lanes of a warp. TSan must
+//                        see no order where the GPU has none: the emulator's own locking and
+//                        slots are hidden from it (Unobserved), the order a barrier does
+//                        create is told to it by a release and an acquire (publish,
+//                        subscribe), and each block's threads are fibers that know nothing of
+//                        the blocks before them, with shared memory of their own (FiberJob).
+// Without a sanitizer, the shuffled order shows a block reading what another block writes in
+// the same launch: the read finds the caller's poison, or the previous launch's values.
+// What they cannot see: races between blocks more than kMaxFibers threads apart in a launch's
+// order (TSan's limit on threads); overruns that land in other valid memory (from one
+// shared-memory array carved out of the dynamic buffer into the next, or from one row of a
+// global tensor into the next); races and reads of unwritten memory on paths that the shapes
+// run do not reach; a NaN read that the kernel then drops (a fmaxf with a larger value, a
+// branch not taken).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,6 +66,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <algorithm>
 #include <barrier>
 #include <bit>
 #include <cmath>
@@ -68,9 +76,12 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <ucontext.h>
 #include <utility>
 #include <vector>
 
@@ -84,6 +95,10 @@ void AnnotateIgnoreWritesBegin(const char* file, int line);
 void AnnotateIgnoreWritesEnd(const char* file, int line);
 void AnnotateIgnoreSyncBegin(const char* file, int line);
 void AnnotateIgnoreSyncEnd(const char* file, int line);
+void* __tsan_get_current_fiber();
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 }
 #endif
 
@@ -222,52 +237,81 @@ inline int lane() { return int(ts.thread.x % 32); }
 // bfloat16 alike, so that reading what the block never wrote poisons the results.
 constexpr int kPoison = 0xFF;
 
-struct Region {
-    void* address;
+// Shared memory on the heap, 128-byte aligned as the kernels' carving assumes, exactly sized
+// (so that ASan flags the first byte past it).
+inline void* new_shared(size_t bytes) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 128, bytes) != 0) throw std::bad_alloc();
+    return p;
+}
+
+// The static __shared__ arrays of every kernel in the module, registered as the module loads:
+// where each one's storage is, and its size.
+struct StaticArray {
+    void** storage;
     size_t bytes;
 };
 
-// The static __shared__ arrays of every kernel in the module, registered as the module loads.
-inline std::vector<Region>& static_shared_regions() {
-    static std::vector<Region> regions;
-    return regions;
+inline std::vector<StaticArray>& static_shared_arrays() {
+    static std::vector<StaticArray> arrays;
+    return arrays;
 }
 
-template <typename Array>
-Array* new_static_shared() {
-    Array* array = new Array[1];
-    static_shared_regions().push_back({array, sizeof(Array)});
-    return array;
+inline void* register_static_shared(void** storage, size_t bytes) {
+    static_shared_arrays().push_back({storage, bytes});
+    return new_shared(bytes);
 }
 
 // The storage of one static __shared__ declaration, allocated and registered as the module
 // loads. On the heap, so that ASan has redzones around it (it gives none to the globals of
 // templates, which the linker merges). Site, a local class at the declaration, makes each
 // declaration (in each template instantiation) its own array; blocks run one at a time, so
-// one array serves them all.
+// one array serves them all (under TSan, a new one for every block: SharedMemory::renew).
 template <typename Site, typename Array>
 struct StaticShared {
-    static inline Array* const storage = new_static_shared<Array>();
-    static Array& array() { return *storage; }
+    static inline void* storage = register_static_shared(&StaticShared::storage, sizeof(Array));
+    static Array& array() { return *static_cast<Array*>(storage); }
 };
 
-// A launch's shared memory: its dynamic buffer, exactly `bytes` (so that ASan flags the first
-// byte past it) and 128-byte aligned as the kernels' carving assumes, and the static arrays.
+// A launch's shared memory: its dynamic buffer and the static arrays.
 class SharedMemory {
   public:
-    explicit SharedMemory(size_t bytes) : bytes_(bytes) {
-        if (bytes > 0 && posix_memalign(reinterpret_cast<void**>(&dynamic_), 128, bytes) != 0)
-            throw std::bad_alloc();
-    }
+    explicit SharedMemory(size_t bytes) : bytes_(bytes) {}
     ~SharedMemory() { std::free(dynamic_); }
     SharedMemory(const SharedMemory&) = delete;
     SharedMemory& operator=(const SharedMemory&) = delete;
 
     unsigned char* dynamic() const { return dynamic_; }
 
-    void poison() const {
+    // A block's shared memory, new: poisoned, and under TSan newly allocated (the old memory
+    // freed out of its sight), so that no access of one block meets another's, as on the GPU
+    // where each block has shared memory of its own.
+    void renew() {
+#ifdef __SANITIZE_THREAD__
+        unsigned char* fresh = bytes_ ? static_cast<unsigned char*>(new_shared(bytes_)) : nullptr;
+        {
+            Unobserved hidden;
+            std::free(dynamic_);
+            dynamic_ = fresh;
+        }
+        for (const StaticArray& a : static_shared_arrays()) {
+            void* array = new_shared(a.bytes);
+            Unobserved hidden;
+            std::free(*a.storage);
+            *a.storage = array;
+        }
+#else
+        if (bytes_ && !dynamic_) dynamic_ = static_cast<unsigned char*>(new_shared(bytes_));
+#endif
         if (dynamic_) std::memset(dynamic_, kPoison, bytes_);
-        for (const Region& r : static_shared_regions()) std::memset(r.address, kPoison, r.bytes);
+        for (const StaticArray& a : static_shared_arrays()) {
+            void* array;
+            {
+                Unobserved hidden;
+                array = *a.storage;
+            }
+            std::memset(array, kPoison, a.bytes);
+        }
     }
 
   private:
@@ -344,43 +388,185 @@ inline void land_async_copies(size_t pending) {
     }
 }
 
+// ---------------------------------------------------------------------------- block order
+
+// A GPU runs the blocks of a launch in no promised order. Here they run one after another, in
+// an order shuffled from launch to launch and never in index order (two blocks or more), so
+// that a kernel counting on one block finishing before another fails. The order follows from
+// the process's seed (MT_EMU_BLOCK_SEED, else random) and the launch's number since the last
+// restart: the same seed replays the same orders (mt_emu_block_seed, mt_emu_restart_block_order).
+struct BlockOrder {
+    uint64_t seed;
+    std::atomic<uint64_t> launches{0};
+};
+
+inline uint64_t initial_block_seed() {
+    if (const char* env = std::getenv("MT_EMU_BLOCK_SEED")) return std::strtoull(env, nullptr, 0);
+    return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+}
+
+inline BlockOrder& block_order_state() {
+    static BlockOrder state{initial_block_seed()};
+    return state;
+}
+
+inline std::vector<unsigned> block_order(unsigned blocks) {
+    BlockOrder& state = block_order_state();
+    std::mt19937_64 rng(state.seed ^ (0x9E3779B97F4A7C15ull * ++state.launches));
+    std::vector<unsigned> order(blocks);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), rng);
+    if (std::is_sorted(order.begin(), order.end())) std::reverse(order.begin(), order.end());
+    return order;
+}
+
 // ---------------------------------------------------------------------------- launches
 
+#ifdef __SANITIZE_THREAD__
+// Under TSan, each CUDA thread of each block runs as a fiber of its OS thread, on a stack of
+// its own (swapcontext), made with all the OS thread knows (the arguments, the block's new
+// shared memory) and left without telling it anything: so TSan sees no order between one
+// block and another, as the GPU gives none. A fiber lives on after its block: TSan gives a
+// destroyed one's identity, and with it its history, to a later one, which then seems ordered
+// after it. Up to kMaxFibers live at once (of the 8,128 threads TSan allows a process); so
+// races between blocks farther apart than that in the launch's order can go unseen.
+constexpr unsigned kNoSync = 1;             // __tsan_switch_to_fiber_no_sync
+constexpr size_t kFiberStack = 256 << 10;   // a kernel's stack, with room for TSan's reports
+constexpr size_t kMaxFibers = 6144;
+
+// What a fiber runs: one CUDA thread of one block. The OS thread writes it, the fiber reads it
+// unobserved (it is the emulator's, and the OS thread rewrites it for the next block).
+struct FiberJob {
+    void (*run)(FiberJob*);
+    const void* launcher;
+    const void* packed;
+    ThreadState state;
+    char* launch_end;
+    void* base;
+    ucontext_t back, context;
+};
+inline thread_local FiberJob* fiber_job;
+
+inline void fiber_main() {
+    FiberJob* job;
+    {
+        Unobserved hidden;
+        job = fiber_job;
+    }
+    job->run(job);
+    void* base;
+    ucontext_t *context, *back;
+    {
+        Unobserved hidden;
+        base = job->base;
+        context = &job->context;
+        back = &job->back;
+    }
+    __tsan_switch_to_fiber(base, kNoSync);
+    swapcontext(context, back);  // never resumed
+}
+#endif
+
 // One OS thread per CUDA thread of a block, for the whole launch (creating them anew for every
-// block costs more than most blocks): they run the blocks one after another, thread 0
-// preparing each between two boundaries.
+// block costs more than most blocks): they run the blocks one after another, in block_order,
+// thread 0 preparing each between two boundaries.
 template <typename... KArgs>
 struct Launcher {
     void (*kernel)(KArgs...);
     dim3 grid, block;
     size_t smem;
 
+    // One CUDA thread of one block. Under TSan its view of ts is written unobserved: every block
+    // rewrites it, and each reads only its own.
+    template <typename Packed>
+    static void run_thread(const Launcher& self, const Packed& packed, const ThreadState& state) {
+        {
+            Unobserved hidden;
+            ts = state;
+        }
+        forget_async_copies();
+        std::apply(self.kernel, packed);
+        // An exited thread no longer holds up its block's or warp's barriers.
+        state.block->barrier.arrive_and_drop();
+        state.warp->barrier.arrive_and_drop();
+    }
+
     template <typename... Args>
     void operator()(Args&&... args) const {
-        std::tuple<std::decay_t<KArgs>...> packed(std::forward<Args>(args)...);
+        using Packed = std::tuple<std::decay_t<KArgs>...>;
+        Packed packed(std::forward<Args>(args)...);
         const int threads = int(block.x * block.y * block.z);
         const unsigned blocks = grid.x * grid.y * grid.z;
+        const std::vector<unsigned> order = block_order(blocks);
         SharedMemory shared(smem);
         std::unique_ptr<Block> state;
-        OrderedBarrier boundary(threads);
+        OrderedBarrier boundary(threads);  // orders the OS threads' bookkeeping, not the blocks
+#ifdef __SANITIZE_THREAD__
+        const size_t window = std::max<size_t>(1, kMaxFibers / threads);  // blocks whose fibers live
+        char launch_end = 0;
+#endif
         auto run = [&](int t) {
-            for (unsigned b = 0; b < blocks; ++b) {
+#ifdef __SANITIZE_THREAD__
+            std::deque<void*> fibers;
+            FiberJob job;
+#endif
+            for (unsigned b : order) {
                 if (t == 0) {
-                    shared.poison();
+                    shared.renew();
                     state = std::make_unique<Block>(threads);
                 }
                 boundary.arrive_and_wait();
                 const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
-                Warp* warp = state->warps[t / 32].get();
-                ts = ThreadState{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(), warp,
-                                 shared.dynamic()};
-                forget_async_copies();
-                std::apply(kernel, packed);
-                // An exited thread no longer holds up its block's or warp's barriers.
-                state->barrier.arrive_and_drop();
-                warp->barrier.arrive_and_drop();
+                const ThreadState mine{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(),
+                                       state->warps[t / 32].get(), shared.dynamic()};
+#ifdef __SANITIZE_THREAD__
+                void* stack = std::malloc(kFiberStack);  // new to TSan, as the shared memory is
+                if (fibers.size() == window) {
+                    __tsan_destroy_fiber(fibers.front());
+                    fibers.pop_front();
+                }
+                fibers.push_back(__tsan_create_fiber(0));
+                {
+                    Unobserved hidden;
+                    forget_async_copies();  // the thread-local state made here, not in a fiber
+                    job = FiberJob{[](FiberJob* j) {
+                                       const Launcher* self;
+                                       const Packed* p;
+                                       ThreadState st;
+                                       char* end;
+                                       {
+                                           Unobserved hidden;
+                                           self = static_cast<const Launcher*>(j->launcher);
+                                           p = static_cast<const Packed*>(j->packed);
+                                           st = j->state;
+                                           end = j->launch_end;
+                                       }
+                                       run_thread(*self, *p, st);
+                                       publish(end);
+                                   },
+                                   this, &packed, mine, &launch_end, __tsan_get_current_fiber(), {}, {}};
+                    fiber_job = &job;
+                    getcontext(&job.context);
+                    job.context.uc_stack.ss_sp = stack;
+                    job.context.uc_stack.ss_size = kFiberStack;
+                    job.context.uc_link = nullptr;
+                    makecontext(&job.context, fiber_main, 0);
+                }
+                __tsan_switch_to_fiber(fibers.back(), 0);
+                swapcontext(&job.back, &job.context);
+                {
+                    Unobserved hidden;
+                    std::free(stack);
+                }
+#else
+                run_thread(*this, packed, mine);
+#endif
                 boundary.arrive_and_wait();
             }
+#ifdef __SANITIZE_THREAD__
+            subscribe(&launch_end);  // what every block did, before the launch returns
+            for (void* fiber : fibers) __tsan_destroy_fiber(fiber);
+#endif
         };
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
@@ -427,6 +613,15 @@ inline float shuffle(float v, int src) {
 }
 
 }  // namespace mt_emu
+
+// For the tests: the seed of this process's block orders, and a restart of their sequence (the
+// next launch is the first again), so that a test replays alone as it ran among others.
+extern "C" __attribute__((used, visibility("default"))) inline unsigned long long mt_emu_block_seed() {
+    return mt_emu::block_order_state().seed;
+}
+extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_restart_block_order() {
+    mt_emu::block_order_state().launches = 0;
+}
 
 #define threadIdx (mt_emu::ts.thread)
 #define blockIdx (mt_emu::ts.block_index)
