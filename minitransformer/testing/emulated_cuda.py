@@ -19,7 +19,9 @@ package uses, with CuPy's behaviour where the package relies on it:
   events promise is checked: each allocation remembers the stream and the point of its last
   write, and using it on another stream that has not waited for that point (through an event,
   or a host synchronisation) raises ``StreamOrderError``. On a GPU such a race gives wrong
-  numbers only sometimes. (Writes after reads on another stream are not tracked.)
+  numbers only sometimes. Writes after reads are checked too: writing memory that another
+  stream has read, before waiting for that read, raises the same error (the reader, still
+  running on a GPU, could see the new data).
 - The memory pool's figures: bytes of live arrays, and the peak since ``free_all_blocks``.
 - ``random.Generator(Philox4x3210(seed))`` draws NumPy's Philox stream, not cuRAND's bits.
 - ``cupyx.scatter_add``; ``cuda.runtime``'s device count and properties; ``Device.attributes``
@@ -196,16 +198,17 @@ def stream_from_ptr(ptr: int) -> Stream:
 
 
 class _Allocation:
-    """One NumPy buffer standing for device memory: its size, and its last writes, as byte
-    ranges (start, stop, stream, clock): streams may write disjoint parts of one buffer at
-    once, as DDP's all-reduces of one bucket and backward's writes into the next do."""
+    """One NumPy buffer standing for device memory: its size, its last writes and the reads
+    since, as byte ranges (start, stop, stream, clock): streams may use disjoint parts of one
+    buffer at once, as DDP's all-reduces of one bucket and backward's writes into the next do."""
 
-    __slots__ = ("ref", "address", "nbytes", "writes")
+    __slots__ = ("ref", "address", "nbytes", "writes", "reads")
 
     def __init__(self, root: np.ndarray) -> None:
         self.ref = weakref.ref(root)
         self.address, self.nbytes = root.ctypes.data, root.nbytes
         self.writes: list[tuple[int, int, Stream, int]] = []
+        self.reads: list[tuple[int, int, Stream, int]] = []
 
 
 _allocations: dict[int, _Allocation] = {}  # id(root array) -> its record
@@ -233,7 +236,8 @@ def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
 
 def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> None:
     """Check that ``stream`` (the current one by default) may use ``a``'s bytes now: every
-    earlier write to them on another stream must be ordered before it. Record a write."""
+    earlier write to them on another stream must be ordered before it, and before a write,
+    every earlier read on another stream too (the reader could still be reading). Record it."""
     record, _ = _allocation(a)
     stream = get_current_stream() if stream is None else stream
     low, high = (bound - record.address for bound in byte_bounds(a))
@@ -243,9 +247,25 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
                 f"an array of shape {a.shape} last written on {writer} is used on {stream}, which "
                 f"has not waited for that write (record an Event on {writer} after it and call "
                 f"{stream}.wait_event, or synchronize)")
-    if write and high > low:
-        kept = [w for w in record.writes if not (low <= w[0] and w[1] <= high)]
-        record.writes = kept + [(low, high, stream, stream._tick())]
+    if write:
+        for start, stop, reader, clock in record.reads:
+            if start < high and low < stop and not stream._ordered_after(reader, clock):
+                raise StreamOrderError(
+                    f"an array of shape {a.shape} read on {reader} is written on {stream}, which "
+                    f"has not waited for that read (record an Event on {reader} after it and call "
+                    f"{stream}.wait_event, or synchronize)")
+    if high <= low:
+        return
+
+    def inside(use: tuple[int, int, Stream, int]) -> bool:
+        return low <= use[0] and use[1] <= high
+
+    use = (low, high, stream, stream._tick())
+    if write:  # what it covers is ordered before it, and later uses are checked against it
+        record.writes = [w for w in record.writes if not inside(w)] + [use]
+        record.reads = [r for r in record.reads if not inside(r)]
+    else:  # a stream's later read of the same bytes stands for its earlier one
+        record.reads = [r for r in record.reads if not (r[2] is stream and inside(r))] + [use]
 
 
 def _bytes_at(address: int) -> tuple[np.ndarray, int]:

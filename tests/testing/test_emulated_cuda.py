@@ -82,6 +82,41 @@ def test_a_read_on_another_stream_must_wait_for_the_write(cp, emulation):
     assert float(a[:10].sum()) == 50.0
 
 
+def test_a_write_on_another_stream_must_wait_for_the_reads(cp, emulation):
+    """A KV cache reused while a copy of it is still in flight on another stream: on a GPU the
+    copy could read the new values."""
+    cache = cp.ones((2, 8), dtype=np.float32)
+    copier = cp.cuda.Stream(non_blocking=True)
+    copier.wait_event(cp.cuda.get_current_stream().record())
+    with copier:
+        snapshot = cache[0].copy()  # reads the first row of `cache` on the copier stream
+    with pytest.raises(emulation.StreamOrderError, match="has not waited for that read"):
+        cache[0] = 0  # the null stream overwrites it without waiting for the copy
+    cache[1] = 2  # the row the copy did not read
+    cp.cuda.get_current_stream().wait_event(copier.record())
+    cache[0] = 3  # after the copy
+    cp.cuda.get_current_stream().wait_event(copier.record())
+    assert float(snapshot.sum()) == 8.0 and float(cache.sum()) == 40.0
+
+
+def test_a_bucket_refilled_while_nccl_sends_it_is_caught(cp, emulation):
+    """An out-of-place all-reduce only reads its send buffer: backward writing the next step's
+    gradients into it must wait for the all-reduce."""
+    from minitransformer.distributed.comm import import_nccl
+
+    nccl = import_nccl()
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    bucket, reduced = cp.ones(16, dtype=np.float32), cp.zeros(16, dtype=np.float32)
+    side = cp.cuda.Stream(non_blocking=True)
+    side.wait_event(cp.cuda.get_current_stream().record())
+    comm.allReduce(bucket.data.ptr, reduced.data.ptr, 16, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, side.ptr)
+    with pytest.raises(emulation.StreamOrderError, match="has not waited for that read"):
+        bucket[...] = 2  # the compute (null) stream refills the bucket mid-send
+    cp.cuda.get_current_stream().wait_event(side.record())
+    bucket[...] = 2
+    assert float(reduced.sum()) == 16.0
+
+
 def test_events_order_transitively(cp, emulation):
     a = cp.ones(8, dtype=np.float32)
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
