@@ -270,18 +270,6 @@ __device__ __forceinline__ void load_a_transposed(uint32_t (&r)[4], const T* bas
     ldmatrix_x4_trans(r, base + (k0 + (tile >> 1) * 8 + lane % 8) * ld + m0 + (tile & 1) * 8);
 }
 
-// Carves consecutive 128-byte-aligned arrays out of dynamic shared memory.
-struct SmemCarver {
-    unsigned char* base;
-    size_t offset = 0;
-    template <typename U>
-    __host__ __device__ U* take(size_t count) {
-        U* p = reinterpret_cast<U*>(base + offset);
-        offset += (count * sizeof(U) + 127) / 128 * 128;
-        return p;
-    }
-};
-
 // Whether query i may attend to key j: j is not padding, and not in i's causal future.
 __device__ __forceinline__ bool key_visible(const AttnParams& p, int kv_len, int i, int j) {
     return j < kv_len && (!p.causal || j <= i + (p.S - p.T));

@@ -22,6 +22,25 @@ namespace mt {
 
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
+// Carves consecutive 128-byte-aligned arrays out of dynamic shared memory, each kernel's only
+// way to it. With a null base it only counts: the host sizes a launch by carving its layout
+// the same way. The emulator (emu.h) gives each array bounds of its own, so that an overrun
+// from one array into the next is caught; on the GPU, take() is this pointer arithmetic.
+struct SmemCarver {
+    unsigned char* base;
+    size_t offset = 0;
+    template <typename U>
+    __host__ __device__ U* take(size_t count) {
+#ifdef MT_EMULATED_SMEM
+        U* p = base ? static_cast<U*>(mt_emu::carve_shared(offset, count * sizeof(U))) : nullptr;
+#else
+        U* p = reinterpret_cast<U*>(base + offset);
+#endif
+        offset += (count * sizeof(U) + 127) / 128 * 128;
+        return p;
+    }
+};
+
 // The C++ name of an element type, as c++filt prints it in a kernel instance's name.
 template <typename T> constexpr const char* type_name();
 template <> constexpr const char* type_name<float>() { return "float"; }

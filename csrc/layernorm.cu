@@ -123,7 +123,8 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ x, const T* __re
                                           const float* __restrict__ rstd,
                                           const T* __restrict__ g, T* __restrict__ dx,
                                           float* __restrict__ partial, int N, int D) {
-    extern __shared__ float slices[];  // per warp: [0, D) sum g * xhat, [D, 2D) sum g
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* slices = SmemCarver{smem}.take<float>(2 * D * WARPS);  // per warp: g * xhat, then g
     for (int c = threadIdx.x; c < 2 * D * WARPS; c += blockDim.x) slices[c] = 0.f;
     __syncthreads();
     const int lane = threadIdx.x % 32;

@@ -2,12 +2,14 @@
 
 Three checks (emu.h says how each works, and what it cannot see):
   AddressSanitizer + UndefinedBehaviorSanitizer   accesses past the end of global buffers,
-      dynamic and static shared memory; misaligned accesses; indices past fixed-size arrays
+      of static shared arrays and of each array carved from dynamic shared memory; misaligned
+      accesses; indices past fixed-size arrays
   ThreadSanitizer   races between the threads of a block and between blocks, on shared and
       global memory
   poisoned shared memory and cp.async destinations, and blocks in shuffled order (every
       variant)   reads of shared memory the block has not written, of a copy before its wait,
-      or of another block's output, turn the results into NaN
+      or of another block's output, turn the results into NaN; a write past a carved array, or
+      a kernel carving more than its launch asked for, aborts
 
 Every kernel, forward and backward, in every dtype, runs clean under each sanitizer on the
 fixed shapes of sanitized_run.py, and matches the formulas there. A check that cannot fail
@@ -64,8 +66,15 @@ CHAINED_PARTIALS = (
 )
 
 
+# The backward's dO tile one row longer than its array: the row lands in the scores, carved
+# next, which the next phase overwrites (and the padding columns, which nothing reads).
+DO_PAST_ITS_END = Mutation(
+    "attention.cu", "load_tile<T, D, BR>(sdO, L::LDT, static_cast<const T*>(p.dout) + q_off, q_valid);",
+    "load_tile<T, D, BR + 1>(sdO, L::LDT, static_cast<const T*>(p.dout) + q_off, q_valid);")
+
 RACE = "WARNING: ThreadSanitizer: data race"
 OVERFLOW = "AddressSanitizer: heap-buffer-overflow"
+POISONED = "AddressSanitizer: use-after-poison"
 NAN = "nan location mismatch"  # the formulas' numbers where the kernel gave NaN
 MISMATCH = "MISMATCH in case"  # any disagreement with the formulas (sanitized_run.py)
 
@@ -92,9 +101,9 @@ PLANTED = {
         Planted("cp-async-reads-a-row-past-the-end", "attention-tiles-float16", Mutation(
             "attention.cu", "const bool ok = r < valid;\n        __pipeline_memcpy_async",
             "const bool ok = r <= valid;\n        __pipeline_memcpy_async"), OVERFLOW),
-        Planted("zeroes-a-row-past-dynamic-smem", "attention-tiles-float32", Mutation(
-            "attention.cu", "zero_tile<BR, D>(sO, L::LDO);", "zero_tile<BR + 1, D>(sO, L::LDO);"),
-            OVERFLOW),
+        # each carved shared-memory array with a poisoned gap after it (emu.h: SharedMemory)
+        Planted("do-tile-loaded-a-row-past-its-end", "attention-tiles-float32", DO_PAST_ITS_END,
+                POISONED),
         Planted("reads-past-a-static-smem-array", "softmax-block-float32", Mutation(
             "common.cuh", "v = lane < THREADS / 32 ? part[lane] : 0.f;",
             "v = lane <= THREADS / 32 ? part[lane] : 0.f;"), "runtime error: index 8 out of bounds"),
@@ -119,6 +128,13 @@ PLANTED = {
         Planted("query-tile-read-before-its-copies-land", "attention-tiles-float16", Mutation(
             "attention.cu", "last iteration\n                __pipeline_wait_prior(1);\n", "last iteration\n"),
             r"attention_grad \(float16\): error nan", build="backward"),
+        Planted("do-tile-loaded-a-row-past-its-end", "attention-tiles-float32", DO_PAST_ITS_END,
+                "a block wrote dynamic shared memory outside the arrays it carved", build="backward"),
+        Planted("layernorm-launch-asks-for-too-little-shared-memory", "layernorm-vector-float32",
+                Mutation("layernorm.cu", "2 * size_t(D) * W * sizeof(float)",
+                         "2 * size_t(D - 1) * W * sizeof(float)"),
+                "a kernel carves bytes .* of dynamic shared memory, but its launch asked for",
+                build="backward"),
     ],
 }
 

@@ -17,12 +17,15 @@
 //                        the warp's slots, the lanes meet, each reads what it needs. They
 //                        exchange registers and order no memory, as on the GPU (where only
 //                        barriers and fences do)
-//   shared memory        dynamic: one exactly sized heap buffer per launch; static: one heap
-//                        array per declaration (and template instantiation); under TSan new
-//                        ones for every block. Both are filled
-//                        with 0xFF bytes, a NaN in every float type, at the start of every
-//                        block, so that a read of shared memory the block has not written
-//                        shows up as NaN in the results (compute-sanitizer's initcheck)
+//   shared memory        dynamic: one heap buffer per launch, which the kernels carve into
+//                        arrays (SmemCarver): each lies in it with a gap after it that belongs
+//                        to no array, and carving past the launch's size aborts; static: one
+//                        heap array per declaration (and template instantiation); under TSan
+//                        new ones for every block. All are filled with 0xFF bytes, a NaN in
+//                        every float type, at the start of every block, so that a read of
+//                        shared memory the block has not written, or past a carved array's
+//                        end, shows up as NaN in the results (compute-sanitizer's initcheck);
+//                        a write into a gap aborts when the block ends (SharedMemory)
 //   atomicAdd            a relaxed atomic addition: atomic, and ordering nothing else
 //   ldmatrix.x4.trans    every lane posts its row address; each reads its column pairs
 //   mma.sync m16n8k16    every lane posts its registers; each gathers the rows of A and the
@@ -38,8 +41,9 @@
 //
 // The compilers' sanitizers (the build's `sanitize` variants) check the kernels in this model:
 //   AddressSanitizer     accesses past the end of a global buffer (which the caller allocates
-//                        exactly), of dynamic shared memory or of a static shared array
-//                        (each on the heap, exactly sized, with redzones around it); with
+//                        exactly), of a static shared array (on the heap, exactly sized, with
+//                        redzones around it), or of an array carved from dynamic shared memory
+//                        (into its gap, which is poisoned), reported as they happen; with
 //                        UndefinedBehaviorSanitizer, misaligned typed accesses (a uint4 load
 //                        from an address not 16-byte aligned), indices past fixed-size arrays,
 //                        signed overflow, bad shifts.
@@ -54,11 +58,11 @@
 // Without a sanitizer, the shuffled order shows a block reading what another block writes in
 // the same launch: the read finds the caller's poison, or the previous launch's values.
 // What they cannot see: races between blocks more than kMaxFibers threads apart in a launch's
-// order (TSan's limit on threads); overruns that land in other valid memory (from one
-// shared-memory array carved out of the dynamic buffer into the next, or from one row of a
-// global tensor into the next); races and reads of unwritten memory on paths that the shapes
-// run do not reach; a NaN read that the kernel then drops (a fmaxf with a larger value, a
-// branch not taken).
+// order (TSan's limit on threads); overruns that land in other valid memory (from one row of
+// a tile into the next within one array, from one row of a global tensor into the next, or
+// farther past a carved array than its own length); races and reads of unwritten memory on
+// paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf with
+// a larger value, a branch not taken).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -75,7 +79,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -84,6 +90,10 @@
 #include <ucontext.h>
 #include <utility>
 #include <vector>
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
 
 #ifdef __SANITIZE_THREAD__  // the ThreadSanitizer runtime's annotation interface
 extern "C" {
@@ -219,16 +229,17 @@ struct Block {
     std::vector<std::unique_ptr<Warp>> warps;
 };
 
+class SharedMemory;
+
 struct ThreadState {
     uint3 thread, block_index;
     dim3 block_dim, grid_dim;
     Block* block;
     Warp* warp;
-    unsigned char* smem;
+    SharedMemory* shared;
 };
 inline thread_local ThreadState ts;
 
-inline unsigned char* dynamic_smem() { return ts.smem; }
 inline int lane() { return int(ts.thread.x % 32); }
 
 // ---------------------------------------------------------------------------- shared memory
@@ -274,21 +285,52 @@ struct StaticShared {
 };
 
 // A launch's shared memory: its dynamic buffer and the static arrays.
+//
+// The kernels carve the dynamic buffer into arrays (SmemCarver, which calls carve_shared
+// here), and each array gets bounds of its own: the array at offset o of a kernel's layout lies
+// at 2 o of a buffer twice the launch's size, so that after each one lies a gap at least as long
+// as itself, which belongs to no array. Under ASan the gaps are poisoned (every access to them
+// is reported at once); otherwise they hold poison, which a read past an array's end turns into
+// NaN, and a write there is found when the block ends (check_gaps).
 class SharedMemory {
   public:
     explicit SharedMemory(size_t bytes) : bytes_(bytes) {}
-    ~SharedMemory() { std::free(dynamic_); }
+    ~SharedMemory() {
+        check_gaps();
+        release(dynamic_);
+    }
     SharedMemory(const SharedMemory&) = delete;
     SharedMemory& operator=(const SharedMemory&) = delete;
 
     unsigned char* dynamic() const { return dynamic_; }
 
+    // The array of `bytes` at `offset` of the kernel's layout; every thread of a block carves
+    // the same arrays, the first to ask opens it.
+    void* carve(size_t offset, size_t bytes) {
+        Unobserved hidden;
+        if (offset + bytes > bytes_) {
+            std::fprintf(stderr, "a kernel carves bytes [%zu, %zu) of dynamic shared memory, but its "
+                         "launch asked for %zu\n", offset, offset + bytes, bytes_);
+            std::abort();
+        }
+        unsigned char* array = dynamic_ + 2 * offset;
+        std::lock_guard lock(mutex_);
+        if (carved_.emplace(offset, bytes).second) {
+#ifdef __SANITIZE_ADDRESS__
+            ASAN_UNPOISON_MEMORY_REGION(array, bytes);
+#endif
+        }
+        return array;
+    }
+
     // A block's shared memory, new: poisoned, and under TSan newly allocated (the old memory
     // freed out of its sight), so that no access of one block meets another's, as on the GPU
-    // where each block has shared memory of its own.
+    // where each block has shared memory of its own. The block before is checked first.
     void renew() {
+        check_gaps();
+        carved_.clear();
 #ifdef __SANITIZE_THREAD__
-        unsigned char* fresh = bytes_ ? static_cast<unsigned char*>(new_shared(bytes_)) : nullptr;
+        unsigned char* fresh = allocate();
         {
             Unobserved hidden;
             std::free(dynamic_);
@@ -301,9 +343,17 @@ class SharedMemory {
             *a.storage = array;
         }
 #else
-        if (bytes_ && !dynamic_) dynamic_ = static_cast<unsigned char*>(new_shared(bytes_));
+        if (!dynamic_) dynamic_ = allocate();
 #endif
-        if (dynamic_) std::memset(dynamic_, kPoison, bytes_);
+        if (dynamic_) {
+#ifdef __SANITIZE_ADDRESS__
+            ASAN_UNPOISON_MEMORY_REGION(dynamic_, 2 * bytes_);
+#endif
+            std::memset(dynamic_, kPoison, 2 * bytes_);
+#ifdef __SANITIZE_ADDRESS__
+            ASAN_POISON_MEMORY_REGION(dynamic_, 2 * bytes_);  // until carved
+#endif
+        }
         for (const StaticArray& a : static_shared_arrays()) {
             void* array;
             {
@@ -315,9 +365,51 @@ class SharedMemory {
     }
 
   private:
+    unsigned char* allocate() const {
+        return bytes_ ? static_cast<unsigned char*>(new_shared(2 * bytes_)) : nullptr;
+    }
+
+    void release(unsigned char* buffer) const {
+#ifdef __SANITIZE_ADDRESS__
+        if (buffer) ASAN_UNPOISON_MEMORY_REGION(buffer, 2 * bytes_);
+#endif
+        std::free(buffer);
+    }
+
+    // A write outside the arrays the block carved (under ASan reported as it happened).
+    void check_gaps() const {
+#ifndef __SANITIZE_ADDRESS__
+        Unobserved hidden;
+        size_t from = 0;  // the first byte of the current gap, and the array before it
+        std::pair<size_t, size_t> before{0, 0};
+        auto check = [&](size_t to) {
+            for (size_t i = from; i < to; ++i)
+                if (dynamic_[i] != kPoison) {
+                    std::fprintf(stderr, "a block wrote dynamic shared memory outside the arrays it "
+                                 "carved: %zu bytes past the end of the array of %zu bytes at "
+                                 "offset %zu of its layout\n", i - 2 * before.first - before.second,
+                                 before.second, before.first);
+                    std::abort();
+                }
+        };
+        for (const auto& [offset, bytes] : carved_) {
+            check(2 * offset);
+            from = 2 * offset + bytes;
+            before = {offset, bytes};
+        }
+        if (dynamic_) check(2 * bytes_);
+#endif
+    }
+
     unsigned char* dynamic_ = nullptr;
     size_t bytes_;
+    std::mutex mutex_;
+    std::map<size_t, size_t> carved_;  // offset in the kernel's layout -> bytes
 };
+
+inline unsigned char* dynamic_smem() { return ts.shared->dynamic(); }
+inline void* carve_shared(size_t offset, size_t bytes) { return ts.shared->carve(offset, bytes); }
+#define MT_EMULATED_SMEM 1
 
 // ---------------------------------------------------------------------------- cp.async
 
@@ -518,7 +610,7 @@ struct Launcher {
                 boundary.arrive_and_wait();
                 const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
                 const ThreadState mine{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(),
-                                       state->warps[t / 32].get(), shared.dynamic()};
+                                       state->warps[t / 32].get(), &shared};
 #ifdef __SANITIZE_THREAD__
                 void* stack = std::malloc(kFiberStack);  // new to TSan, as the shared memory is
                 if (fibers.size() == window) {
