@@ -61,19 +61,31 @@ _ATTRIBUTES = {"MaxSharedMemoryPerBlockOptin": 232448, "MultiProcessorCount": 13
                "ComputeCapabilityMinor": 0}
 
 
+_attributes_read = False  # whether anyone has asked for Device().attributes yet
+
+
 def configure(*, max_shared_memory_per_block_optin: int | None = None,
               multiprocessor_count: int | None = None) -> dict:
     """Change what the emulated device reports (to test choices made from it); returns the
-    previous values, which ``configure(**previous)`` restores. The launch layer reads the
-    shared-memory limit once per process: configure it before the first kernel launch."""
+    previous values, which ``configure(**previous)`` restores.
+
+    Only before anything has read the attributes: the launch layer reads them once per process
+    (as it must on a GPU, where reading them is slow), so a later change would be silently
+    ignored. A change after that raises RuntimeError; configure in a fresh process instead."""
     keys = {"max_shared_memory_per_block_optin": "MaxSharedMemoryPerBlockOptin",
             "multiprocessor_count": "MultiProcessorCount"}
     given = {"max_shared_memory_per_block_optin": max_shared_memory_per_block_optin,
              "multiprocessor_count": multiprocessor_count}
     previous = {arg: _ATTRIBUTES[key] for arg, key in keys.items()}
-    for arg, value in given.items():
-        if value is not None:
-            _ATTRIBUTES[keys[arg]] = int(value)
+    changed = {arg: int(value) for arg, value in given.items()
+               if value is not None and int(value) != previous[arg]}
+    if changed and _attributes_read:
+        settings = ", ".join(f"{arg}={value}" for arg, value in changed.items())
+        raise RuntimeError(f"emulated_cuda.configure({settings}): the device's attributes were "
+                           f"already read in this process, and minitransformer.kernels keeps what "
+                           f"it read; configure the emulated device before its first use")
+    for arg, value in changed.items():
+        _ATTRIBUTES[keys[arg]] = value
     return previous
 
 
@@ -579,6 +591,8 @@ class Device:
 
     @property
     def attributes(self) -> dict:
+        global _attributes_read
+        _attributes_read = True
         return dict(_ATTRIBUTES)
 
     def __enter__(self):

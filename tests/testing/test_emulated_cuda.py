@@ -7,6 +7,11 @@ without a GPU); skipped on a real GPU, whose CuPy is the real one.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -190,14 +195,33 @@ def test_memory_pool_figures(cp):
     assert pool.total_bytes() == pool.used_bytes()
 
 
-def test_device_attributes_can_play_another_gpu(cp, emulation):
-    previous = emulation.configure(max_shared_memory_per_block_optin=101376)
-    try:
-        assert cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"] == 101376
-    finally:
-        emulation.configure(**previous)
-    assert cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"] == 232448
-    assert "emulated" in cp.cuda.runtime.getDeviceProperties(0)["name"].decode().lower()
+# A fresh process: configure() must come before anything reads the device's attributes.
+PLAY_ANOTHER_GPU = """
+from minitransformer import backend
+from minitransformer.kernels import launch
+from minitransformer.testing import emulated_cuda
+
+cp = backend.get_array_module("cuda")
+previous = emulated_cuda.configure(max_shared_memory_per_block_optin=101376)
+assert launch.shared_memory_limit() == 101376, launch.shared_memory_limit()
+assert previous["max_shared_memory_per_block_optin"] == 232448
+emulated_cuda.configure(max_shared_memory_per_block_optin=101376)  # no change: allowed
+try:
+    emulated_cuda.configure(**previous)
+except RuntimeError as e:
+    print(e)
+assert launch.shared_memory_limit() == 101376
+assert "emulated" in cp.cuda.runtime.getDeviceProperties(0)["name"].decode().lower()
+"""
+
+
+def test_device_attributes_play_another_gpu_until_they_are_read():
+    env = dict(os.environ, MT_EMULATE_CUDA="1", PYTHONPATH=str(Path(mt.__file__).parents[1]))
+    result = subprocess.run([sys.executable, "-c", PLAY_ANOTHER_GPU], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert ("configure(max_shared_memory_per_block_optin=232448): the device's attributes were "
+            "already read in this process") in result.stdout
 
 
 def test_kernel_launches_are_ordered_too(cp, emulation):
