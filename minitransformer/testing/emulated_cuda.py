@@ -34,6 +34,7 @@ really do, and races inside a kernel (the emulator's sanitizers look for those).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import operator
@@ -224,11 +225,14 @@ class _Allocation:
 
 
 _allocations: dict[int, _Allocation] = {}  # id(root array) -> its record
+_starts: list[tuple[int, int]] = []  # (address, id(root)) of every record, sorted
 _pool = {"used": 0, "peak": 0}
 
 
 def _release(key: int) -> None:
-    _pool["used"] -= _allocations.pop(key).nbytes
+    record = _allocations.pop(key)
+    del _starts[bisect.bisect_left(_starts, (record.address, key))]
+    _pool["used"] -= record.nbytes
 
 
 def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
@@ -240,6 +244,7 @@ def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
     if record is not None:
         return record, False
     record = _allocations[id(root)] = _Allocation(root)
+    bisect.insort(_starts, (record.address, id(root)))
     weakref.finalize(root, _release, id(root))
     _pool["used"] += record.nbytes
     _pool["peak"] = max(_pool["peak"], _pool["used"])
@@ -283,7 +288,11 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
 def _bytes_at(address: int) -> tuple[np.ndarray, int]:
     """The live allocation holding a raw device address, as flat bytes, and the address's
     offset in it (kernels and NCCL, as on a GPU, receive raw addresses)."""
-    for record in _allocations.values():
+    # The allocation starting last at or before the address, as a rule; else (an array made
+    # over another's memory, starting inside it) any that holds it.
+    nearest = bisect.bisect_right(_starts, (address, float("inf"))) - 1
+    candidates = [_allocations[_starts[nearest][1]]] if nearest >= 0 else []
+    for record in [*candidates, *_allocations.values()]:
         root = record.ref()
         if (root is not None and root.flags.c_contiguous
                 and record.address <= address < record.address + max(record.nbytes, 1)):

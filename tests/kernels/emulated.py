@@ -14,7 +14,7 @@ that covers it, never sooner), races that the emulation's scheduling hides (test
 has ThreadSanitizer look for those, within and between blocks), speed. The device sections, on
 a GPU, remain the authority.
 
-Shapes stay small (EMULATOR_SETTINGS draws few): every emulated CUDA thread is an OS thread.
+Shapes stay small (EMULATOR_SETTINGS draws few): every emulated CUDA thread is a fiber of its own.
 
 Arrays handed to a kernel stand in for device allocations: exactly sized, so that an access
 one element past the end falls in AddressSanitizer's redzone, and 16-byte aligned, as the

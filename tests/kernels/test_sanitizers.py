@@ -124,17 +124,24 @@ PLANTED = {
             "attention.cu", "            __pipeline_wait_prior(0);\n        }\n        __syncthreads();  // this tile's",
             "            __pipeline_wait_prior(1);\n        }\n        __syncthreads();  // this tile's"),
             MISMATCH),
-        # the backward also runs the forward, which the bug above breaks: a build of its own
+        # a second build, for bugs in kernels that the ones above already break (the backward
+        # cases also run the forward)
         Planted("query-tile-read-before-its-copies-land", "attention-tiles-float16", Mutation(
             "attention.cu", "last iteration\n                __pipeline_wait_prior(1);\n", "last iteration\n"),
-            r"attention_grad \(float16\): error nan", build="backward"),
+            r"attention_grad \(float16\): error nan", build="second"),
         Planted("do-tile-loaded-a-row-past-its-end", "attention-tiles-float32", DO_PAST_ITS_END,
-                "a block wrote dynamic shared memory outside the arrays it carved", build="backward"),
+                "a block wrote dynamic shared memory outside the arrays it carved", build="second"),
         Planted("layernorm-launch-asks-for-too-little-shared-memory", "layernorm-vector-float32",
                 Mutation("layernorm.cu", "2 * size_t(D) * W * sizeof(float)",
                          "2 * size_t(D - 1) * W * sizeof(float)"),
                 "a kernel carves bytes .* of dynamic shared memory, but its launch asked for",
-                build="backward"),
+                build="second"),
+        # a barrier that only lane 0 of each warp reaches, while the other lanes wait for it in
+        # a warp collective: a hang on the GPU, and before the fibers (emu.h) in the emulator
+        Planted("barrier-inside-a-branch-of-lane-0", "softmax-block-float32", Mutation(
+            "common.cuh", "        if (lane == 0) part[warp] = v;\n        __syncthreads();\n",
+            "        if (lane == 0) {\n            part[warp] = v;\n            __syncthreads();\n        }\n"),
+            "deadlock in block .* waits at a barrier", build="second"),
     ],
 }
 

@@ -9,10 +9,14 @@
 // cp.async below.
 //
 // Model: blocks run one after another, in an order shuffled from launch to launch and never in
-// index order (block_order; a GPU promises none), each thread of a block on an OS thread of
-// its own.
+// index order (block_order; a GPU promises none). The threads of a block are fibers on the
+// launching OS thread, each on a stack of its own, one running until it waits at a barrier or
+// a warp collective that the others have not reached (Scheduler); under ThreadSanitizer each
+// is an OS thread of its own instead, so that TSan sees them run concurrently.
 //   __syncthreads        an OrderedBarrier over the block's threads: whatever any of them did
-//                        before it happens before whatever any does after it
+//                        before it happens before whatever any does after it; threads that
+//                        all wait at barriers none of them can pass (one that some never
+//                        reach) abort as a deadlock
 //   warp collectives     __shfl_*_sync, mma.sync, ldmatrix: every lane posts its registers in
 //                        the warp's slots, the lanes meet, each reads what it needs. They
 //                        exchange registers and order no memory, as on the GPU (where only
@@ -84,6 +88,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <sys/mman.h>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -93,6 +98,7 @@
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 #ifdef __SANITIZE_THREAD__  // the ThreadSanitizer runtime's annotation interface
@@ -145,7 +151,9 @@ inline void subscribe(void*) {}
 
 // ---------------------------------------------------------------------------- barriers
 
-// std::barrier, counting its phases, and Unobserved: meeting here orders no memory in TSan's
+#ifdef __SANITIZE_THREAD__
+// Under TSan, every CUDA thread is an OS thread (running a TSan fiber; see Launcher), and a
+// barrier is a std::barrier, counting its phases, and Unobserved: meeting here orders no memory in TSan's
 // eyes. (Observed, it would order far too much: it waits on a process-wide pool of atomics,
 // through which TSan sees order between unrelated threads, and misses their races.)
 class Barrier {
@@ -177,6 +185,45 @@ class Barrier {
     unsigned phase_ = 0;
     std::barrier<Advance> barrier_;
 };
+#else
+// Otherwise every CUDA thread of a block is a fiber on the launching OS thread (Scheduler
+// below), and a barrier is a count: a thread that arrives before the others yields to the next
+// fiber until the last one arrives.
+inline void yield_to_other_threads();
+inline void note_progress();
+
+class Barrier {
+  public:
+    explicit Barrier(int threads) : expected_(threads) {}
+
+    // The phase that the caller's next arrival belongs to (it cannot end before then).
+    unsigned phase() const { return phase_; }
+
+    void arrive_and_wait() {
+        const unsigned phase = phase_;
+        note_progress();
+        if (++arrived_ == expected_) {
+            complete();
+            return;
+        }
+        while (phase_ == phase) yield_to_other_threads();
+    }
+
+    // An exited thread: it is not waited for again.
+    void arrive_and_drop() {
+        note_progress();
+        if (--expected_ > 0 && arrived_ == expected_) complete();
+    }
+
+  private:
+    void complete() {
+        arrived_ = 0;
+        ++phase_;
+    }
+    int expected_, arrived_ = 0;
+    unsigned phase_ = 0;
+};
+#endif
 
 // A barrier that orders memory: whatever a thread did before arriving happens before whatever
 // any of them does after leaving (__syncthreads, and the boundaries between blocks). TSan
@@ -230,6 +277,7 @@ struct Block {
 };
 
 class SharedMemory;
+struct AsyncCopies;
 
 struct ThreadState {
     uint3 thread, block_index;
@@ -237,8 +285,15 @@ struct ThreadState {
     Block* block;
     Warp* warp;
     SharedMemory* shared;
+    AsyncCopies* copies;  // its cp.async in flight
 };
+// The running CUDA thread's view: per OS thread under TSan, else set as each fiber resumes (and
+// then one for the process: launches take turns, on the OS thread that makes each, launch_lock).
+#ifdef __SANITIZE_THREAD__
 inline thread_local ThreadState ts;
+#else
+inline ThreadState ts;
+#endif
 
 inline int lane() { return int(ts.thread.x % 32); }
 
@@ -425,13 +480,12 @@ struct AsyncCopies {
     std::deque<AsyncCopy> copies;
     std::deque<size_t> groups;
 };
-inline thread_local AsyncCopies async_copies;
 
 // What a thread left in flight when its block ended never lands.
 inline void forget_async_copies() {
     Unobserved hidden;
-    async_copies.copies.clear();
-    async_copies.groups.clear();
+    ts.copies->copies.clear();
+    ts.copies->groups.clear();
 }
 
 inline void issue_async_copy(void* dst, const void* src, size_t size, size_t zfill) {
@@ -444,15 +498,15 @@ inline void issue_async_copy(void* dst, const void* src, size_t size, size_t zfi
     std::memset(staged + size - zfill, 0, zfill);
     std::memset(dst, kPoison, size);  // in flight: the destination is not yet the data
     Unobserved hidden;
-    AsyncCopy& copy = async_copies.copies.emplace_back(AsyncCopy{dst, unsigned(size), {}});
+    AsyncCopy& copy = ts.copies->copies.emplace_back(AsyncCopy{dst, unsigned(size), {}});
     std::memcpy(copy.bytes, staged, size);
 }
 
 inline void commit_async_copies() {
     Unobserved hidden;
     size_t grouped = 0;
-    for (size_t n : async_copies.groups) grouped += n;
-    async_copies.groups.push_back(async_copies.copies.size() - grouped);
+    for (size_t n : ts.copies->groups) grouped += n;
+    ts.copies->groups.push_back(ts.copies->copies.size() - grouped);
 }
 
 // __pipeline_wait_prior(pending): every committed group but the newest `pending` lands.
@@ -461,7 +515,7 @@ inline void land_async_copies(size_t pending) {
         AsyncCopy copy;
         {
             Unobserved hidden;
-            AsyncCopies& q = async_copies;
+            AsyncCopies& q = *ts.copies;
             if (q.groups.size() <= pending) return;
             if (q.groups.front() == 0) {
                 q.groups.pop_front();
@@ -559,9 +613,177 @@ inline void fiber_main() {
 }
 #endif
 
-// One OS thread per CUDA thread of a block, for the whole launch (creating them anew for every
-// block costs more than most blocks): they run the blocks one after another, in block_order,
-// thread 0 preparing each between two boundaries.
+#ifndef __SANITIZE_THREAD__
+// Saves the caller's callee-saved registers on its stack and its stack pointer in *save, then
+// continues on the stack at `next` (as left by an earlier call, or as Scheduler prepares a new
+// one), popping its registers. What the System V x86-64 ABI leaves to the callee is all a
+// switch must keep; swapcontext also switches the signal mask, a system call each time.
+[[gnu::naked, gnu::noinline]] inline void switch_stack(void** /*save*/, void* /*next*/) {
+    asm volatile(
+        "pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+        "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+        "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+}
+
+// Without TSan, the CUDA threads of a block are fibers on the launching OS thread, each on a
+// stack of its own: one runs until it must wait (at a barrier or a warp collective that others
+// have not reached), then the next one does. No OS thread per CUDA thread, no locking, no
+// scheduling by the OS (with a hundred OS threads per block on two cores, each barrier cost
+// milliseconds of waking and spinning); a barrier costs one switch per thread. When every
+// thread still running waits and none can go on, some never reach the barrier the others wait
+// at (a __syncthreads in a branch that not all take): a deadlock on the GPU, an abort here.
+class Scheduler {
+  public:
+    using Body = void (*)(const void* task, const ThreadState& state);
+
+    Scheduler() = default;
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+    ~Scheduler() {
+        for (auto& f : fibers_) munmap(f->mapping, kGuard + kStack);
+    }
+
+    // One block: its threads' states (`first` with thread index t and warp t / 32), each
+    // running body(task, state), until all have exited.
+    void run_block(int threads, const ThreadState& first, Body body, const void* task) {
+        while (int(fibers_.size()) < threads) fibers_.push_back(new_fiber());
+        body_ = body;
+        task_ = task;
+        for (int t = 0; t < threads; ++t) {
+            Fiber& f = *fibers_[t];
+            f.state = first;
+            f.state.thread = uint3{unsigned(t), 0, 0};
+            f.state.warp = first.block->warps[t / 32].get();
+            f.state.copies = &f.copies;
+            f.done = false;
+#ifdef __SANITIZE_ADDRESS__
+            // the poison of the frames that the stack's last fiber left (it never returned)
+            ASAN_UNPOISON_MEMORY_REGION(f.stack + kStack - kUnpoison, kUnpoison);
+#endif
+            // A new stack as switch_stack leaves one: six registers (zero), then where to
+            // return, entry, which is entered with the stack 16-byte aligned as a call leaves it.
+            auto* top = reinterpret_cast<uintptr_t*>(f.stack + kStack);
+            top[-1] = 0;
+            top[-2] = reinterpret_cast<uintptr_t>(&entry);
+            for (int r = 3; r <= 8; ++r) top[-r] = 0;
+            f.sp = top - 8;
+        }
+        int live = threads, idle = 0;
+        for (int t = 0; live > 0; t = (t + 1) % threads) {
+            Fiber& f = *fibers_[t];
+            if (f.done) continue;
+            progress_ = false;
+            resume(f);
+            if (f.done) --live;
+            if (progress_) {
+                idle = 0;
+            } else if (++idle >= live) {
+                std::fprintf(stderr, "deadlock in block (%u, %u, %u): each of its %d threads still "
+                             "running waits at a barrier (__syncthreads or a warp collective) that "
+                             "another never reaches\n", first.block_index.x, first.block_index.y,
+                             first.block_index.z, live);
+                std::abort();
+            }
+        }
+    }
+
+    // From the running fiber: let the others run; it resumes where it was.
+    void yield() {
+        Fiber& f = *current_;
+        start_switch(&f.fake_stack, main_bottom_, main_size_);
+        switch_stack(&f.sp, main_sp_);
+        finish_switch(f.fake_stack);
+    }
+
+    // Something happened that may let a waiting thread go on (an arrival, an exit).
+    void progress() { progress_ = true; }
+
+  private:
+    static constexpr size_t kStack = 256 << 10, kGuard = 4096, kUnpoison = 64 << 10;
+
+    struct Fiber {
+        void* sp;  // where its stack was left
+        ThreadState state;
+        AsyncCopies copies;
+        void* mapping;
+        unsigned char* stack;
+        bool done;
+        void* fake_stack = nullptr;  // ASan's, for the frames of this fiber's stack
+    };
+
+    static std::unique_ptr<Fiber> new_fiber() {
+        // A guard page below the stack: an overflow faults instead of writing the heap.
+        void* m = mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (m == MAP_FAILED) throw std::bad_alloc();
+        mprotect(m, kGuard, PROT_NONE);
+        auto f = std::make_unique<Fiber>();
+        f->mapping = m;
+        f->stack = static_cast<unsigned char*>(m) + kGuard;
+        return f;
+    }
+
+    void resume(Fiber& f) {
+        ts = f.state;
+        current_ = &f;
+        start_switch(&main_fake_stack_, f.stack, kStack);
+        switch_stack(&main_sp_, f.sp);
+        finish_switch(main_fake_stack_);
+    }
+
+    static void entry();
+
+    // AddressSanitizer's bookkeeping of a stack switch (a no-op without it).
+    void start_switch(void** fake_stack, const void* bottom, size_t size) {
+#ifdef __SANITIZE_ADDRESS__
+        __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+#endif
+    }
+    void finish_switch(void* fake_stack) {
+#ifdef __SANITIZE_ADDRESS__
+        __sanitizer_finish_switch_fiber(fake_stack, &main_bottom_, &main_size_);
+#endif
+    }
+
+    std::vector<std::unique_ptr<Fiber>> fibers_;  // reused from block to block
+    Fiber* current_ = nullptr;
+    void* main_sp_ = nullptr;  // the launching thread's stack, while a fiber runs
+    void* main_fake_stack_ = nullptr;
+    const void* main_bottom_ = nullptr;
+    size_t main_size_ = 0;
+    Body body_ = nullptr;
+    const void* task_ = nullptr;
+    bool progress_ = false;
+};
+
+// One scheduler, for one launch at a time: each runs on the OS thread that makes it, holding
+// the lock, so that two host threads launching at once take turns.
+inline Scheduler& scheduler() {
+    static Scheduler one;
+    return one;
+}
+inline std::mutex& launch_lock() {
+    static std::mutex lock;
+    return lock;
+}
+
+inline void Scheduler::entry() {
+    Scheduler& s = scheduler();
+    Fiber& f = *s.current_;
+    s.finish_switch(nullptr);
+    s.body_(s.task_, f.state);
+    f.done = true;
+    s.start_switch(nullptr, s.main_bottom_, s.main_size_);  // this fiber's frames end here
+    switch_stack(&f.sp, s.main_sp_);                        // never resumed
+}
+
+inline void yield_to_other_threads() { scheduler().yield(); }
+inline void note_progress() { scheduler().progress(); }
+#else
+inline thread_local AsyncCopies os_thread_copies;  // of the CUDA thread this OS thread runs
+#endif
+
+// A kernel launch: the blocks one after another, in block_order, each from new shared memory.
 template <typename... KArgs>
 struct Launcher {
     void (*kernel)(KArgs...);
@@ -586,84 +808,104 @@ struct Launcher {
     template <typename... Args>
     void operator()(Args&&... args) const {
         using Packed = std::tuple<std::decay_t<KArgs>...>;
-        Packed packed(std::forward<Args>(args)...);
+        const Packed packed(std::forward<Args>(args)...);
         const int threads = int(block.x * block.y * block.z);
-        const unsigned blocks = grid.x * grid.y * grid.z;
-        const std::vector<unsigned> order = block_order(blocks);
+        const std::vector<unsigned> order = block_order(grid.x * grid.y * grid.z);
         SharedMemory shared(smem);
-        std::unique_ptr<Block> state;
-        OrderedBarrier boundary(threads);  // orders the OS threads' bookkeeping, not the blocks
-#ifdef __SANITIZE_THREAD__
-        const size_t window = std::max<size_t>(1, kMaxFibers / threads);  // blocks whose fibers live
-        char launch_end = 0;
-#endif
-        auto run = [&](int t) {
-#ifdef __SANITIZE_THREAD__
-            std::deque<void*> fibers;
-            FiberJob job;
-#endif
-            for (unsigned b : order) {
-                if (t == 0) {
-                    shared.renew();
-                    state = std::make_unique<Block>(threads);
-                }
-                boundary.arrive_and_wait();
-                const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
-                const ThreadState mine{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(),
-                                       state->warps[t / 32].get(), &shared};
-#ifdef __SANITIZE_THREAD__
-                void* stack = std::malloc(kFiberStack);  // new to TSan, as the shared memory is
-                if (fibers.size() == window) {
-                    __tsan_destroy_fiber(fibers.front());
-                    fibers.pop_front();
-                }
-                fibers.push_back(__tsan_create_fiber(0));
-                {
-                    Unobserved hidden;
-                    forget_async_copies();  // the thread-local state made here, not in a fiber
-                    job = FiberJob{[](FiberJob* j) {
-                                       const Launcher* self;
-                                       const Packed* p;
-                                       ThreadState st;
-                                       char* end;
-                                       {
-                                           Unobserved hidden;
-                                           self = static_cast<const Launcher*>(j->launcher);
-                                           p = static_cast<const Packed*>(j->packed);
-                                           st = j->state;
-                                           end = j->launch_end;
-                                       }
-                                       run_thread(*self, *p, st);
-                                       publish(end);
-                                   },
-                                   this, &packed, mine, &launch_end, __tsan_get_current_fiber(), {}, {}};
-                    fiber_job = &job;
-                    getcontext(&job.context);
-                    job.context.uc_stack.ss_sp = stack;
-                    job.context.uc_stack.ss_size = kFiberStack;
-                    job.context.uc_link = nullptr;
-                    makecontext(&job.context, fiber_main, 0);
-                }
-                __tsan_switch_to_fiber(fibers.back(), 0);
-                swapcontext(&job.back, &job.context);
-                {
-                    Unobserved hidden;
-                    std::free(stack);
-                }
+#ifndef __SANITIZE_THREAD__
+        struct Task {
+            const Launcher* self;
+            const Packed* packed;
+        } task{this, &packed};
+        std::lock_guard turn(launch_lock());
+        for (unsigned b : order) {
+            shared.renew();
+            Block state(threads);
+            const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
+            scheduler().run_block(threads, ThreadState{{}, index, block, grid, &state, nullptr, &shared, nullptr},
+                                  [](const void* t, const ThreadState& st) {
+                                      const Task& task = *static_cast<const Task*>(t);
+                                      run_thread(*task.self, *task.packed, st);
+                                  },
+                                  &task);
+        }
 #else
-                run_thread(*this, packed, mine);
+        run_on_os_threads(packed, order, shared, threads);
 #endif
-                boundary.arrive_and_wait();
-            }
-#ifdef __SANITIZE_THREAD__
-            subscribe(&launch_end);  // what every block did, before the launch returns
-            for (void* fiber : fibers) __tsan_destroy_fiber(fiber);
-#endif
-        };
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
-        for (auto& th : pool) th.join();
     }
+
+#ifdef __SANITIZE_THREAD__
+    // One OS thread per CUDA thread of a block, for the whole launch (creating them anew for
+    // every block costs more than most blocks): they run the blocks one after another, thread 0
+    // preparing each between two boundaries, each CUDA thread as a TSan fiber (FiberJob).
+    template <typename Packed>
+    void run_on_os_threads(const Packed& packed, const std::vector<unsigned>& order,
+                           SharedMemory& shared, int threads) const {
+    std::unique_ptr<Block> state;
+    OrderedBarrier boundary(threads);  // orders the OS threads' bookkeeping, not the blocks
+    const size_t window = std::max<size_t>(1, kMaxFibers / threads);  // blocks whose fibers live
+    char launch_end = 0;
+    auto run = [&](int t) {
+        std::deque<void*> fibers;
+        FiberJob job;
+        for (unsigned b : order) {
+            if (t == 0) {
+                shared.renew();
+                state = std::make_unique<Block>(threads);
+            }
+            boundary.arrive_and_wait();
+            const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
+            const ThreadState mine{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(),
+                                   state->warps[t / 32].get(), &shared, &os_thread_copies};
+            void* stack = std::malloc(kFiberStack);  // new to TSan, as the shared memory is
+            if (fibers.size() == window) {
+                __tsan_destroy_fiber(fibers.front());
+                fibers.pop_front();
+            }
+            fibers.push_back(__tsan_create_fiber(0));
+            {
+                Unobserved hidden;
+                os_thread_copies.copies.clear();  // made here, not in a fiber
+                os_thread_copies.groups.clear();
+                job = FiberJob{[](FiberJob* j) {
+                                   const Launcher* self;
+                                   const Packed* p;
+                                   ThreadState st;
+                                   char* end;
+                                   {
+                                       Unobserved hidden;
+                                       self = static_cast<const Launcher*>(j->launcher);
+                                       p = static_cast<const Packed*>(j->packed);
+                                       st = j->state;
+                                       end = j->launch_end;
+                                   }
+                                   run_thread(*self, *p, st);
+                                   publish(end);
+                               },
+                               this, &packed, mine, &launch_end, __tsan_get_current_fiber(), {}, {}};
+                fiber_job = &job;
+                getcontext(&job.context);
+                job.context.uc_stack.ss_sp = stack;
+                job.context.uc_stack.ss_size = kFiberStack;
+                job.context.uc_link = nullptr;
+                makecontext(&job.context, fiber_main, 0);
+            }
+            __tsan_switch_to_fiber(fibers.back(), 0);
+            swapcontext(&job.back, &job.context);
+            {
+                Unobserved hidden;
+                std::free(stack);
+            }
+            boundary.arrive_and_wait();
+        }
+        subscribe(&launch_end);  // what every block did, before the launch returns
+        for (void* fiber : fibers) __tsan_destroy_fiber(fiber);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
+    for (auto& th : pool) th.join();
+    }
+#endif
 };
 
 template <typename... KArgs>
