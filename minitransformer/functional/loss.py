@@ -171,5 +171,6 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    fn = FusedCrossEntropy if kernels.enabled_for(logits.data) else CrossEntropy
+    # An empty batch (a rank's empty share of a step) has nothing to launch.
+    fn = FusedCrossEntropy if logits.data.size and kernels.enabled_for(logits.data) else CrossEntropy
     return fn.apply(logits, t, label_smoothing, ignore_index, reduction, stats)

@@ -99,7 +99,7 @@ class FusedSoftmax(Function):
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    if axis in (-1, len(x.shape) - 1) and kernels.enabled_for(x.data):
+    if axis in (-1, len(x.shape) - 1) and x.data.size and kernels.enabled_for(x.data):  # empty: no launch
         return FusedSoftmax.apply(x)
     return Softmax.apply(x, axis)
 

@@ -9,7 +9,9 @@ ids fail, where NCCL would hang), the address and count arithmetic, the type cod
 stream and event ordering around each collective. A world of one rank needs no MPI.
 
 Sums of 16-bit floats are taken in float32 and rounded once; NCCL adds in the type itself,
-which for two ranks rounds the same.
+rank by rank in an order of its own. For two ranks that rounds the same; for more, NCCL's sum
+may differ from this one by up to one rounding per rank, so the tests of three and eight ranks
+hold both to the bound (n - 1) eps sum|x| and not to each other's bits.
 """
 
 from __future__ import annotations

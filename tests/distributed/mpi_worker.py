@@ -1,5 +1,5 @@
-"""The program each rank runs in the multi-process tests: ``mpiexec -n 2 python mpi_worker.py
-SCENARIO OUT_DIR SEED [options]``. Each rank writes what it saw to OUT_DIR/rank<r>.npz; the
+"""The program each rank runs in the multi-process tests: ``mpiexec -n N python mpi_worker.py
+SCENARIO OUT_DIR SEED --world-size N [options]``. Each rank writes what it saw to OUT_DIR/rank<r>.npz; the
 tests in this folder compare those files with a single-process reference.
 
 Every scenario runs on ``--device cpu`` (MPI) or ``cuda`` (NCCL; without a GPU, on the emulated
@@ -9,7 +9,9 @@ Scenarios:
     collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64/float16 (and
                   bfloat16, saved as float32) buffers of odd sizes, broadcast from rank 1,
                   all_reduce_scalar, barrier
-    train         a two-layer MLP trained for a few SGD steps with DistributedDataParallel
+    train         a two-layer MLP trained for a few SGD steps with DistributedDataParallel,
+                  each rank on batches of its own size (one rank's may be empty), recording
+                  the order in which the gradient buckets were all-reduced
     state         a model with a frozen parameter and buffers that differ per rank: DDP's
                   broadcast must make them rank 0's
     nccl_ids      (cuda) each rank makes its own NCCL unique id instead of receiving rank 0's:
@@ -57,9 +59,15 @@ def init_params(seed: int) -> list[np.ndarray]:
     ]
 
 
-def batch(seed: int, step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank ``rank``'s batch at ``step``: a different number of positions and of padded ones."""
+EMPTY_STEP = 1  # the step at which --empty-rank has no batch
+
+
+def batch(seed: int, step: int, rank: int, empty_rank: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s batch at ``step``: a different number of positions and of padded ones;
+    none at all for ``empty_rank`` at EMPTY_STEP (a rank whose share of the data ran out)."""
     rng = np.random.default_rng([seed, step, rank, 7])
+    if rank == empty_rank and step == EMPTY_STEP:
+        return np.zeros((0, D_IN), np.float32), np.zeros(0, np.int64)
     n = int(rng.integers(3, 14))
     x = rng.standard_normal((n, D_IN)).astype(np.float32)
     y = rng.integers(0, CLASSES, n)
@@ -117,8 +125,17 @@ def train(world, seed: int, args) -> dict:
                                        overlap=bool(args.overlap))
     out = {f"init_{i}": p.numpy().copy() for i, p in enumerate(params)}
     finite, tokens, launched = [], [], []
+    order = []  # (step, first element) of each gradient bucket's all-reduce, in issue order
+    flat, start_all_reduce = ddp.flats[0], world.comm.all_reduce_async
+
+    def recording_all_reduce(buf, op="sum"):
+        if buf.dtype == flat.dtype and 0 <= address(buf) - address(flat) < flat.nbytes:
+            order.append((step, (address(buf) - address(flat)) // flat.itemsize))
+        return start_all_reduce(buf, op)
+
+    world.comm.all_reduce_async = recording_all_reduce
     for step in range(args.steps):
-        x, y = batch(seed, step, world.rank)
+        x, y = batch(seed, step, world.rank, args.empty_rank)
         if step == args.nan_step and world.rank == 1:
             x[0, 0] = np.nan
         n_tokens = int((y != PAD).sum())
@@ -136,8 +153,14 @@ def train(world, seed: int, args) -> dict:
         tokens.append(stats.num_tokens)
     out.update({f"final_{i}": p.numpy() for i, p in enumerate(params)})
     out.update(finite=np.array(finite), tokens=np.array(tokens), launched=np.array(launched),
-               n_buckets=len(ddp.buckets))
+               n_buckets=len(ddp.buckets), bucket_starts=np.array([b.start for b in ddp.buckets]),
+               order=np.array(order).reshape(-1, 2))
     return out
+
+
+def address(a) -> int:
+    """Where a NumPy or CuPy array's first element is."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
 def state(world, seed: int) -> dict:
@@ -187,6 +210,7 @@ def main() -> None:
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--nan-step", type=int, default=-1)
     ap.add_argument("--unused-on-rank1", type=int, default=0)
+    ap.add_argument("--empty-rank", type=int, default=-1)
     args = ap.parse_args()
 
     world = dist.init(args.device)

@@ -1,7 +1,11 @@
-"""Two ranks (``mpiexec -n 2``), checked against one process doing the same work.
+"""Two, three and eight ranks (``mpiexec -n N``), checked against one process doing the same work.
 
 Each test launches tests/distributed/mpi_worker.py under mpiexec with a fresh seed, loads what
-every rank wrote, and rebuilds the expected values here without MPI. The collectives, training
+every rank wrote, and rebuilds the expected values here without MPI. Two ranks' sums are one
+addition, the same everywhere; from three on, the order of the additions is the library's, so
+those sums are checked against a bound on rounding that grows with the number of ranks, and
+against each other (every rank must get the same bits). Eight ranks, the design's, share the
+machine's cores (conftest.py keeps waiting ranks from spinning). The collectives, training
 and broadcast scenarios run on "cpu" (MPI) and on "cuda" (NCCL, one GPU per rank; without GPUs,
 the emulated device with its NCCL carried over MPI, which also checks the stream and event
 ordering around every collective).
@@ -17,11 +21,18 @@ import pytest
 import minitransformer as mt
 from minitransformer import backend
 
-# float32 training for a few steps: the two orders of summation (per rank then across ranks,
-# versus all tokens at once) differ by a few ulps per step. On "cuda" the loss is the fused
-# kernel's (exp2 of z log2 e), whose rounding differs from the composite op's by ~1e-6 more.
+# float32 training for a few steps, two ranks: the two orders of summation (per rank then
+# across ranks, versus all tokens at once) differ by a few ulps per step. On "cuda" the loss is
+# the fused kernel's (exp2 of z log2 e), whose rounding differs from the composite op's by ~1e-6
+# more. Each further rank adds one more rounded addition to every gradient: tolerance().
 TOLERANCE = {"cpu": dict(rtol=1e-5, atol=1e-6), "cuda": dict(rtol=1e-4, atol=1e-5)}
 RTOL, ATOL = TOLERANCE["cpu"]["rtol"], TOLERANCE["cpu"]["atol"]
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def tolerance(device: str, n: int) -> dict:
+    """The two-rank tolerance, times the n - 1 additions that join n ranks' gradients."""
+    return {key: value * (n - 1) for key, value in TOLERANCE[device].items()}
 
 
 def _a_gpu_per_rank() -> bool:
@@ -38,51 +49,61 @@ def fresh_seed() -> int:
     return int(np.random.SeedSequence().entropy % 2**31)
 
 
-def run_ok(mpirun, tmp_path, scenario, *options, device="cpu"):
+def run_ok(mpirun, tmp_path, scenario, *options, device="cpu", n=2):
     seed = fresh_seed()
-    proc = mpirun(scenario, tmp_path, seed, *options, "--device", device)
+    proc = mpirun(scenario, tmp_path, seed, *options, "--device", device, n=n)
     assert proc.returncode == 0, (
         f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(n)]
     return seed, ranks
 
 
+@pytest.mark.parametrize("n", [2, 3, 8])
 @pytest.mark.parametrize("device", DEVICES)
-def test_collectives_on_odd_sizes(mpirun, tmp_path, worker, device):
-    seed, ranks = run_ok(mpirun, tmp_path, "collectives", device=device)
+def test_collectives_on_odd_sizes(mpirun, tmp_path, worker, device, n):
+    seed, ranks = run_ok(mpirun, tmp_path, "collectives", device=device, n=n)
     for dtype in worker.DTYPES:
         for size in worker.SIZES:
             key = f"{dtype}_{size}"
-            a, b = (worker.rank_input(seed, r, size, dtype) for r in range(2))
             saved = np.dtype(np.float32) if dtype == "bfloat16" else backend.resolve_dtype(dtype)
-            a, b = a.astype(saved), b.astype(saved)
+            inputs = [worker.rank_input(seed, r, size, dtype).astype(saved) for r in range(n)]
             for out in ranks:
-                # Two operands: a + b is one IEEE addition, the same in MPI as in NumPy (16-bit
-                # floats: summed in float32, rounded once, as NumPy does).
-                expected = (a + b).astype(backend.resolve_dtype(dtype)).astype(saved)
-                np.testing.assert_array_equal(out[f"sum_{key}"], expected, err_msg=key)
                 assert out[f"sum_{key}"].dtype == saved
-                np.testing.assert_array_equal(out[f"max_{key}"], np.maximum(a, b), err_msg=key)
-                np.testing.assert_array_equal(out[f"min_{key}"], np.minimum(a, b), err_msg=key)
-                np.testing.assert_array_equal(out[f"bcast_{key}"], b, err_msg=key)
+                np.testing.assert_array_equal(out[f"sum_{key}"], ranks[0][f"sum_{key}"], err_msg=key)
+                if n == 2 or dtype == "int64":
+                    # Two operands: a + b is one IEEE addition, the same in MPI as in NumPy
+                    # (16-bit floats: summed in float32, rounded once, as NumPy does).
+                    expected = sum(inputs).astype(backend.resolve_dtype(dtype)).astype(saved)
+                    np.testing.assert_array_equal(out[f"sum_{key}"], expected, err_msg=key)
+                else:
+                    # n - 1 additions in the library's order, each rounded (NCCL's in the type
+                    # itself): within (n - 1) eps of the sum of the magnitudes.
+                    exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+                    bound = (n - 1) * EPS[dtype] * np.sum([np.abs(x.astype(np.float64)) for x in inputs], axis=0)
+                    error = np.abs(out[f"sum_{key}"].astype(np.float64) - exact)
+                    assert (error <= bound).all(), (key, float((error - bound).max()))
+                np.testing.assert_array_equal(out[f"max_{key}"], np.maximum.reduce(inputs), err_msg=key)
+                np.testing.assert_array_equal(out[f"min_{key}"], np.minimum.reduce(inputs), err_msg=key)
+                np.testing.assert_array_equal(out[f"bcast_{key}"], inputs[1], err_msg=key)
     for out in ranks:
-        assert out["scalar_sum"] == 3 and out["scalar_min"] == 10
+        assert out["scalar_sum"] == n * (n + 1) // 2 and out["scalar_min"] == 10
         assert out["flag_max"] == True  # noqa: E712 - a numpy bool
-        assert out["float_sum"] == 0.75
+        assert out["float_sum"] == 0.25 * n * (n + 1) / 2
 
 
-def reference_training(worker, seed, steps, lr, nan_step=-1, unused_on_rank1=False):
-    """One process, no MPI: every step takes the union of both ranks' batches."""
+def reference_training(worker, seed, steps, lr, n=2, nan_step=-1, unused_on_rank1=False,
+                       empty_rank=-1):
+    """One process, no MPI: every step takes the union of the n ranks' batches."""
     params = [mt.tensor(a, requires_grad=True) for a in worker.init_params(seed)]  # rank 0's
     for step in range(steps):
         if step == nan_step:
             continue  # the step every rank must skip
-        parts = [worker.batch(seed, step, r) for r in range(2)]
+        parts = [worker.batch(seed, step, r, empty_rank) for r in range(n)]
         x = np.concatenate([x for x, _ in parts])
         y = np.concatenate([y for _, y in parts])
         # rows of rank 1 do not see the extra parameter when rank 1 does not use it
-        extra_rows = np.concatenate([np.ones(len(parts[0][1])),
-                                     np.full(len(parts[1][1]), 0.0 if unused_on_rank1 else 1.0)])
+        extra_rows = np.concatenate([np.full(len(part[1]), 0.0 if unused_on_rank1 and r == 1 else 1.0)
+                                     for r, part in enumerate(parts)])
         loss = worker.mlp_loss(params, x, y, extra_rows, "mean")
         loss.backward()
         for p in params:
@@ -92,30 +113,38 @@ def reference_training(worker, seed, steps, lr, nan_step=-1, unused_on_rank1=Fal
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("overlap", [1, 0], ids=["overlap", "no-overlap"])
-@pytest.mark.parametrize("bucket_bytes", [52, 25 * 2**20], ids=["13-float-buckets", "25MiB"])
-def test_two_ranks_match_one_process_on_the_union(mpirun, tmp_path, worker, overlap, bucket_bytes,
-                                                  device):
-    steps, lr = 4, 0.5
+@pytest.mark.parametrize("n, overlap, bucket_bytes", [
+    (2, 1, 52), (2, 0, 52), (2, 1, 25 * 2**20), (2, 0, 25 * 2**20),
+    (3, 1, 52), (8, 1, 52), (8, 0, 25 * 2**20),
+], ids=lambda v: {52: "13-float-buckets", 25 * 2**20: "25MiB"}.get(v, str(v)))
+def test_ranks_match_one_process_on_the_union(mpirun, tmp_path, worker, n, overlap, bucket_bytes,
+                                              device):
+    """From three ranks on, the last one's batch is empty at one step (its data ran out)."""
+    steps, lr, empty_rank = 4, 0.5, (n - 1 if n > 2 else -1)
     seed, ranks = run_ok(mpirun, tmp_path, "train", "--steps", steps, "--lr", lr,
-                         "--bucket-bytes", bucket_bytes, "--overlap", overlap, device=device)
-    expected = reference_training(worker, seed, steps, lr)  # on the CPU
+                         "--bucket-bytes", bucket_bytes, "--overlap", overlap,
+                         "--empty-rank", empty_rank, device=device, n=n)
+    expected = reference_training(worker, seed, steps, lr, n=n, empty_rank=empty_rank)  # on the CPU
     init0 = worker.init_params(seed)
     for i, e in enumerate(expected):
         for out in ranks:
-            # rank 1 started from other weights: the broadcast gave it rank 0's
+            # the other ranks started from other weights: the broadcast gave them rank 0's
             np.testing.assert_array_equal(out[f"init_{i}"], init0[i])
-            np.testing.assert_allclose(out[f"final_{i}"], e, **TOLERANCE[device])
-        # identical reduced gradients on both ranks keep them bit for bit in step
-        np.testing.assert_array_equal(ranks[0][f"final_{i}"], ranks[1][f"final_{i}"])
+            np.testing.assert_allclose(out[f"final_{i}"], e, **tolerance(device, n))
+            # identical reduced gradients on every rank keep them bit for bit in step
+            np.testing.assert_array_equal(out[f"final_{i}"], ranks[0][f"final_{i}"])
+    tokens = [sum(int((worker.batch(seed, s, r, empty_rank)[1] != worker.PAD).sum()) for r in range(n))
+              for s in range(steps)]
     for out in ranks:
-        tokens = [sum(int((worker.batch(seed, s, r)[1] != worker.PAD).sum()) for r in range(2))
-                  for s in range(steps)]
         np.testing.assert_array_equal(out["tokens"], tokens)
         assert out["finite"].all()
         if bucket_bytes == 52:
             assert out["n_buckets"] > 5  # 137 floats in 13-float buckets: parameters split
-        # with hooks, buckets start during backward; without, none does before reduce_gradients
+        # every bucket once a step, in the layout's order, the same on every rank
+        np.testing.assert_array_equal(
+            out["order"], [(s, start) for s in range(steps) for start in out["bucket_starts"]])
+        # with hooks, buckets start during backward (also on a rank with no batch, whose
+        # backward still runs); without, none does before reduce_gradients
         assert (out["launched"] > 0).all() if overlap else (out["launched"] == 0).all()
 
 
@@ -153,11 +182,13 @@ def test_ranks_given_different_nccl_ids_are_refused(mpirun, tmp_path):
         assert "different unique ids" in str(out["error"])
 
 
+@pytest.mark.parametrize("n", [2, 8])
 @pytest.mark.parametrize("device", DEVICES)
-def test_frozen_parameters_and_buffers_come_from_rank_0(mpirun, tmp_path, device):
-    seed, ranks = run_ok(mpirun, tmp_path, "state", device=device)
+def test_frozen_parameters_and_buffers_come_from_rank_0(mpirun, tmp_path, device, n):
+    seed, ranks = run_ok(mpirun, tmp_path, "state", device=device, n=n)
     for key in ("weight", "bias", "stat", "flags"):  # trained, frozen, buffers (float, bool)
-        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+        for out in ranks[1:]:
+            np.testing.assert_array_equal(out[key], ranks[0][key], err_msg=key)
 
 
 def test_a_rank_that_exits_ends_the_whole_job(mpirun, tmp_path):

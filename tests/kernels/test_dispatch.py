@@ -159,3 +159,16 @@ def test_dispatch_loss_can_overwrite_the_logits():
     np.testing.assert_allclose(z.grad.numpy(), grad_r / 30, rtol=1e-4, atol=1e-7)
     # The logits' memory now holds the (scaled) gradient: d(z * 1.0)/dz passes it through.
     np.testing.assert_allclose(logits.numpy(), z.grad.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_empty_inputs_take_the_composite_ops_as_on_the_cpu():
+    """A rank's empty share of a batch: nothing to launch (the kernels refuse zero rows), so
+    the composite ops run, and give what the CPU gives: no rows, a zero loss, zero gradients."""
+    for device in ("cuda", "cpu"):
+        x = mt.tensor(np.zeros((0, 7, 16), np.float32), device=device, requires_grad=True)
+        y = F.softmax(F.layer_norm(x))
+        loss = F.cross_entropy(y, mt.tensor(np.zeros((0, 7), np.int64), device=device), 0.1, 0)
+        loss.backward()
+        names = (y._ctx.fn.__name__, loss._ctx.fn.__name__)
+        assert names == ("Softmax", "CrossEntropy"), (device, names)
+        assert y.shape == (0, 7, 16) and loss.item() == 0.0 and x.grad.shape == (0, 7, 16), device
