@@ -46,11 +46,6 @@ import weakref
 
 import numpy as np
 
-try:
-    from numpy.lib.array_utils import byte_bounds
-except ImportError:  # NumPy 1.x
-    byte_bounds = np.byte_bounds
-
 BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUDA=1): NumPy "
           "behind CuPy's interface, csrc/ compiled with g++; nothing here measures a GPU")
 DEVICE_NAME = "Emulated CUDA device (CPU, minitransformer.testing)"
@@ -257,7 +252,7 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
     every earlier read on another stream too (the reader could still be reading). Record it."""
     record, _ = _allocation(a)
     stream = get_current_stream() if stream is None else stream
-    low, high = (bound - record.address for bound in byte_bounds(a))
+    low, high = _extent(a, record)
     for start, stop, writer, clock in record.writes:
         if start < high and low < stop and not stream._ordered_after(writer, clock):
             raise StreamOrderError(
@@ -283,6 +278,22 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
         record.reads = [r for r in record.reads if not inside(r)]
     else:  # a stream's later read of the same bytes stands for its earlier one
         record.reads = [r for r in record.reads if not (r[2] is stream and inside(r))] + [use]
+
+
+def _extent(a: np.ndarray, record: _Allocation) -> tuple[int, int]:
+    """The bytes ``a`` spans, as offsets into its allocation (NumPy's byte_bounds, without its
+    cost for the common case, an array that is its allocation)."""
+    if a.base is None:
+        return 0, a.nbytes
+    low = high = a.ctypes.data - record.address
+    if a.flags.c_contiguous:
+        return low, low + a.nbytes
+    for n, stride in zip(a.shape, a.strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + a.itemsize
 
 
 def _bytes_at(address: int) -> tuple[np.ndarray, int]:
@@ -389,8 +400,9 @@ def _wrap(r):
 
 def _device_op(f, writes_first: bool = False, reads: bool = True):
     """``f`` on device arrays: operands unwrapped and checked, results wrapped. ``out=`` and,
-    with ``writes_first``, the first argument are written."""
-    @functools.wraps(f)
+    with ``writes_first``, the first argument are written. (Made at every call of a method or
+    of a NumPy function on device arrays, so without functools.wraps, which cost more than
+    the op's checks.)"""
     def op(*args, **kwargs):
         out = kwargs.get("out")
         raw_args, raw_kwargs = _unwrap(args, reads=reads), _unwrap(kwargs, reads=reads)

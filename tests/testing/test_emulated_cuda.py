@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minitransformer as mt
 import minitransformer.functional as F
@@ -63,6 +65,29 @@ def test_arrays_behave_like_cupys(cp):
     view = x[1:]
     assert view.data.ptr == x.data.ptr + 4 * 4
     assert isinstance(np.exp(x), cp.ndarray)  # NumPy's functions dispatch to the device
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_bytes_a_view_spans_are_numpys_byte_bounds(emulation, data):
+    """The stream-order check's extent of an array (_extent, made cheap for owners) against
+    NumPy's byte_bounds, over views: slices with steps of either sign, transposes, broadcasts
+    (stride 0), empty ones."""
+    from numpy.lib.array_utils import byte_bounds
+
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4), label="shape")
+    root = np.zeros(shape, np.float32)
+    view = root
+    if data.draw(st.booleans(), label="sliced"):
+        view = view[tuple(slice(data.draw(st.integers(0, n)), data.draw(st.integers(0, n)),
+                                data.draw(st.sampled_from([1, 2, -1, -3]))) for n in shape)]
+    if data.draw(st.booleans(), label="transposed"):
+        view = view.T
+    if data.draw(st.booleans(), label="broadcast"):
+        view = np.broadcast_to(view[..., :1], view.shape[:-1] + (3,)) if view.shape[-1] else view
+    record, _ = emulation._allocation(view)
+    low, high = byte_bounds(view)
+    assert emulation._extent(view, record) == (low - root.ctypes.data, high - root.ctypes.data)
 
 
 def test_a_read_on_another_stream_must_wait_for_the_write(cp, emulation):
