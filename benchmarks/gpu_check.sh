@@ -18,10 +18,35 @@
 # "wmt" needs the corpus inside the checkout, since ../shared does not travel to the GPU
 # machine: `mkdir -p .gpu_data && cp -r ../shared/data/multi30k .gpu_data/` here (1.3 MB,
 # git-ignored), and name .gpu_data in the device call's carry.
+# The exit status is 0 only if every stage that ran succeeded; the failed ones are named last.
+#
+#     GPU_CHECK_EMULATED=1 bash benchmarks/gpu_check.sh
+#
+# runs every stage on the emulated device (MT_EMULATE_CUDA=1) at toy sizes, without the build:
+# CI does (tests/benchmarks/test_gpu_check.py), so that a lent GPU's minutes are never lost
+# to a typo here. Nothing it prints measures a GPU.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python || command -v python3)}
 DEADLINE=${GPU_CHECK_SECONDS:-480}
+# Each stage's sizes: the GPU's, or the emulated check's toys (the same commands otherwise).
+KERNEL_TESTS=() ATTN_SIZES=(--quick) ALLREDUCE_MAX=256M STEP_MODEL=(--base --steps 10) SUITE_PICK=""
+WMT_SIZES=(--max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200)
+DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
+if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
+    export MT_EMULATE_CUDA=1
+    KERNEL_TESTS=(-k "test_dispatch_attention or limits")
+    ATTN_SIZES=(--quick --emulated)
+    ALLREDUCE_MAX=64K
+    STEP_MODEL=(--d-model 64 --d-ff 128 --heads 2 --layers 1 --vocab 64 --batch 4 --len 8 --steps 2 --warmup 1)
+    SUITE_PICK=" and beam"
+    WMT_SIZES=(--max-steps 2 --eval-every 2 --bleu-sample 4 --limit-test 4 --limit-train 300
+               --vocab-size 400 --d-model 32 --layers 1 --max-tokens 600 --warmup 10)
+    DATA=${GPU_CHECK_DATA:-../shared/data/multi30k}
+fi
+FAILED=()
+# Record stage $1 as failed unless its exit status $2 is 0.
+check() { (($2 == 0)) || FAILED+=("$1 (exit $2)"); }
 # The timeout for the next step: its own limit, or what is left before DEADLINE (20 s kept
 # for the summary), at least 10 s.
 limit() { local left=$((DEADLINE - SECONDS - 20)); ((left < 10)) && left=10; echo $(($1 < left ? $1 : left)); }
@@ -36,17 +61,21 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
 echo "python: $PY  nvcc: $(command -v nvcc || echo 'not on PATH') CUDA_HOME=${CUDA_HOME:-unset}"
 "$PY" -c "import setuptools, pybind11" || echo "WARNING: setuptools or pybind11 missing: the build will fail"
 
-# Build only for this GPU's architecture (CI builds sm_80, sm_86, sm_89, sm_90 and PTX): a
-# quarter of the compile time.
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-export MINITRANSFORMER_CUDA_ARCHS=${MINITRANSFORMER_CUDA_ARCHS:-${cap:-90}}
-start=$SECONDS
-if ! "$PY" -m pip install --no-build-isolation --no-deps -e . >"$LOGS/build.log" 2>&1; then
-    tail -n 60 "$LOGS/build.log"
-    echo "BUILD FAILED"
-    exit 1
+if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
+    echo "build: skipped (GPU_CHECK_EMULATED: the emulator builds csrc/ for the CPU itself)"
+else
+    # Build only for this GPU's architecture (CI builds sm_80, sm_86, sm_89, sm_90 and PTX): a
+    # quarter of the compile time.
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    export MINITRANSFORMER_CUDA_ARCHS=${MINITRANSFORMER_CUDA_ARCHS:-${cap:-90}}
+    start=$SECONDS
+    if ! "$PY" -m pip install --no-build-isolation --no-deps -e . >"$LOGS/build.log" 2>&1; then
+        tail -n 60 "$LOGS/build.log"
+        echo "BUILD FAILED"
+        exit 1
+    fi
+    echo "build: $((SECONDS - start)) s (sm_$MINITRANSFORMER_CUDA_ARCHS)"
 fi
-echo "build: $((SECONDS - start)) s (sm_$MINITRANSFORMER_CUDA_ARCHS)"
 "$PY" -c "import minitransformer.kernels as K; assert K.available(), K.unavailable_reason(); print('kernels available')" || exit 1
 "$PY" -c "import hypothesis, pytest" 2>/dev/null || echo "WARNING: pytest/hypothesis missing; GPU tests cannot run"
 
@@ -58,16 +87,18 @@ if want kernels 30; then
     timeout "$(limit 200)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_check \
         -m "not emulator" --ignore=tests/kernels/test_resources.py \
         --ignore=tests/kernels/test_sanitizers.py \
-        tests/kernels >"$LOGS/tests.log" 2>&1
+        "${KERNEL_TESTS[@]}" tests/kernels >"$LOGS/tests.log" 2>&1
     tests_rc=$?
+    check kernels $tests_rc
     echo "tests: $((SECONDS - start)) s, exit $tests_rc"
     grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -n 20
 fi
 
 if want bench 30; then
     start=$SECONDS
-    timeout "$(limit 200)" "$PY" benchmarks/attn.py --quick --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
+    timeout "$(limit 200)" "$PY" benchmarks/attn.py "${ATTN_SIZES[@]}" --json "$LOGS/bench.json" >"$LOGS/bench.log" 2>&1
     bench_rc=$?
+    check bench $bench_rc
     echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
     [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
 fi
@@ -76,9 +107,13 @@ fi
 if want nccl 20; then
     start=$SECONDS
     timeout "$(limit 60)" "$PY" -m pytest -q -p no:cacheprovider tests/distributed/test_nccl.py >"$LOGS/nccl.log" 2>&1
-    echo "nccl tests: $((SECONDS - start)) s, exit $? ($(tail -n 1 "$LOGS/nccl.log"))"
-    timeout "$(limit 45)" "$PY" benchmarks/allreduce.py --device cuda --max-bytes 256M >"$LOGS/allreduce.log" 2>&1 \
-        || tail -n 20 "$LOGS/allreduce.log"
+    rc=$?
+    check "nccl tests" $rc
+    echo "nccl tests: $((SECONDS - start)) s, exit $rc ($(tail -n 1 "$LOGS/nccl.log"))"
+    timeout "$(limit 45)" "$PY" benchmarks/allreduce.py --device cuda --max-bytes $ALLREDUCE_MAX >"$LOGS/allreduce.log" 2>&1
+    rc=$?
+    check allreduce $rc
+    ((rc == 0)) || tail -n 20 "$LOGS/allreduce.log"
 fi
 
 # A whole training step of the base model at one GPU's share of a 25k-token batch, next to
@@ -87,8 +122,11 @@ fi
 # reseeds every step so that a resumed run is exact).
 if want step 30; then
     for prec in fp32 bf16; do
-        timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda --base --breakdown --steps 10 \
-            --precision $prec >"$LOGS/train_step_$prec.log" 2>&1 || tail -n 20 "$LOGS/train_step_$prec.log"
+        timeout "$(limit 90)" "$PY" benchmarks/train_step.py --device cuda "${STEP_MODEL[@]}" --breakdown \
+            --precision $prec >"$LOGS/train_step_$prec.log" 2>&1
+        rc=$?
+        check "step $prec" $rc
+        ((rc == 0)) || tail -n 20 "$LOGS/train_step_$prec.log"
     done
     timeout "$(limit 30)" "$PY" -c "
 import time, statistics, minitransformer as mt
@@ -99,6 +137,7 @@ for s in range(12):
     mt.manual_seed(s + 100); backend.generator('cuda').random(1)
     ms.append((time.perf_counter() - t) * 1e3)
 print(f'reseed + first cuda draw: median {statistics.median(ms[2:]):.2f} ms')" >"$LOGS/reseed.log" 2>&1
+    check reseed $?
 fi
 
 # The "cuda" cases of the rest of the suite (autograd, every functional op's CuPy composite,
@@ -111,21 +150,23 @@ if want suite 60; then
     timeout "$(limit 180)" "$PY" -m pytest -q -p no:cacheprovider --hypothesis-profile=gpu_suite \
         tests/functional tests/nn tests/optim tests/test_autograd.py tests/test_tensor.py \
         tests/test_decoding.py tests/test_amp.py tests/test_device_parity.py \
-        -k "cuda or devices or through_F" >"$LOGS/suite.log" 2>&1
+        -k "(cuda or devices or through_F)$SUITE_PICK" >"$LOGS/suite.log" 2>&1
     suite_rc=$?
+    check suite $suite_rc
     echo "suite (cuda cases): $((SECONDS - start)) s, exit $suite_rc"
     grep -E "^(FAILED|ERROR)" "$LOGS/suite.log" | head -n 20
 fi
 
 # The main job end to end on the GPU, briefly: bf16 training, validation, checkpoints,
 # averaging, beam search and sacreBLEU on 200 test sentences.
-DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
 if [ -f "$DATA/train.en.gz" ] && want wmt 60; then
     start=$SECONDS
     timeout "$(limit 150)" "$PY" examples/train_wmt.py --data-dir "$DATA" --device cuda --precision bf16 \
-        --out-dir "$LOGS/wmt" --max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200 \
-        --log-every 10 --no-progress >"$LOGS/wmt.log" 2>&1
-    echo "train_wmt (bf16, 100 steps): $((SECONDS - start)) s, exit $?"
+        --out-dir "$LOGS/wmt" "${WMT_SIZES[@]}" --log-every 10 --no-progress >"$LOGS/wmt.log" 2>&1
+    rc=$?
+    check wmt $rc
+    echo "train_wmt (bf16, ${WMT_SIZES[1]} steps): $((SECONDS - start)) s, exit $rc"
+    ((rc == 0)) || tail -n 20 "$LOGS/wmt.log"
 elif [[ $STAGES == *" wmt "* ]]; then
     echo "wmt: skipped, no corpus at $DATA (see the header)"
 fi
@@ -173,3 +214,8 @@ try:
 except (OSError, ValueError, IndexError, KeyError):
     print("train_wmt bf16: no training log (the stage was skipped or failed: see wmt.log)")
 PY
+check summary $?
+if ((${#FAILED[@]})); then
+    printf 'FAILED: %s\n' "${FAILED[@]}"
+    exit 1
+fi
