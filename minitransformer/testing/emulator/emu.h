@@ -66,7 +66,10 @@
 // a tile into the next within one array, from one row of a global tensor into the next, or
 // farther past a carved array than its own length); races and reads of unwritten memory on
 // paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf with
-// a larger value, a branch not taken).
+// a larger value, a branch not taken). Outside TSan a block's fibers take turns in one fixed
+// order (thread index, round and round), so a race between warps that this order happens to
+// run the right way round shows only under TSan. Streams, events and NCCL are the emulated
+// CuPy's (minitransformer/testing/emulated_cuda.py), not this file's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -662,7 +665,7 @@ class Scheduler {
 #endif
             // A new stack as switch_stack leaves one: six registers (zero), then where to
             // return, entry, which is entered with the stack 16-byte aligned as a call leaves it.
-            auto* top = reinterpret_cast<uintptr_t*>(f.stack + kStack - colour(t));
+            auto* top = reinterpret_cast<uintptr_t*>(f.stack + kStack);
             top[-1] = 0;
             top[-2] = reinterpret_cast<uintptr_t>(&entry);
             for (int r = 3; r <= 8; ++r) top[-r] = 0;
@@ -700,12 +703,6 @@ class Scheduler {
 
   private:
     static constexpr size_t kStack = 256 << 10, kGuard = 4096, kUnpoison = 64 << 10;
-
-    // Where fiber t's stack starts below the top of its mapping. The mappings are 256 KB
-    // apart, so without an offset the hot frames of every fiber would sit at one address
-    // modulo 4 KB (and modulo 256 KB), in the same few sets of every cache: each switch would
-    // evict the last fiber's frames. 17 cache lines apart, the 256 offsets cover 16 KB.
-    static size_t colour(int t) { return size_t(t % 256) * 17 * 64 % (16 << 10); }
 
     struct Fiber {
         void* sp;  // where its stack was left
