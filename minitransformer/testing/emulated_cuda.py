@@ -253,18 +253,15 @@ def _use(a: np.ndarray, write: bool = False, stream: Stream | None = None) -> No
     record, _ = _allocation(a)
     stream = get_current_stream() if stream is None else stream
     low, high = _extent(a, record)
-    for start, stop, writer, clock in record.writes:
-        if start < high and low < stop and not stream._ordered_after(writer, clock):
-            raise StreamOrderError(
-                f"an array of shape {a.shape} last written on {writer} is used on {stream}, which "
-                f"has not waited for that write (record an Event on {writer} after it and call "
-                f"{stream}.wait_event, or synchronize)")
+    checks = [(record.writes, "last written", "used", "write")]
     if write:
-        for start, stop, reader, clock in record.reads:
-            if start < high and low < stop and not stream._ordered_after(reader, clock):
+        checks.append((record.reads, "read", "written", "read"))
+    for uses, done, doing, kind in checks:
+        for start, stop, other, clock in uses:
+            if start < high and low < stop and not stream._ordered_after(other, clock):
                 raise StreamOrderError(
-                    f"an array of shape {a.shape} read on {reader} is written on {stream}, which "
-                    f"has not waited for that read (record an Event on {reader} after it and call "
+                    f"an array of shape {a.shape} {done} on {other} is {doing} on {stream}, which "
+                    f"has not waited for that {kind} (record an Event on {other} after it and call "
                     f"{stream}.wait_event, or synchronize)")
     if high <= low:
         return
