@@ -175,7 +175,11 @@ def run(module: Path, sanitize: str | None, cases: list[str]) -> subprocess.Comp
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("sanitize", emulator.SANITIZERS)
 def test_kernels_are_clean(variants, sanitize, kernel):
-    cases = [name for name in sanitized_run.CASES if name.startswith(f"{kernel}-")]
+    cases = [name for name in sanitized_run.CASES if name.startswith(f"{kernel}-")
+             # ThreadSanitizer looks for races, which the element type does not change: bfloat16
+             # instantiates the same templates as float16, indices and barriers alike, and
+             # running it too would add a third of the suite's slowest test
+             and not (sanitize == "thread" and name.endswith("-bfloat16"))]
     result = run(variants(sanitize), sanitize, cases)
     assert result.returncode == 0, result.stderr[-6000:]
 
