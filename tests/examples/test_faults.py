@@ -58,13 +58,13 @@ def logged_step(out_dir: pathlib.Path) -> int:
 
 def test_an_interrupt_at_a_random_step_ends_in_one_line_and_resumes_exactly(tmp_path):
     seed = random.randrange(1 << 16)
-    # past the first checkpoint (step 3), and three steps or more before the end: a run that
-    # finished while the signal was on its way exited 0 on a busy machine
-    at = random.Random(seed).randrange(4, 9)
+    # past the first checkpoint (step 3), and twenty steps or more before the end: these steps
+    # take milliseconds, and a run of 12 finished while the signal was on its way (exit 0)
+    at = random.Random(seed).randrange(4, 11)
     why = f"interrupt seed {seed}: SIGINT at step {at}"
     print(why)  # shown with a failure, to replay it
     straight, split = tmp_path / "straight", tmp_path / "split"
-    args = QUICK + ["--max-steps", "12"]
+    args = QUICK + ["--max-steps", "30"]
     proc = start(args + ["--out-dir", str(split)])
     wait_for(lambda: logged_step(split) >= at, f"step {at}", proc)
     proc.send_signal(signal.SIGINT)  # as Ctrl-C does
