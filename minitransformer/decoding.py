@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.softmax import log_softmax_array
+from .functional.softmax import log_softmax_array, log_softmax_parts
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -81,14 +81,14 @@ def _max_out(model, lengths: np.ndarray, max_len_extra: int) -> np.ndarray:
     return lengths + max_len_extra
 
 
-def _step_log_probs(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
-    """log P(next token | prefix) for each row, computed on the model's device: (rows, V).
+def _step_logits(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
+    """The next token's logits for each row, computed on the model's device: (rows, V).
 
-    PAD and BOS are never valid outputs, so they get probability 0."""
+    PAD and BOS are never valid outputs, so they get -inf (probability 0)."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
     logits = model.project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
-    return log_softmax_array(logits)
+    return logits
 
 
 @no_grad()
@@ -109,7 +109,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)
+        logp = log_softmax_array(_step_logits(model, last, memory, src_mask, cache, t, xp))
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -184,17 +184,18 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
 
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
-        logp = _step_log_probs(model, last, memory, src_mask, cache, t, xp)  # (slots * width, V)
-        _force_eos(logp, np.repeat(t + 1 >= max_out[active], width), eos, xp)
-        top, top_scores = _score_candidates(logp, scores, len(active), 2 * k, xp)
-        ends, slots, rows, words, scores = _select_beams(top, top_scores, logp.shape[-1], width, k, eos)
+        # log P(next | prefix) = shifted - log_sum, per row (slots * width, V) and (rows, 1)
+        shifted, log_sum = log_softmax_parts(_step_logits(model, last, memory, src_mask, cache, t, xp))
+        _force_eos(shifted, np.repeat(t + 1 >= max_out[active], width), eos, xp)
+        top, top_scores = _score_candidates(shifted, log_sum[:, 0], scores, len(active), 2 * k, xp)
+        vocab = shifted.shape[-1]
+        ends, slots, rows, words, scores = _select_beams(top, top_scores, vocab, width, k, eos)
         ended = [(int(active[slot]), tokens[row].tolist(), score) for slot, row, score in zip(*ends)]
         ended = [(sid, hyp, score, score / length_penalty(len(hyp) + 1, alpha)) for sid, hyp, score in ended]
         for sid, hyp, _, penalized in ended:
             finished[sid].append((penalized, hyp))
         going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
         if observer is not None:  # copies of what the search reads on: the observer cannot change it
-            vocab = logp.shape[-1]
             observer(BeamStep(
                 t, active.copy(), tokens.copy(),
                 np.arange(len(top))[:, None] * width + top // vocab, top % vocab, top_scores, ended,
@@ -218,27 +219,79 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     return results
 
 
-def _force_eos(logp, rows: np.ndarray, eos: int, xp) -> None:
-    """At its last allowed position a row may only end: every token but EOS gets -inf."""
+def _force_eos(shifted, rows: np.ndarray, eos: int, xp) -> None:
+    """At its last allowed position a row may only end: every token but EOS gets -inf (EOS keeps
+    its log-probability: the row's log_sum is left as it is)."""
     if rows.any():
         forced = xp.asarray(np.flatnonzero(rows))
-        eos_logp = logp[forced, eos].copy()
-        logp[forced] = -np.inf
-        logp[forced, eos] = eos_logp
+        eos_value = shifted[forced, eos].copy()
+        shifted[forced] = -np.inf
+        shifted[forced, eos] = eos_value
 
 
-def _score_candidates(logp, scores: np.ndarray, slots: int, m: int, xp) -> tuple[np.ndarray, np.ndarray]:
+def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, xp
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """The ``m`` best extensions of each sentence, best first (equal scores: lower id first), on the
-    host: their ids beam * V + word (slots, m), and their scores log P(prefix) + log P(word | prefix).
-    ``logp`` becomes the candidates' scores (in place: it is the largest array of a step)."""
-    logp += xp.asarray(scores, dtype=logp.dtype)[:, None]
-    cand = logp.reshape(slots, -1)  # (slots, width * V)
-    m = min(m, cand.shape[1])
-    top = xp.argpartition(cand, cand.shape[1] - m, axis=1)[:, -m:]
-    top_scores = backend.to_device(xp.take_along_axis(cand, top, axis=1), "cpu")
-    top = backend.to_device(top, "cpu")
-    order = np.lexsort((top, -top_scores), axis=1)
-    return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)
+    host: their ids beam * V + word (slots, m), and their scores, in float32:
+
+        score(row, word) = (shifted[row, word] - log_sum[row]) + log P(prefix of row)
+
+    (log P(word | prefix) + log P(prefix), as ``_plain_candidates`` computes it for every word.)
+
+    Scoring all ``width * V`` words of a sentence to keep 2k of them is most of a step's work
+    after the GEMMs, so only those that can make it are scored. Any row's m-th best candidate
+    scores at most the sentence's m-th best, so each sentence takes the row most likely to
+    hold its best candidates (the best log P(prefix) - log_sum: a row's largest ``shifted`` is
+    0), partitions that one row, and from every row scores only the words whose ``shifted``
+    reaches that bound, less a margin for rounding. A sentence with fewer than m finite
+    candidates in that row scores all its finite ones; slots left empty get id 0 and -inf.
+    """
+    rows, vocab = shifted.shape
+    width = rows // slots
+    m = min(m, width * vocab)
+    prefix = xp.asarray(scores, dtype=shifted.dtype)  # (rows,) log P(prefix)
+    # The bound: the m-th best score of each sentence's most promising row.
+    promise = backend.to_device(prefix - log_sum, "cpu").reshape(slots, width)
+    best = np.arange(slots) * width + np.where(np.isnan(promise), -np.inf, promise).argmax(axis=1)
+    bound = np.full(slots, -np.inf, np.float32)
+    if m <= vocab:
+        index = xp.asarray(best)
+        kth = xp.partition(shifted[index], vocab - m, axis=1)[:, vocab - m]
+        bound = backend.to_device((kth - log_sum[index]) + prefix[index], "cpu")
+    # Rows keep the words whose shifted value reaches the bound, in float64 with a margin that
+    # covers float32's rounding of the two additions (relative 6e-8 each).
+    log_sum_h, prefix_h = (backend.to_device(a, "cpu").astype(np.float64) for a in (log_sum, prefix))
+    bound_h = np.repeat(bound.astype(np.float64), width)
+    with np.errstate(invalid="ignore"):
+        threshold = bound_h - prefix_h + log_sum_h
+        threshold -= 1e-6 * (np.abs(bound_h) + np.abs(prefix_h) + np.abs(log_sum_h) + 1)
+    # Where the bound is -inf (or NaN), every finite candidate of the sentence is scored.
+    threshold[~(bound_h > -np.inf)] = -np.finfo(np.float32).max
+    threshold = np.where(np.isnan(threshold), np.inf, threshold)  # a NaN log_sum: nothing to score
+    flat = xp.flatnonzero(shifted >= xp.asarray(threshold.astype(shifted.dtype))[:, None])
+    row, word = flat // vocab, flat % vocab
+    cand_scores = backend.to_device((shifted.ravel()[flat] - log_sum[row]) + prefix[row], "cpu")
+    row, word = backend.to_device(row, "cpu"), backend.to_device(word, "cpu")
+    slot, cand = row // width, (row % width) * vocab + word
+    # Per sentence, best first and lower id first on ties; then the first m of each.
+    order = np.lexsort((cand, -cand_scores, slot))
+    slot, cand, cand_scores = slot[order], cand[order], cand_scores[order]
+    rank = np.arange(len(slot)) - np.searchsorted(slot, slot)  # position inside its sentence
+    keep = rank < m
+    top = np.zeros((slots, m), np.int64)
+    top_scores = np.full((slots, m), -np.inf, cand_scores.dtype)
+    top[slot[keep], rank[keep]] = cand[keep]
+    top_scores[slot[keep], rank[keep]] = cand_scores[keep]
+    return top, top_scores
+
+
+def _plain_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ``_score_candidates`` computes, by its definition: every word of every row scored,
+    each sentence's candidates sorted (NumPy arrays in and out; the tests hold the two equal)."""
+    cand = ((shifted - log_sum[:, None]) + scores.astype(shifted.dtype)[:, None]).reshape(slots, -1)
+    ids = np.broadcast_to(np.arange(cand.shape[1]), cand.shape)
+    top = np.lexsort((ids, -cand), axis=1)[:, :min(m, cand.shape[1])]
+    return top, np.take_along_axis(cand, top, axis=1)
 
 
 def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: int, k: int, eos: int):

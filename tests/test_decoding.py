@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import minitransformer as mt
 from minitransformer import nn
+from minitransformer import decoding
 from minitransformer.decoding import beam_search, greedy_decode, length_penalty, translate
-from minitransformer.functional.softmax import log_softmax_array
+from minitransformer.functional.softmax import log_softmax_array, log_softmax_parts
 from tests.helpers import sharp_model as model
 from tests.helpers import DECODING_CFG, sources
 
@@ -110,3 +112,38 @@ def test_wider_beam_never_scores_worse_on_a_sharp_model():
 
 def test_translate_of_no_sentences_is_empty():
     assert translate(None, None, []) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(slots=st.integers(1, 5), width=st.integers(1, 4), vocab=st.integers(2, 40), m=st.integers(1, 10),
+       coarse=st.booleans(), forced=st.floats(0, 1), dead=st.floats(0, 1), seed=st.integers(0, 2**32 - 1))
+def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, vocab, m, coarse, forced, dead, seed):
+    """The fast selection gives the definition's candidates, ids and float32 scores exactly: with
+    ties (coarse logits), -inf words, rows forced to EOS, dead beams (log P(prefix) = -inf)."""
+    rng = np.random.default_rng(seed)
+    rows = slots * width
+    logits = rng.normal(0, 4, (rows, vocab)).astype(np.float32)
+    if coarse:
+        logits = np.round(logits).astype(np.float32)  # many equal scores
+    logits[:, rng.random(vocab) < 0.1] = -np.inf  # never-valid words (PAD, BOS)
+    shifted, log_sum = log_softmax_parts(logits)
+    at_limit = np.repeat(rng.random(slots) < forced / 2, width)
+    decoding._force_eos(shifted, at_limit, vocab - 1, np)
+    scores = rng.normal(-5, 3, rows)
+    scores[rng.random(rows) < dead / 3] = -np.inf
+    top, top_scores = decoding._score_candidates(shifted, log_sum[:, 0], scores, slots, m, np)
+    want, want_scores = decoding._plain_candidates(shifted, log_sum[:, 0], scores, slots, m)
+    assert top.shape == want.shape and top_scores.dtype == np.float32
+    finite = np.isfinite(want_scores)
+    np.testing.assert_array_equal(top[finite], want[finite])
+    np.testing.assert_array_equal(top_scores[finite], want_scores[finite])
+    assert (top_scores[~finite] == -np.inf).all()  # empty slots: -inf, as the definition's leftovers
+
+
+def test_beam_search_with_the_plain_candidates_decodes_the_same(monkeypatch):
+    m = model(seed=8)
+    src = sources(seed=9, n=6)
+    fast = beam_search(m, src, beam_size=4, alpha=0.6, max_len_extra=5, return_scores=True)
+    monkeypatch.setattr(decoding, "_score_candidates", lambda shifted, log_sum, scores, slots, k, xp:
+                        decoding._plain_candidates(shifted, log_sum, scores, slots, k))
+    assert beam_search(m, src, beam_size=4, alpha=0.6, max_len_extra=5, return_scores=True) == fast

@@ -45,10 +45,17 @@ def softmax_array(x, axis: int = -1):
     return e
 
 
-def log_softmax_array(x, axis: int = -1):
+def log_softmax_parts(x, axis: int = -1):
+    """``(x - m, log sum exp(x - m))``: the log-softmax is their difference. Beam search keeps
+    the two apart and subtracts only for the candidates it scores."""
     xp = backend.array_module_of(x)
     shifted, _, s = stable_softmax_parts(x, axis)
-    shifted -= xp.log(xp.where(s == 0, 1, s))
+    return shifted, xp.log(xp.where(s == 0, 1, s))
+
+
+def log_softmax_array(x, axis: int = -1):
+    shifted, log_sum = log_softmax_parts(x, axis)
+    shifted -= log_sum
     return shifted
 
 
