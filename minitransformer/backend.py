@@ -150,6 +150,40 @@ def to_device(array, device: str):
     return _cupy.asnumpy(array)
 
 
+def cpu_threads() -> int:
+    """The threads CPU work may use: ``OMP_NUM_THREADS`` when set (NumPy's BLAS reads it too),
+    else the cores this process may run on."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_pool = None  # (threads, ThreadPoolExecutor) of row_blocks, started on first use
+
+
+def row_blocks(fn, rows: int, array) -> list:
+    """``[fn(start, stop), ...]`` over contiguous blocks of ``range(rows)``, one block per CPU
+    thread (``cpu_threads``), run at once; a single ``fn(0, rows)`` for a GPU array.
+
+    NumPy's BLAS spreads a matrix product over the cores, but its elementwise passes and
+    reductions run on one. They release Python's GIL inside their loops, so a pass over the
+    rows of a large array (the vocabulary's log-softmax in beam search) split into blocks on
+    threads runs on as many cores as the products do. ``fn`` must write only its own rows."""
+    global _pool
+    threads = min(cpu_threads(), rows) if array_module_of(array) is np else 1
+    if threads <= 1:
+        return [fn(0, rows)]
+    if _pool is None or _pool[0] < threads - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = (threads - 1, ThreadPoolExecutor(threads - 1, thread_name_prefix="row_blocks"))
+    bounds = [rows * i // threads for i in range(threads + 1)]
+    futures = [_pool[1].submit(fn, start, stop) for start, stop in zip(bounds[1:-1], bounds[2:])]
+    first = fn(bounds[0], bounds[1])  # this thread takes the first block
+    return [first, *(f.result() for f in futures)]
+
+
 def index_add(target, index, values) -> None:
     """``target[index] += values`` where repeated indices accumulate (unlike ``+=``)."""
     if array_module_of(target) is np:

@@ -41,7 +41,7 @@ import numpy as np
 
 from . import backend
 from .autograd import no_grad
-from .functional.softmax import log_softmax_array, log_softmax_parts
+from .functional.softmax import log_softmax_array, log_softmax_parts_
 from .tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
         # log P(next | prefix) = shifted - log_sum, per row (slots * width, V) and (rows, 1)
-        shifted, log_sum = log_softmax_parts(_step_logits(model, last, memory, src_mask, cache, t, xp))
+        shifted, log_sum = log_softmax_parts_(_step_logits(model, last, memory, src_mask, cache, t, xp))
         _force_eos(shifted, np.repeat(t + 1 >= max_out[active], width), eos, xp)
         top, top_scores = _score_candidates(shifted, log_sum[:, 0], scores, len(active), 2 * k, xp)
         vocab = shifted.shape[-1]
@@ -255,8 +255,11 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
     best = np.arange(slots) * width + np.where(np.isnan(promise), -np.inf, promise).argmax(axis=1)
     bound = np.full(slots, -np.inf, np.float32)
     if m <= vocab:
+        def kth_best(start: int, stop: int):  # the m-th largest shifted value of each best row
+            return xp.partition(shifted[xp.asarray(best[start:stop])], vocab - m, axis=1)[:, vocab - m]
+
         index = xp.asarray(best)
-        kth = xp.partition(shifted[index], vocab - m, axis=1)[:, vocab - m]
+        kth = xp.concatenate(backend.row_blocks(kth_best, slots, shifted))
         bound = backend.to_device((kth - log_sum[index]) + prefix[index], "cpu")
     # Rows keep the words whose shifted value reaches the bound, in float64 with a margin that
     # covers float32's rounding of the two additions (relative 6e-8 each).
@@ -268,7 +271,12 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
     # Where the bound is -inf (or NaN), every finite candidate of the sentence is scored.
     threshold[~(bound_h > -np.inf)] = -np.finfo(np.float32).max
     threshold = np.where(np.isnan(threshold), np.inf, threshold)  # a NaN log_sum: nothing to score
-    flat = xp.flatnonzero(shifted >= xp.asarray(threshold.astype(shifted.dtype))[:, None])
+    threshold = xp.asarray(threshold.astype(shifted.dtype))
+
+    def survivors(start: int, stop: int):  # flat indices into shifted
+        return xp.flatnonzero(shifted[start:stop] >= threshold[start:stop, None]) + start * vocab
+
+    flat = xp.concatenate(backend.row_blocks(survivors, rows, shifted))
     row, word = flat // vocab, flat % vocab
     cand_scores = backend.to_device((shifted.ravel()[flat] - log_sum[row]) + prefix[row], "cpu")
     row, word = backend.to_device(row, "cpu"), backend.to_device(word, "cpu")

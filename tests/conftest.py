@@ -61,6 +61,41 @@ def pytest_report_header(config):
     return f"device 'cuda': {'a GPU' if backend.has_cuda() else 'none'}"
 
 
+# pytest -n (pytest-xdist, as pyproject.toml's addopts run it) sends each worker a scope at a
+# time, a module with --dist loadscope, so that a module's fixtures are made once. The
+# sanitizer module takes a third of the suite's time: its scopes are its three checks instead
+# (each check's builds are its own), and they are collected first, so that the longest work
+# starts first and ends before the rest.
+SANITIZERS = "tests/kernels/test_sanitizers.py"
+CHECKS = ("thread", "address", "poison")  # the slowest first
+
+
+def _check_of(nodeid: str) -> str:  # "...::test_kernels_are_clean[thread-attention]" -> "thread"
+    return nodeid.rsplit("[", 1)[-1].split("-", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        return CHECKS.index(_check_of(item.nodeid)) if item.nodeid.startswith(SANITIZERS) else len(CHECKS)
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadscope":
+        return None  # the mode asked for
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ChecksApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(SANITIZERS):
+                return f"{SANITIZERS}[{_check_of(nodeid)}]"
+            return super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order, not the scopes' sizes
+    return ChecksApart(config, log)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param

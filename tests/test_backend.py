@@ -53,3 +53,30 @@ def test_dropout_mask_at_the_edges():
     assert scale == 2**16 and 0 < keep.sum() < 50  # 10^6 draws at 2^-16: 15 expected, 4 the std
     keep, scale = backend.dropout_mask("cpu", (3, 0, 2), 0.5)
     assert keep.shape == (3, 0, 2) and keep.dtype == bool and scale == 2.0
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+@pytest.mark.parametrize("rows", [0, 1, 3, 17])
+def test_row_blocks_cover_every_row_once_in_order(monkeypatch, threads, rows):
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    seen = backend.row_blocks(lambda start, stop: (start, stop), rows, np.zeros(rows))
+    assert len(seen) == max(1, min(int(threads), rows))
+    assert [start for start, _ in seen] == [0] + [stop for _, stop in seen[:-1]]  # contiguous
+    assert seen[0][0] == 0 and seen[-1][1] == rows
+
+
+def test_row_blocks_run_on_threads_at_once(monkeypatch):
+    import threading
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    barrier = threading.Barrier(3, timeout=10)  # passes only if the three blocks run together
+    names = backend.row_blocks(lambda start, stop: (barrier.wait(), threading.current_thread().name)[1],
+                               9, np.zeros(9))
+    assert len(set(names)) == 3
+
+
+def test_cpu_threads_follow_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert backend.cpu_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert backend.cpu_threads() >= 1

@@ -20,12 +20,14 @@ def test_incremental_logits_equal_full_recompute(device, sizes):
     src_mask = m.src_key_mask(src)
     memory = m.encode(src, src_mask)
     cache = m.new_cache()
-    for t in range(prefix.shape[1]):
-        step = m.project(m.decode(mt.tensor(prefix[:, t: t + 1], device=device), memory, src_mask, cache, offset=t))
-        np.testing.assert_allclose(step.numpy()[:, 0], full[:, t], rtol=1e-4, atol=1e-5)
+    with mt.no_grad():
+        for t in range(prefix.shape[1]):
+            step = m.project(m.decode(mt.tensor(prefix[:, t: t + 1], device=device), memory, src_mask, cache,
+                                      offset=t))
+            np.testing.assert_allclose(step.numpy()[:, 0], full[:, t], rtol=1e-4, atol=1e-5)
     d_k, d_v = sizes.get("d_k", 8), sizes.get("d_v", 8)
-    assert cache[0]["self"]["k"].shape == (4, 2, 6, d_k)  # (B, h, T, d_k): the prefix was cached
-    assert cache[0]["self"]["v"].shape == (4, 2, 6, d_v)
+    assert cache[0]["self"].k.shape == (4, 2, 6, d_k)  # (B, h, T, d_k): the prefix was cached
+    assert cache[0]["self"].v.shape == (4, 2, 6, d_v)
 
 
 def test_greedy_takes_the_argmax_of_a_full_recompute():

@@ -97,7 +97,7 @@ def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
             scores = xp.where(attn_mask, scores, -xp.inf)
         else:
             scores = scores + attn_mask.astype(scores.dtype, copy=False)
-    if is_causal:
+    if is_causal and q.shape[-2] > 1:  # a single query (a decoding step) sees every key
         scores = xp.where(causal_mask(xp, q.shape[-2], k.shape[-2]), scores, -xp.inf)
     return scores
 

@@ -18,6 +18,8 @@ Backward, with y = softmax(x) and upstream gradient g:
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import backend, kernels
 from ..autograd import Function
 from ..tensor import Tensor
@@ -51,6 +53,35 @@ def log_softmax_parts(x, axis: int = -1):
     xp = backend.array_module_of(x)
     shifted, _, s = stable_softmax_parts(x, axis)
     return shifted, xp.log(xp.where(s == 0, 1, s))
+
+
+def log_softmax_parts_(x):
+    """``log_softmax_parts(x)`` over the last axis of a 2-D array, the same numbers, overwriting
+    ``x`` on the CPU: there ``x`` becomes the shifted part, computed in blocks of rows small
+    enough to stay in cache while they are reduced, exponentiated and summed, on every CPU
+    thread (``backend.row_blocks``). For beam search, whose (rows, V) logits are a step's
+    largest array and are not needed once shifted."""
+    if backend.array_module_of(x) is not np or x.dtype not in (np.float32, np.float64):
+        return log_softmax_parts(x)
+    rows, width = x.shape
+    log_sum = np.empty((rows, 1), x.dtype)
+    step = max(1, _BLOCK_BYTES // (width * x.itemsize))
+
+    def shift(start: int, stop: int) -> None:
+        exp = np.empty((min(step, stop - start), width), x.dtype)  # one buffer for every block
+        for i in range(start, stop, step):
+            block = x[i:min(i + step, stop)]
+            m = block.max(axis=1, keepdims=True)
+            block -= np.where(np.isfinite(m), m, 0)
+            e = np.exp(block, out=exp[:len(block)])
+            s = e.sum(axis=1, keepdims=True)
+            log_sum[i:i + len(block)] = np.log(np.where(s == 0, 1, s))
+
+    backend.row_blocks(shift, rows, x)
+    return x, log_sum
+
+
+_BLOCK_BYTES = 1 << 18  # rows of a log_softmax_parts_ block: 256 KB, within any core's L2 cache
 
 
 def log_softmax_array(x, axis: int = -1):

@@ -1,6 +1,6 @@
 """Layers built on ``minitransformer.functional``, with PyTorch's Module conventions."""
 
-from .attention import MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention
 from .embedding import Embedding, PositionalEncoding
 from .layers import Dropout, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
@@ -11,6 +11,6 @@ from .transformer import (
 
 __all__ = [
     "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer", "LayerNorm",
-    "Linear", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionalEncoding",
+    "KVCache", "Linear", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionalEncoding",
     "PositionwiseFeedForward", "Transformer", "TransformerConfig", "expected_num_parameters",
 ]

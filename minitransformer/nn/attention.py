@@ -8,16 +8,18 @@ h·d_k matrix, so projecting once and reshaping (B, T, h·d_k) -> (B, h, T, d_k)
 at once. ``d_k`` and ``d_v`` may be set apart from d_model / h, as Table 3 varies them (row B:
 a smaller d_k alone); W^O is then h·d_v x d_model.
 
-Incremental decoding passes a ``cache`` dict per attention layer:
-  * self-attention appends this step's keys and values to ``cache["k"]``/``cache["v"]``, so
-    each new token costs one query against the stored keys, not a recompute of the prefix;
+Incremental decoding passes a cache per attention layer:
+  * self-attention appends this step's keys and values to a ``KVCache``, so each new token
+    costs one query against the stored keys, not a recompute of the prefix;
   * cross-attention (``static_kv=True``) projects the encoder output once, on the first step,
-    and reuses it for every later step.
+    into a dict's ``"k"``/``"v"``, and reuses it for every later step.
 """
 
 from __future__ import annotations
 
+from .. import backend
 from .. import functional as F
+from ..autograd import is_grad_enabled
 from ..tensor import Tensor
 from .layers import Linear, check_fraction, check_int
 from .module import Module
@@ -54,12 +56,12 @@ class MultiHeadAttention(Module):
             return cache["k"], cache["v"]
         k = self._split_heads(self.k_proj(key))  # (B, h, S, d_k)
         v = self._split_heads(self.v_proj(value))
-        if cache is not None:
-            if not static_kv and "k" in cache:
-                k = F.concat([cache["k"], k], axis=2)
-                v = F.concat([cache["v"], v], axis=2)
+        if cache is None:
+            return k, v
+        if static_kv:
             cache["k"], cache["v"] = k, v
-        return k, v
+            return k, v
+        return cache.append(k, v)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_mask: F.KeyMask | None = None,
                 is_causal: bool = False, need_weights: bool = False, cache: dict | None = None,
@@ -92,8 +94,63 @@ class MultiHeadAttention(Module):
         return f"d_model={self.d_model}, h={self.h}, d_k={self.d_k}, d_v={self.d_v}"
 
 
-def reorder_cache(cache: dict, index) -> None:
+class KVCache:
+    """The keys (B, h, n, d_k) and values (B, h, n, d_v) a decoder self-attention has seen,
+    for incremental decoding (under ``no_grad``: they are written in place).
+
+    They live in buffers with room for a few more positions (``GROW`` at a time): a step
+    writes its keys at position n, where appending by concatenation would copy the whole
+    prefix at every step. ``select(rows)`` keeps batch rows (beam search's surviving beams):
+    gathering whole buffer rows is one contiguous copy per row, the cheapest gather NumPy
+    has (gathering into a slice of a preallocated buffer copies in small strided pieces, 3 to
+    15 times slower), so the spare positions are gathered too, and there are few of them."""
+
+    GROW = 8  # positions added when the buffers are full
+
+    def __init__(self) -> None:
+        self.n = 0  # positions held
+        self._buffers = None  # [keys, values], (B, h, capacity, d)
+
+    @property
+    def k(self) -> Tensor:
+        return Tensor(self._buffers[0][:, :, :self.n])
+
+    @property
+    def v(self) -> Tensor:
+        return Tensor(self._buffers[1][:, :, :self.n])
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add a step's keys and values (B, h, T, d) after the prefix; returns all of them."""
+        if is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            raise RuntimeError("KVCache: incremental decoding runs under minitransformer.no_grad() "
+                               "(the cache is written in place, which gradients cannot follow)")
+        xp = backend.array_module_of(k.data)
+        b, t = k.shape[0], k.shape[2]
+        if self._buffers is None:
+            self._buffers = [xp.empty((*x.shape[:2], 0, x.shape[3]), x.dtype) for x in (k.data, v.data)]
+        if b != self._buffers[0].shape[0]:
+            raise ValueError(f"KVCache: a step of {b} rows for a cache of {self._buffers[0].shape[0]}")
+        short = self.n + t - self._buffers[0].shape[2]
+        if short > 0:  # GROW positions more (or as many as the step needs, rounded up)
+            more = -(-short // self.GROW) * self.GROW
+            self._buffers = [xp.concatenate([x, xp.empty((*x.shape[:2], more, x.shape[3]), x.dtype)], axis=2)
+                             for x in self._buffers]
+        for buffer, new in zip(self._buffers, (k.data, v.data)):
+            buffer[:, :, self.n:self.n + t] = new
+        self.n += t
+        return self.k, self.v
+
+    def select(self, index) -> None:
+        """Keep batch rows ``index`` (an integer array), in its order."""
+        if self._buffers is not None:
+            self._buffers = [x[index] for x in self._buffers]
+
+
+def reorder_cache(cache, index) -> None:
     """Select batch rows of a cache in place (beam search keeps the surviving beams)."""
+    if isinstance(cache, KVCache):
+        cache.select(index)
+        return
     for name in ("k", "v"):
         if name in cache:
             cache[name] = Tensor(cache[name].data[index])

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from .. import functional as F
 from ..tensor import Tensor
-from .attention import MultiHeadAttention, reorder_cache
+from .attention import KVCache, MultiHeadAttention, reorder_cache
 from .embedding import Embedding, PositionalEncoding
 from .layers import Dropout, LayerNorm, Linear, check_fraction, check_int, check_positive
 from .module import Module, ModuleList
@@ -144,7 +144,7 @@ class DecoderLayer(Module):
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: F.KeyMask | None = None,
                 cache: dict | None = None) -> Tensor:
-        """``cache``: {"self": {}, "cross": {}} for incremental decoding (see nn.attention)."""
+        """``cache``: {"self": KVCache(), "cross": {}} for incremental decoding (see nn.attention)."""
         self_cache = cache["self"] if cache is not None else None
         cross_cache = cache["cross"] if cache is not None else None
         x = self.sub1(x, lambda y: self.self_attn(y, y, y, is_causal=True, cache=self_cache))
@@ -227,7 +227,7 @@ class Transformer(Module):
 
     def new_cache(self) -> list:
         """Empty per-layer caches for incremental decoding."""
-        return [{"self": {}, "cross": {}} for _ in range(self.config.num_decoder_layers)]
+        return [{"self": KVCache(), "cross": {}} for _ in range(self.config.num_decoder_layers)]
 
     @staticmethod
     def reorder_cache(cache: list, index, source_index=None) -> None:

@@ -1,3 +1,5 @@
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -53,3 +55,25 @@ def test_fully_masked_row_gives_zeros_not_nan(device):
     np.testing.assert_array_equal(x.grad.numpy()[1], np.zeros(4))
     ls = F.log_softmax(x)
     assert not np.isnan(ls.numpy()).any()
+
+
+@given(rows=st.integers(0, 40), width=st.integers(1, 300), threads=st.integers(1, 3),
+       block_bytes=st.sampled_from([1, 64, 4096, 1 << 18]), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=seeds)
+def test_in_place_log_softmax_parts_are_the_plain_ones_bit_for_bit(rows, width, threads, block_bytes, dtype, seed):
+    softmax = importlib.import_module("minitransformer.functional.softmax")  # F.softmax is the op
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 10).astype(dtype)
+    x[rng.random(x.shape) < 0.2] = -np.inf  # masked words
+    if rows:
+        x[rng.integers(rows)] = -np.inf  # a fully masked row
+    shifted, log_sum = softmax.log_softmax_parts(x)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", str(threads))  # blocks on 1-3 threads
+        mp.setattr(softmax, "_BLOCK_BYTES", block_bytes)  # from one row per block to all rows in one
+        y = x.copy()
+        shifted_, log_sum_ = softmax.log_softmax_parts_(y)
+    assert shifted_ is y and shifted_.dtype == dtype and log_sum_.dtype == dtype
+    np.testing.assert_array_equal(shifted_, shifted)
+    np.testing.assert_array_equal(log_sum_, log_sum)
