@@ -61,10 +61,13 @@ def cuda_wanted() -> bool:
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 
 
+DEFAULT_ARCHS = [80, 86, 89, 90]
+
+
 def cuda_archs() -> list[int]:
     """The GPU architectures (compute capabilities, as 80 for sm_80) to compile for."""
-    archs = os.environ.get("MINITRANSFORMER_CUDA_ARCHS", "80;86;89;90")
-    return [int(a) for a in archs.split(";") if a.strip()]
+    archs = os.environ.get("MINITRANSFORMER_CUDA_ARCHS")
+    return DEFAULT_ARCHS if archs is None else [int(a) for a in archs.split(";") if a.strip()]
 
 
 def gencode_flags() -> list[str]:

@@ -58,7 +58,16 @@ def rows(C, usage):
 
 def test_setup_builds_native_code_for_a100_rtx_l4_l40_and_h100(monkeypatch):
     monkeypatch.delenv("MINITRANSFORMER_CUDA_ARCHS", raising=False)
+    assert resources.setup_module().cuda_archs() == [80, 86, 89, 90]
     assert resources.architectures() == [80, 86, 89, 90]
+
+
+def test_the_gates_check_every_default_architecture_whatever_the_build(monkeypatch):
+    monkeypatch.setenv("MINITRANSFORMER_CUDA_ARCHS", "90")  # as CI builds
+    assert resources.setup_module().cuda_archs() == [90]
+    assert resources.architectures() == [80, 86, 89, 90]
+    monkeypatch.setenv("MINITRANSFORMER_CUDA_ARCHS", "86;100")
+    assert resources.architectures() == [80, 86, 89, 90, 100]
 
 
 def test_every_architecture_built_has_a_known_limit():
