@@ -150,13 +150,18 @@ def to_device(array, device: str):
     return _cupy.asnumpy(array)
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_threads() -> int:
     """The threads CPU work may use: ``OMP_NUM_THREADS`` when set (NumPy's BLAS reads it too),
-    else the cores this process may run on."""
+    else ``cpu_cores()``."""
     try:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return cpu_cores()
 
 
 _pool = None  # (threads, ThreadPoolExecutor) of row_blocks, started on first use

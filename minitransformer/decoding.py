@@ -255,10 +255,11 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
     best = np.arange(slots) * width + np.where(np.isnan(promise), -np.inf, promise).argmax(axis=1)
     bound = np.full(slots, -np.inf, np.float32)
     if m <= vocab:
-        def kth_best(start: int, stop: int):  # the m-th largest shifted value of each best row
-            return xp.partition(shifted[xp.asarray(best[start:stop])], vocab - m, axis=1)[:, vocab - m]
-
         index = xp.asarray(best)
+
+        def kth_best(start: int, stop: int):  # the m-th largest shifted value of each best row
+            return xp.partition(shifted[index[start:stop]], vocab - m, axis=1)[:, vocab - m]
+
         kth = xp.concatenate(backend.row_blocks(kth_best, slots, shifted))
         bound = backend.to_device((kth - log_sum[index]) + prefix[index], "cpu")
     # Rows keep the words whose shifted value reaches the bound, in float64 with a margin that

@@ -186,10 +186,6 @@ def is_main_process() -> bool:
 # --------------------------------------------------------------------------- helpers
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _share_the_cores(local_rank: int, local_size: int) -> None:
     """Give this rank an equal share of the node's cores for NumPy's BLAS (threadpoolctl sets
     it at run time). Each rank's BLAS would otherwise start a thread per core and the ranks
@@ -198,7 +194,7 @@ def _share_the_cores(local_rank: int, local_size: int) -> None:
     global _shared_cores
     if any(v in os.environ for v in _BLAS_THREAD_VARS):
         return
-    share = max(1, _cores() // local_size)
+    share = max(1, backend.cpu_cores() // local_size)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
@@ -207,7 +203,7 @@ def _share_the_cores(local_rank: int, local_size: int) -> None:
         if local_rank == 0:  # no threadpoolctl, or one too old to know NumPy's BLAS
             log.warning("%d ranks share this node's %d CPU cores, and threadpoolctl cannot give each "
                         "its share: pip install 'minitransformer[mpi]', or set each rank's "
-                        "OMP_NUM_THREADS (mpiexec -genv OMP_NUM_THREADS %d ...)", local_size, _cores(), share)
+                        "OMP_NUM_THREADS (mpiexec -genv OMP_NUM_THREADS %d ...)", local_size, backend.cpu_cores(), share)
         return
     threadpool_limits(share, user_api="blas")
     _shared_cores = True
@@ -227,7 +223,7 @@ def main_process_alone(world: World):
         if world.is_main and world.world_size > 1 and _shared_cores:
             from threadpoolctl import threadpool_limits
 
-            with threadpool_limits(_cores(), user_api="blas"):
+            with threadpool_limits(backend.cpu_cores(), user_api="blas"):
                 yield True
         else:
             yield world.is_main
