@@ -22,8 +22,8 @@ A step of ``_beam``: the decoder's log-probabilities for every row (one row per 
 first step, where all beams are the same BOS; k after), EOS forced at the length limit
 (``_force_eos``), the 2k best extensions per sentence (``_score_candidates``), split into those
 that finish and the k that live on (``_select_beams``), and the cache gathered for the survivors
-(``_reorder``: the self-attention caches every step; the source side, the same for all beams of
-a sentence, only when sentences leave the batch).
+(``_reorder``: the self-attention caches every step; the source side, which the decoder holds
+once per sentence for all its beams, only when sentences leave the batch).
 
 ``beam_search(..., observer=f)`` calls ``f(step)`` after each step with a ``BeamStep``: the
 candidates the step scored, the hypotheses that finished, the beams it kept (examples/tour.py
@@ -204,7 +204,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
             break
         # Sentences done leave the batch; only the rows of those still going live on.
         slots, rows, words, scores = slots[going], rows[going].ravel(), words[going].ravel(), scores[going].ravel()
-        source_rows = None if len(slots) == len(active) and width == k else np.repeat(slots * width, k)
+        source_rows = None if len(slots) == len(active) else slots
         tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
         active, width = active[slots], k
         memory, src_mask = _reorder(model, cache, memory, src_mask, rows, source_rows, xp)
@@ -329,8 +329,9 @@ def _select_beams(top: np.ndarray, top_scores: np.ndarray, vocab: int, width: in
 
 def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.ndarray | None, xp):
     """Keep the decoder's state of the surviving beams: the self-attention caches follow
-    ``rows``. The source side (memory, padding, cross-attention caches) is the same for every
-    beam of a sentence, so it is gathered only when the slots change (``source_rows``)."""
+    ``rows``. The source side (memory, padding, cross-attention caches) has one row per slot,
+    shared by the slot's beams (``DecoderLayer._cross``), and is gathered only when the slots
+    change: ``source_rows``, the slots kept."""
     index = None if source_rows is None else xp.asarray(source_rows)
     model.reorder_cache(cache, xp.asarray(rows), index)
     if index is None:

@@ -30,6 +30,29 @@ def test_incremental_logits_equal_full_recompute(device, sizes):
     assert cache[0]["self"].v.shape == (4, 2, 6, d_v)
 
 
+def test_beams_attend_to_their_sentence_s_one_source(device):
+    """Beam search gives the decoder one memory row per sentence for width beams each: the
+    same logits as the memory repeated for every beam."""
+    m = model(device)
+    src = mt.tensor(sources(n=3), device=device)
+    width, steps = 4, 5
+    tokens = np.random.default_rng(2).integers(4, 13, (3 * width, steps))
+    tokens[:, 0] = 2
+    src_mask = m.src_key_mask(src)
+    memory = m.encode(src, src_mask)
+    rows = np.repeat(np.arange(3), width)
+    repeated = (mt.Tensor(memory.data[rows]), src_mask.select(rows))
+    caches = m.new_cache(), m.new_cache()
+    with mt.no_grad():
+        for t in range(steps):
+            step = mt.tensor(tokens[:, t: t + 1], device=device)
+            shared = m.project(m.decode(step, memory, src_mask, caches[0], offset=t)).numpy()
+            each = m.project(m.decode(step, *repeated, caches[1], offset=t)).numpy()
+            np.testing.assert_allclose(shared, each, rtol=1e-5, atol=1e-5)  # float32 rounding
+        with pytest.raises(ValueError, match=r"11 rows of 1 positions for a memory of 3 sentences"):
+            m.decode(mt.tensor(tokens[:11, :1], device=device), memory, src_mask, m.new_cache())
+
+
 def test_greedy_takes_the_argmax_of_a_full_recompute():
     m = model()
     src = sources(n=2)

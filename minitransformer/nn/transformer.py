@@ -144,13 +144,28 @@ class DecoderLayer(Module):
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: F.KeyMask | None = None,
                 cache: dict | None = None) -> Tensor:
-        """``cache``: {"self": KVCache(), "cross": {}} for incremental decoding (see nn.attention)."""
+        """``cache``: {"self": KVCache(), "cross": {}} for incremental decoding (see nn.attention).
+
+        ``memory`` may hold fewer rows than ``x``, for beam search: x (n * width, 1, d_model)
+        is then ``width`` beams of each of memory's n sentences (row = sentence * width + beam),
+        and the beams of a sentence attend to its source as ``width`` queries of one sequence."""
         self_cache = cache["self"] if cache is not None else None
         cross_cache = cache["cross"] if cache is not None else None
         x = self.sub1(x, lambda y: self.self_attn(y, y, y, is_causal=True, cache=self_cache))
-        x = self.sub2(x, lambda y: self.cross_attn(
-            y, memory, memory, key_mask=src_mask, cache=cross_cache, static_kv=True))
+        x = self.sub2(x, lambda y: self._cross(y, memory, src_mask, cross_cache))
         return self.sub3(x, self.ffn)
+
+    def _cross(self, y: Tensor, memory: Tensor, src_mask, cache) -> Tensor:
+        rows, t, d = y.shape
+        n = memory.shape[0]
+        if rows == n:
+            return self.cross_attn(y, memory, memory, key_mask=src_mask, cache=cache, static_kv=True)
+        if t != 1 or rows % n:
+            raise ValueError(f"DecoderLayer: {rows} rows of {t} positions for a memory of {n} sentences "
+                             f"(beams share a source only one position at a time, width * sentences rows)")
+        grouped = self.cross_attn(y.reshape(n, rows // n, d), memory, memory, key_mask=src_mask, cache=cache,
+                                  static_kv=True)
+        return grouped.reshape(rows, t, d)
 
 
 class Encoder(Module):
