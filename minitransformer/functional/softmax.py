@@ -25,12 +25,26 @@ from ..autograd import Function
 from ..tensor import Tensor
 
 
+def row_max(x, axis: int):
+    """``x.max(axis, keepdims=True)``, the same numbers. NumPy reduces a short last axis row by
+    row, some 100 ns a row (attention's rows of a decoding step hold 5 to 60 keys); across a
+    transposed copy, the maximum runs down whole rows of elements at once, 2 to 20 times faster."""
+    width = x.shape[axis] if x.ndim else 1
+    if backend.array_module_of(x) is not np or axis not in (-1, x.ndim - 1) or not 1 < width <= _SHORT_ROW:
+        return x.max(axis=axis, keepdims=True)
+    columns = np.ascontiguousarray(x.reshape(-1, width).T)  # (width, rows)
+    return columns.max(axis=0).reshape(x.shape[:-1] + (1,))
+
+
+_SHORT_ROW = 64  # keys; from about 96 on, NumPy's own reduction is as fast
+
+
 def stable_softmax_parts(x, axis: int):
     """``(x - m, exp(x - m), sum exp(x - m))`` per row, with the fully-masked-row guard; in
     float32 for 16-bit ``x``."""
     xp = backend.array_module_of(x)
     x = x.astype(backend.compute_dtype(x.dtype), copy=False)
-    m = x.max(axis=axis, keepdims=True)
+    m = row_max(x, axis)
     m = xp.where(xp.isfinite(m), m, 0)
     shifted = x - m
     e = xp.exp(shifted)

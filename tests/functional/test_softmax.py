@@ -2,7 +2,7 @@ import importlib
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import minitransformer as mt
 from minitransformer import functional as F
@@ -79,3 +79,18 @@ def test_in_place_log_softmax_parts_are_the_plain_ones(rows, width, threads, blo
     # Summed in another order: each sum of at most `width` terms (the largest 1) within
     # width * eps of the pairwise one, and so its log.
     np.testing.assert_allclose(log_sum_, log_sum, rtol=0, atol=width * np.finfo(dtype).eps)
+
+
+@settings(deadline=None, max_examples=40)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple), width=st.integers(1, 80),
+       axis=st.sampled_from([-1, 0]), dtype=st.sampled_from([np.float32, np.float64, np.float16]), seed=seeds)
+def test_row_max_is_numpy_s_max(shape, width, axis, dtype, seed):
+    softmax = importlib.import_module("minitransformer.functional.softmax")
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((*shape, width)) * 10).astype(dtype)
+    x[rng.random(x.shape) < 0.3] = -np.inf
+    x.flat[rng.integers(x.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    got = softmax.row_max(x, axis)
+    np.testing.assert_array_equal(got, x.max(axis=axis, keepdims=True))
+    assert got.dtype == dtype
