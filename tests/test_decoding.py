@@ -140,11 +140,14 @@ def test_translate_of_no_sentences_is_empty():
 
 
 @settings(max_examples=150, deadline=None)
-@given(slots=st.integers(1, 5), width=st.integers(1, 4), vocab=st.integers(2, 40), m=st.integers(1, 10),
-       coarse=st.booleans(), forced=st.floats(0, 1), dead=st.floats(0, 1), seed=st.integers(0, 2**32 - 1))
-def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, vocab, m, coarse, forced, dead, seed):
+@given(slots=st.integers(1, 5), width=st.integers(1, 4), vocab=st.integers(2, 60), m=st.integers(1, 10),
+       group=st.integers(1, 4), coarse=st.booleans(), forced=st.floats(0, 1), dead=st.floats(0, 1),
+       seed=st.integers(0, 2**32 - 1))
+def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, vocab, m, group, coarse, forced, dead,
+                                                              seed):
     """The fast selection gives the definition's candidates, ids and float32 scores exactly: with
-    ties (coarse logits), -inf words, rows forced to EOS, dead beams (log P(prefix) = -inf)."""
+    ties (coarse logits), -inf words, rows forced to EOS, dead beams (log P(prefix) = -inf), and
+    groups of 1 to 4 words for the bound (1: the best row's exact m-th best)."""
     rng = np.random.default_rng(seed)
     rows = slots * width
     logits = rng.normal(0, 4, (rows, vocab)).astype(np.float32)
@@ -156,7 +159,9 @@ def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, voca
     decoding._force_eos(shifted, at_limit, vocab - 1, np)
     scores = rng.normal(-5, 3, rows)
     scores[rng.random(rows) < dead / 3] = -np.inf
-    top, top_scores = decoding._score_candidates(shifted, log_sum[:, 0], scores, slots, m, np)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(decoding, "_GROUP", group)
+        top, top_scores = decoding._score_candidates(shifted, log_sum[:, 0], scores, slots, m, np)
     want, want_scores = decoding._plain_candidates(shifted, log_sum[:, 0], scores, slots, m)
     assert top.shape == want.shape and top_scores.dtype == np.float32
     finite = np.isfinite(want_scores)
