@@ -161,8 +161,8 @@ class DecoderLayer(Module):
         if rows == n:
             return self.cross_attn(y, memory, memory, key_mask=src_mask, cache=cache, static_kv=True)
         if t != 1 or rows % n:
-            raise ValueError(f"DecoderLayer: {rows} rows of {t} positions for a memory of {n} sentences "
-                             f"(beams share a source only one position at a time, width * sentences rows)")
+            raise ValueError(f"DecoderLayer: {rows} rows of {t} positions for a memory of {n} sentences: beams "
+                             f"share their sentence's source one position at a time, in sentences * width rows")
         grouped = self.cross_attn(y.reshape(n, rows // n, d), memory, memory, key_mask=src_mask, cache=cache,
                                   static_kv=True)
         return grouped.reshape(rows, t, d)
