@@ -3,6 +3,7 @@ model exported to CTranslate2 (float32 and int8), on the same sentences in the s
 
     OMP_NUM_THREADS=2 python benchmarks/translate_speed.py --run runs/multi30k --data-dir ../shared/data/multi30k
     ... --beam 8 --alpha 2.0 --profile 25 --hyps ours.ids   # the preset's search, profiled, outputs kept
+    ... --engines ours --parts      # ours alone, then where its time goes, part by part
 
 The test set's first ``--limit`` sources are cut into our translate batches (length-sorted,
 about ``--max-tokens`` source tokens each); every engine decodes exactly those batches with the
@@ -15,6 +16,12 @@ their EOS: one decoder step each), sentences per second, sacreBLEU of the output
 relative to CTranslate2 float32. CTranslate2 searches with its own length penalty (L^alpha), so
 its output and BLEU differ a little from ours; ``examples/export_ctranslate2.py`` measures how
 little. Without ctranslate2 installed (``pip install -e ".[export]"``) only our row is measured.
+
+``--parts`` decodes once more, ours alone, with a clock around each part of the search (the
+encoder, the decoder layers and inside them the Linear layers' products, attention, layer norm
+and the cache's appends, the vocabulary projection, its log-softmax, the candidates, the cache
+reorder): a profile without a profiler's cost per call, so that its parts add up to the
+decoding's real seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from minitransformer import cli, data, decoding, export, files  # noqa: E402
+from minitransformer import cli, data, decoding, export, files, nn  # noqa: E402
+from minitransformer.functional.attention import ScaledDotProductAttention  # noqa: E402
+from minitransformer.functional.layernorm import LayerNorm  # noqa: E402
+from minitransformer.functional.matmul import Linear  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
 from train_wmt import bleu  # noqa: E402
 from translate import find_run_files, load_model  # noqa: E402
@@ -70,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--profile", type=cli.integer(1), metavar="N",
                    help="then decode once more, ours alone, under cProfile, and print its N most costly functions")
+    p.add_argument("--parts", action="store_true",
+                   help="then decode once more, ours alone, and print the seconds each part of the search took")
+    p.add_argument("--engines", choices=("all", "ours"), default="all",
+                   help="ours: time our search alone (CTranslate2 is not exported or run)")
     p.add_argument("--hyps", help="write our hypotheses here, one line of token ids per sentence (to compare "
                    "two commits' outputs)")
     return p
@@ -90,6 +104,8 @@ def main(argv=None) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         runs = engines(model, tok, folder, threads, args.beam, args.alpha)
+        if args.engines == "ours":
+            runs = {"ours": runs["ours"]}
         seconds = {name: [] for name in runs}
         hyps = {}
         for _ in range(args.repeats):
@@ -121,8 +137,12 @@ def main(argv=None) -> dict:
             f.writelines(" ".join(map(str, h)) + "\n" for h in hyps["ours"])
     if args.profile:
         profile(runs["ours"], batches, src, args.profile)
+    if args.parts:
+        result_parts = parts(model, runs["ours"], batches, src)
     result = dict(sentences=n, batches=len(batches), beam=args.beam, alpha=args.alpha, threads=threads,
                   max_tokens=args.max_tokens, repeats=args.repeats, engines=rows)
+    if args.parts:
+        result["parts"] = result_parts
     if args.json:
         with files.atomic_write(args.json) as f:
             f.write(json.dumps(result, indent=2) + "\n")
@@ -141,6 +161,70 @@ def profile(decode, batches, src, top: int) -> None:
     profiler.disable()
     print(f"\nours under cProfile, the {top} functions that cost most time of their own:")
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
+# The parts of a beam search step that --parts times: (label, owner, attribute, enclosing part).
+# Inner parts are counted only inside their enclosing one (the vocabulary projection is a Linear
+# too, but not one of the decoder layers').
+PARTS = (
+    ("encoder", "model", "encode", None),
+    ("decoder layers", "model", "decode", None),
+    ("  of which the Linear layers' products", Linear, "forward", "decoder layers"),
+    ("  of which attention", ScaledDotProductAttention, "forward", "decoder layers"),
+    ("  of which layer norm", LayerNorm, "forward", "decoder layers"),
+    ("  of which the cache's appends", nn.KVCache, "append", "decoder layers"),
+    ("vocabulary projection", "model", "project", None),
+    ("log-softmax over the vocabulary", decoding, "log_softmax_parts_", None),
+    ("candidates (bound, survivors, sort)", decoding, "_score_candidates", None),
+    ("cache reorder", decoding, "_reorder", None),
+)
+
+
+def parts(model, decode, batches, src) -> dict:
+    """Our decoding of every batch with a clock around each of ``PARTS``: label -> seconds, and
+    what the parts leave (the search's own bookkeeping) as "the rest"."""
+    seconds = {label: 0.0 for label, *_ in PARTS}
+    inside = set()  # the top-level parts running now
+
+    def timed(label, fn, parent):
+        def run(*args, **kwargs):
+            if parent is not None and parent not in inside:
+                return fn(*args, **kwargs)
+            inside.add(label)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[label] += time.perf_counter() - start
+                inside.discard(label)
+        return run
+
+    patched = []
+    for label, owner, name, parent in PARTS:
+        owner = model if owner == "model" else owner
+        original = vars(owner).get(name)  # None: the model's method, which lives on its class
+        fn = getattr(owner, name)
+        wrapper = timed(label, fn, parent)
+        setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
+        patched.append((owner, name, original))
+    try:
+        start = time.perf_counter()
+        for batch in batches:
+            decode(batch, [src[i] for i in batch.indices])
+        total = time.perf_counter() - start
+    finally:
+        for owner, name, original in reversed(patched):
+            if original is not None:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the model's own wrapper goes; its class's method shows again
+    seconds["the rest (the search's bookkeeping)"] = total - sum(
+        s for (label, *_, parent), s in zip(PARTS, seconds.values()) if parent is None)
+    seconds["total"] = total
+    print("\nours, each part of the search timed around its calls:")
+    for label, s in seconds.items():
+        print(f"  {label:42s} {s:7.2f} s")
+    return seconds
 
 
 if __name__ == "__main__":

@@ -37,3 +37,22 @@ def test_without_ctranslate2_our_row_is_measured(toy, monkeypatch, capsys):
     result = translate_speed.main(toy)
     assert set(result["engines"]) == {"ours"}
     assert "the CTranslate2 rows are skipped" in capsys.readouterr().out
+
+
+def test_the_parts_add_up_and_every_patch_is_undone(toy, capsys):
+    from minitransformer import decoding, nn
+    from minitransformer.functional.matmul import Linear
+
+    before = dict(vars(decoding)), Linear.__dict__["forward"], nn.KVCache.append
+    result = translate_speed.main(toy + ["--engines", "ours", "--parts", "--repeats", "1"])
+    assert set(result["engines"]) == {"ours"}  # CTranslate2 was neither exported nor run
+    parts = result["parts"]
+    top = [label for label, *_, parent in translate_speed.PARTS if parent is None]
+    inner = [label for label, *_, parent in translate_speed.PARTS if parent is not None]
+    assert all(parts[label] > 0 for label in top + inner)  # every part was reached, and timed
+    assert sum(parts[label] for label in inner) <= parts["decoder layers"]
+    assert parts["the rest (the search's bookkeeping)"] >= 0
+    assert abs(sum(parts[label] for label in top) + parts["the rest (the search's bookkeeping)"]
+               - parts["total"]) < 1e-9
+    assert (dict(vars(decoding)), Linear.__dict__["forward"], nn.KVCache.append) == before
+    assert "candidates (bound, survivors, sort)" in capsys.readouterr().out
