@@ -7,9 +7,11 @@ model exported to CTranslate2 (float32 and int8), on the same sentences in the s
 
 The test set's first ``--limit`` sources are cut into our translate batches (length-sorted,
 about ``--max-tokens`` source tokens each); every engine decodes exactly those batches with the
-same beam size. Each repeat runs every engine once, in turn, so that a machine shared with other
-work slows them alike; the figures are medians over the repeats. Threads: NumPy's BLAS and
-CTranslate2 both get ``OMP_NUM_THREADS`` (default: every core).
+same beam size. Every batch is decoded by every engine in turn, a different one first each time,
+so that a machine shared with other work (whose speed here drifts by a third within minutes)
+slows them alike, batch by batch. A repeat's seconds are an engine's sum over the batches; the
+figures are medians over the repeats, and a speed ratio is the median of the repeats' own
+ratios. Threads: NumPy's BLAS and CTranslate2 both get ``OMP_NUM_THREADS`` (default: every core).
 
 Columns: wall seconds for all sentences, target tokens per second (the hypotheses' tokens and
 their EOS: one decoder step each), sentences per second, sacreBLEU of the output, and speed
@@ -106,17 +108,21 @@ def main(argv=None) -> dict:
         runs = engines(model, tok, folder, threads, args.beam, args.alpha)
         if args.engines == "ours":
             runs = {"ours": runs["ours"]}
-        seconds = {name: [] for name in runs}
-        hyps = {}
-        for _ in range(args.repeats):
-            for name, decode in runs.items():
-                out = [None] * n
-                start = time.perf_counter()
-                for batch in batches:
-                    for i, h in zip(batch.indices, decode(batch, [src[i] for i in batch.indices])):
-                        out[i] = h
-                seconds[name].append(time.perf_counter() - start)
-                hyps[name] = out
+        names = list(runs)
+        seconds = {name: [0.0] * args.repeats for name in names}
+        hyps = {name: [None] * n for name in names}
+        turn = 0
+        for r in range(args.repeats):
+            for batch in batches:
+                sources = [src[i] for i in batch.indices]
+                for j in range(len(names)):
+                    name = names[(turn + j) % len(names)]
+                    start = time.perf_counter()
+                    out = runs[name](batch, sources)
+                    seconds[name][r] += time.perf_counter() - start
+                    for i, h in zip(batch.indices, out):
+                        hyps[name][i] = h
+                turn += 1
 
     print(f"{n} sentences of test_2016_flickr in {len(batches)} batches (max {args.max_tokens} source tokens), "
           f"beam {args.beam}, alpha {args.alpha}, {threads} threads; median of {args.repeats} repeats")
@@ -127,9 +133,11 @@ def main(argv=None) -> dict:
         tokens = sum(len(h) + 1 for h in hyps[name])
         rows[name] = dict(seconds=t, all_seconds=times, tokens_per_s=tokens / t, sentences_per_s=n / t,
                           bleu=bleu(tok.decode(hyps[name]), test.tgt[:n])[0])
-    base = rows.get("ct2 float32")
+    base = seconds.get("ct2 float32")
     for name, r in rows.items():
-        ratio = f"{base['seconds'] / r['seconds']:.2f}x" if base else "-"
+        if base:  # each repeat's ratio: the two engines' sums over the same batches, decoded side by side
+            r["vs_ct2_float32"] = statistics.median(b / s for b, s in zip(base, seconds[name]))
+        ratio = f"{r['vs_ct2_float32']:.2f}x" if base else "-"
         print(f"{name:12s} {r['seconds']:8.2f} {r['tokens_per_s']:9.0f} {r['sentences_per_s']:8.1f} "
               f"{r['bleu']:6.2f} {ratio:>11s}")
     if args.hyps:

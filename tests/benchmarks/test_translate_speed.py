@@ -1,6 +1,7 @@
 """benchmarks/translate_speed.py runs at a toy size, with CTranslate2 and without it."""
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def test_ours_and_ctranslate2_side_by_side(toy, tmp_path, capsys):
     assert result["sentences"] == 10 and result["batches"] > 1  # several batches, the same for each engine
     for row in result["engines"].values():
         assert len(row["all_seconds"]) == 2 and row["tokens_per_s"] > 0 and 0 <= row["bleu"] <= 100
+    base = result["engines"]["ct2 float32"]["all_seconds"]
+    for row in result["engines"].values():  # the median of the repeats' own ratios
+        assert row["vs_ct2_float32"] == statistics.median(b / s for b, s in zip(base, row["all_seconds"]))
     assert json.loads((tmp_path / "speed.json").read_text()) == result
     assert "vs ct2 fp32" in capsys.readouterr().out
 
