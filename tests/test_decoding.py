@@ -170,6 +170,18 @@ def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, voca
     assert (top_scores[~finite] == -np.inf).all()  # empty slots: -inf, as the definition's leftovers
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.0, -1.0])),
+                max_size=40))
+def test_descending_bits_sort_as_the_numbers_do(values):
+    """The sort key of the candidates' scores: a stable sort of the keys is one of the numbers,
+    best first, equal numbers (+0 and -0 too) in their first order."""
+    x = np.array(values, np.float32)
+    keys = decoding._descending_bits(x)
+    assert keys.dtype == np.uint64 and (keys < 2**32).all()
+    np.testing.assert_array_equal(np.argsort(keys, kind="stable"), np.argsort(-x, kind="stable"))
+
+
 def test_beam_search_with_the_plain_candidates_decodes_the_same(monkeypatch):
     m = model(seed=8)
     src = sources(seed=9, n=6)
