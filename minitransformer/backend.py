@@ -167,16 +167,19 @@ def cpu_threads() -> int:
 _pool = None  # (threads, ThreadPoolExecutor) of row_blocks, started on first use
 
 
-def row_blocks(fn, rows: int, array) -> list:
+def row_blocks(fn, rows: int, array, min_rows: int = 1) -> list:
     """``[fn(start, stop), ...]`` over contiguous blocks of ``range(rows)``, one block per CPU
-    thread (``cpu_threads``), run at once; a single ``fn(0, rows)`` for a GPU array.
+    thread (``cpu_threads``) but none of fewer than ``min_rows`` rows, run at once; a single
+    ``fn(0, rows)`` for a GPU array.
 
     NumPy's BLAS spreads a matrix product over the cores, but its elementwise passes and
     reductions run on one. They release Python's GIL inside their loops, so a pass over the
     rows of a large array (the vocabulary's log-softmax in beam search) split into blocks on
-    threads runs on as many cores as the products do. ``fn`` must write only its own rows."""
+    threads runs on as many cores as the products do. Handing a block to a thread and back
+    costs some 60 µs (measured here), which a small block does not earn back: ``min_rows``
+    says how small. ``fn`` must write only its own rows."""
     global _pool
-    threads = min(cpu_threads(), rows) if array_module_of(array) is np else 1
+    threads = max(1, min(cpu_threads(), rows // max(1, min_rows))) if array_module_of(array) is np else 1
     if threads <= 1:
         return [fn(0, rows)]
     if _pool is None or _pool[0] < threads - 1:

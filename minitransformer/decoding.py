@@ -266,7 +266,7 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
             best_rows = shifted[index[start:stop], :groups * _GROUP].reshape(stop - start, _GROUP, groups)
             return xp.partition(best_rows.max(axis=1), groups - m, axis=1)[:, groups - m]
 
-        kth = xp.concatenate(backend.row_blocks(kth_best, slots, shifted))
+        kth = xp.concatenate(backend.row_blocks(kth_best, slots, shifted, _SPLIT_ELEMENTS // vocab))
         bound = backend.to_device((kth - log_sum[index]) + prefix[index], "cpu")
     # Rows keep the words whose shifted value reaches the bound, in float64 with a margin that
     # covers float32's rounding of the two additions (relative 6e-8 each).
@@ -283,7 +283,7 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
     def survivors(start: int, stop: int):  # flat indices into shifted
         return xp.flatnonzero(shifted[start:stop] >= threshold[start:stop, None]) + start * vocab
 
-    flat = xp.concatenate(backend.row_blocks(survivors, rows, shifted))
+    flat = xp.concatenate(backend.row_blocks(survivors, rows, shifted, _SPLIT_ELEMENTS // vocab))
     row, word = flat // vocab, flat % vocab
     cand_scores = backend.to_device((shifted.ravel()[flat] - log_sum[row]) + prefix[row], "cpu")
     row, word = backend.to_device(row, "cpu"), backend.to_device(word, "cpu")
@@ -304,6 +304,9 @@ def _score_candidates(shifted, log_sum, scores: np.ndarray, slots: int, m: int, 
 
 
 _GROUP = 16  # words per group in _score_candidates's bound
+# Words a thread takes at least in _score_candidates: its passes are cheap for their size, and
+# only from some 500 rows of 8,000 words are two threads faster than one.
+_SPLIT_ELEMENTS = 1 << 21
 
 
 def _descending_bits(x: np.ndarray) -> np.ndarray:

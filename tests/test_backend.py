@@ -57,10 +57,12 @@ def test_dropout_mask_at_the_edges():
 
 @pytest.mark.parametrize("threads", ["1", "2", "5"])
 @pytest.mark.parametrize("rows", [0, 1, 3, 17])
-def test_row_blocks_cover_every_row_once_in_order(monkeypatch, threads, rows):
+@pytest.mark.parametrize("min_rows", [1, 4, 100])
+def test_row_blocks_cover_every_row_once_in_order(monkeypatch, threads, rows, min_rows):
     monkeypatch.setenv("OMP_NUM_THREADS", threads)
-    seen = backend.row_blocks(lambda start, stop: (start, stop), rows, np.zeros(rows))
-    assert len(seen) == max(1, min(int(threads), rows))
+    seen = backend.row_blocks(lambda start, stop: (start, stop), rows, np.zeros(rows), min_rows)
+    assert len(seen) == max(1, min(int(threads), rows // min_rows))  # no block below min_rows, unless one
+    assert len(seen) == 1 or min(stop - start for start, stop in seen) >= min_rows
     assert [start for start, _ in seen] == [0] + [stop for _, stop in seen[:-1]]  # contiguous
     assert seen[0][0] == 0 and seen[-1][1] == rows
 

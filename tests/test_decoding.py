@@ -161,6 +161,8 @@ def test_candidates_scored_by_their_bound_are_the_best_of_all(slots, width, voca
     scores[rng.random(rows) < dead / 3] = -np.inf
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(decoding, "_GROUP", group)
+        mp.setenv("OMP_NUM_THREADS", "2")
+        mp.setattr(decoding, "_SPLIT_ELEMENTS", 1)  # rows split over two threads, however few
         top, top_scores = decoding._score_candidates(shifted, log_sum[:, 0], scores, slots, m, np)
     want, want_scores = decoding._plain_candidates(shifted, log_sum[:, 0], scores, slots, m)
     assert top.shape == want.shape and top_scores.dtype == np.float32

@@ -94,13 +94,15 @@ def log_softmax_parts_(x):
             s = (e @ ones)[:, None]
             log_sum[i:i + len(block)] = np.log(np.where(s == 0, 1, s))
 
-    backend.row_blocks(shift, rows, x)
+    backend.row_blocks(shift, rows, x, min_rows=_SPLIT_ELEMENTS // width)
     return x, log_sum
 
 
 # Rows of a log_softmax_parts_ block: 1 MB, a core's L2 cache here. Smaller blocks pay NumPy's
 # cost per call more often: 256 KB blocks took 7.2 ms, 1 MB blocks 4.6 ms, on a 1,024 x 8,000 step.
 _BLOCK_BYTES = 1 << 20
+# Elements a thread takes at least: below some 500,000 (64 rows of 8,000) one thread is as fast.
+_SPLIT_ELEMENTS = 1 << 19
 
 
 def log_softmax_array(x, axis: int = -1):

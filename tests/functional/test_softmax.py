@@ -58,9 +58,9 @@ def test_fully_masked_row_gives_zeros_not_nan(device):
 
 
 @given(rows=st.integers(0, 40), width=st.integers(1, 300), threads=st.integers(1, 3),
-       block_bytes=st.sampled_from([1, 64, 4096, 1 << 18]), dtype=st.sampled_from([np.float32, np.float64]),
-       seed=seeds)
-def test_in_place_log_softmax_parts_are_the_plain_ones(rows, width, threads, block_bytes, dtype, seed):
+       block_bytes=st.sampled_from([1, 64, 4096, 1 << 18]), split=st.sampled_from([1, 1 << 19]),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=seeds)
+def test_in_place_log_softmax_parts_are_the_plain_ones(rows, width, threads, block_bytes, split, dtype, seed):
     softmax = importlib.import_module("minitransformer.functional.softmax")  # F.softmax is the op
 
     rng = np.random.default_rng(seed)
@@ -72,6 +72,7 @@ def test_in_place_log_softmax_parts_are_the_plain_ones(rows, width, threads, blo
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", str(threads))  # blocks on 1-3 threads
         mp.setattr(softmax, "_BLOCK_BYTES", block_bytes)  # from one row per block to all rows in one
+        mp.setattr(softmax, "_SPLIT_ELEMENTS", split)  # 1: every thread takes rows, however few
         y = x.copy()
         shifted_, log_sum_ = softmax.log_softmax_parts_(y)
     assert shifted_ is y and shifted_.dtype == dtype and log_sum_.dtype == dtype
