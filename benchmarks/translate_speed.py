@@ -171,9 +171,10 @@ def profile(decode, batches, src, top: int) -> None:
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
-# The parts of a beam search step that --parts times: (label, owner, attribute, enclosing part).
-# Inner parts are counted only inside their enclosing one (the vocabulary projection is a Linear
-# too, but not one of the decoder layers').
+# The parts of a beam search step that --parts times: (label, owner, attribute, enclosing part);
+# "name()": the function that calling the attribute returns (the search's projection). Inner
+# parts are counted only inside their enclosing one (the vocabulary projection is a Linear too,
+# but not one of the decoder layers').
 PARTS = (
     ("encoder", "model", "encode", None),
     ("decoder layers", "model", "decode", None),
@@ -181,7 +182,7 @@ PARTS = (
     ("  of which attention", ScaledDotProductAttention, "forward", "decoder layers"),
     ("  of which layer norm", LayerNorm, "forward", "decoder layers"),
     ("  of which the cache's appends", nn.KVCache, "append", "decoder layers"),
-    ("vocabulary projection", "model", "project", None),
+    ("vocabulary projection", "model", "projector()", None),
     ("log-softmax over the vocabulary", decoding, "log_softmax_parts_", None),
     ("candidates (bound, survivors, sort)", decoding, "_score_candidates", None),
     ("cache reorder", decoding, "_reorder", None),
@@ -207,12 +208,17 @@ def parts(model, decode, batches, src) -> dict:
                 inside.discard(label)
         return run
 
+    def timed_made(label, make):  # time the function that make() returns
+        return lambda *args, **kwargs: timed(label, make(*args, **kwargs), None)
+
     patched = []
     for label, owner, name, parent in PARTS:
         owner = model if owner == "model" else owner
+        made = name.endswith("()")
+        name = name.removesuffix("()")
         original = vars(owner).get(name)  # None: the model's method, which lives on its class
         fn = getattr(owner, name)
-        wrapper = timed(label, fn, parent)
+        wrapper = timed_made(label, fn) if made else timed(label, fn, parent)
         setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
         patched.append((owner, name, original))
     try:

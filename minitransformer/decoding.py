@@ -81,12 +81,13 @@ def _max_out(model, lengths: np.ndarray, max_len_extra: int) -> np.ndarray:
     return lengths + max_len_extra
 
 
-def _step_logits(model, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
+def _step_logits(model, project, last_tokens: np.ndarray, memory, src_mask, cache, t: int, xp):
     """The next token's logits for each row, computed on the model's device: (rows, V).
+    ``project``: the search's ``model.projector()``.
 
     PAD and BOS are never valid outputs, so they get -inf (probability 0)."""
     states = model.decode(Tensor(xp.asarray(last_tokens[:, None])), memory, src_mask, cache, offset=t)
-    logits = model.project(states).data[:, -1]
+    logits = project(states).data[:, -1]
     logits[:, [model.config.pad_id, model.config.bos_id]] = -np.inf
     return logits
 
@@ -104,12 +105,12 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
     max_out = _max_out(model, lengths, max_len_extra)
-    cache = model.new_cache()
+    cache, project = model.new_cache(), model.projector()
     out = [[] for _ in range(n)]
     done = np.zeros(n, bool)
     last = np.full(n, cfg.bos_id)
     for t in range(int(max_out.max())):
-        logp = log_softmax_array(_step_logits(model, last, memory, src_mask, cache, t, xp))
+        logp = log_softmax_array(_step_logits(model, project, last, memory, src_mask, cache, t, xp))
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
         for i in np.flatnonzero(~done):
             if last[i] == cfg.eos_id:
@@ -173,7 +174,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     max_out = _max_out(model, lengths, max_len_extra)
-    cache = model.new_cache()
+    cache, project = model.new_cache(), model.projector()
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
     # Every beam starts from the same BOS, so the first step decodes one row per sentence.
     width = 1
@@ -185,7 +186,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
     for t in range(int(max_out.max())):
         last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
         # log P(next | prefix) = shifted - log_sum, per row (slots * width, V) and (rows, 1)
-        shifted, log_sum = log_softmax_parts_(_step_logits(model, last, memory, src_mask, cache, t, xp))
+        shifted, log_sum = log_softmax_parts_(_step_logits(model, project, last, memory, src_mask, cache, t, xp))
         _force_eos(shifted, np.repeat(t + 1 >= max_out[active], width), eos, xp)
         top, top_scores = _score_candidates(shifted, log_sum[:, 0], scores, len(active), 2 * k, xp)
         vocab = shifted.shape[-1]

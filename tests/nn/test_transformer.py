@@ -57,6 +57,21 @@ def test_embeddings_are_shared_three_ways():
     assert sum(p is m.src_embed.weight for p in m.parameters()) == 1
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_projector_for_decoding_is_project(shared):
+    """Decoding's projection gives project's logits; tied, it holds a copy of W_emb^T made
+    when it was made (a later change of the weights is a new projector's)."""
+    m = small_model(share_embeddings=shared, **({} if shared else {"tgt_vocab_size": 23}))
+    states = mt.tensor(np.random.default_rng(3).standard_normal((5, 1, m.config.d_model)).astype(np.float32))
+    project = m.projector()
+    before = m.project(states).numpy()
+    assert project(states).shape == before.shape == (5, 1, m.config.target_vocab_size)
+    np.testing.assert_allclose(project(states).numpy(), before, rtol=1e-6, atol=1e-6)
+    (m.tgt_embed if shared else m.out_proj).weight.data += 1.0
+    np.testing.assert_allclose(m.projector()(states).numpy(), m.project(states).numpy(), rtol=1e-6, atol=1e-6)
+    assert np.array_equal(project(states).numpy(), before) == shared  # the tied copy is the old weights'
+
+
 def test_embeddings_start_at_unit_scale_after_the_sqrt_d_model_factor():
     """Standard deviation d_model^-1/2 (not variance): times sqrt(d_model), unit scale."""
     d_model = 256
