@@ -163,8 +163,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--limit-test", type=cli.integer(1), help="translate only the first N test sentences")
     p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
     p.add_argument("--bpe-dropout", type=cli.real(0.0, 1.0, high_open=True),
-                   help="BPE-dropout of the training side: a new segmentation each epoch, each merge skipped "
-                        "with this probability (Provilkov et al., 2020; 0: off; default: the preset's)")
+                   help="BPE-dropout of the training side: a new segmentation each epoch, each possible merge "
+                        "removed with this probability at every step (Provilkov et al., 2020, who use 0.1; "
+                        "0: off; default: the preset's)")
     p.add_argument("--d-model", type=cli.integer(1), help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--d-ff", type=cli.integer(1), help="d_ff, the inner width of the feed-forward layers "
                    "(default: the preset's, or 4 * --d-model)")

@@ -62,6 +62,14 @@ def sentences(n, seed):
     return [" ".join(rng.choice(WORDS, rng.integers(3, 9))).capitalize() + "." for _ in range(n)]
 
 
+def pseudo_words(n, seed):
+    """``n`` sentences of 200 random words over eight letters: words that BPE cannot learn whole
+    in 100 pieces, so that which merge comes first decides a segmentation."""
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(list("abcdefgh"), rng.integers(2, 9))) for _ in range(200)]
+    return [" ".join(rng.choice(words, rng.integers(3, 9))) for _ in range(n)]
+
+
 def tiny_run(folder, seed=0):
     """A run folder as train_wmt.py leaves it, in a second: a 60-piece tokenizer and an untrained
     d_model=16 model in averaged.npz that names it, with 32 positions. Its embeddings are scaled

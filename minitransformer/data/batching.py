@@ -194,9 +194,10 @@ class SampledSegmentation:
     """``resegment`` for ``TokenBatcher``: a new BPE-dropout segmentation of both sides every
     epoch (subword regularization, Provilkov et al., 2020), drawn from (seed, epoch) alone.
 
-    BPE-dropout skips each merge with probability ``dropout`` while a word is segmented, so a
-    word the vocabulary holds whole now and then comes in smaller pieces, and the model learns
-    to compose them; validation, test and decoding keep the deterministic segmentation.
+    BPE-dropout removes each possible merge with probability ``dropout`` at every step of a
+    word's segmentation (``bpe_dropout.BPEDropout``), so a word the vocabulary holds whole now
+    and then comes in smaller pieces, and the model learns to compose them; validation, test
+    and decoding keep the deterministic segmentation.
     """
 
     def __init__(self, tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], dropout: float, seed: int):

@@ -42,6 +42,7 @@ import numpy as np
 import sentencepiece as spm
 
 from ..files import atomic_write
+from .bpe_dropout import BPEDropout
 from .corpus import ParallelCorpus
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Tokenizer:
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
         self._word_start = self._sp.piece_to_id("\u2581")  # "▁" alone, before an unknown word
+        self._dropout: BPEDropout | None = None  # built at the first sampled encode
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
@@ -114,9 +116,9 @@ class Tokenizer:
         """Piece ids of each sentence, without BOS/EOS.
 
         ``dropout`` > 0 samples a segmentation instead of the deterministic one: BPE-dropout
-        (Provilkov et al., 2020), each merge skipped with that probability. The draw depends on
-        ``seed`` alone: sentencepiece's generator, seeded, on one thread (with several, its
-        threads take their draws in an order that varies from run to run).
+        (Provilkov et al., 2020) with that probability, as their Algorithm 1, drawn from
+        ``seed`` alone (``bpe_dropout.BPEDropout``; not sentencepiece's sampler, whose draws
+        change from process to process).
         """
         if isinstance(texts, str):
             raise TypeError("encode takes a batch (a list of sentences), not one str")
@@ -126,8 +128,9 @@ class Tokenizer:
             raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
         if seed is None:
             raise ValueError("a sampled segmentation (dropout > 0) needs a seed, so that it can be drawn again")
-        spm.set_random_generator_seed(seed)
-        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1)
+        if self._dropout is None:
+            self._dropout = BPEDropout(self._sp)
+        return self._dropout.encode(texts, dropout, seed)
 
     def decode(self, batch: Iterable[Sequence[int]] | np.ndarray) -> list[str]:
         """Detokenized text of each row of ids (cut at the first EOS; PAD and BOS dropped)."""

@@ -1,0 +1,66 @@
+"""How finely does a BPE-dropout rate split the text? The paper's sampling against sentencepiece's.
+
+    python benchmarks/bpe_dropout.py --tokenizer runs/multi30k/spm-bpe8000-<hash>.model --data-dir ../shared/data/multi30k
+
+``--bpe-dropout p`` samples as the paper's Algorithm 1 (Provilkov et al., 2020;
+``minitransformer/data/bpe_dropout.py``): at every merge step each possible merge is removed with
+probability p afresh. sentencepiece's own sampler (``encode(enable_sampling=True, alpha=p)``)
+draws once for each pair as it leaves its queue (src/bpe_model.cc): a pair it skips stays
+unmerged unless a neighbour's merge forms it again, so the same p splits its words more finely.
+This script measures how much: pieces per sentence of the training side (both languages)
+under each rate, relative to the deterministic segmentation, for both samplers over the same
+vocabulary; a number read off it translates a rate tuned with sentencepiece into ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import sentencepiece as spm
+
+from minitransformer import cli, data
+from minitransformer.data.bpe_dropout import BPEDropout
+
+
+def measure(tokenizer: str, sentences: list[str], rates: list[float], seed: int) -> dict:
+    """Relative lengths {rate: {"paper": r, "sentencepiece": r}}."""
+    sp = spm.SentencePieceProcessor(model_file=tokenizer)
+    total = sum(map(len, sp.encode(sentences)))
+    paper = BPEDropout(sp)
+    result = {}
+    for rate in rates:
+        spm.set_random_generator_seed(seed)
+        sampled = sp.encode(sentences, enable_sampling=True, alpha=rate)
+        result[rate] = {"paper": sum(map(len, paper.encode(sentences, rate, seed))) / total,
+                        "sentencepiece": sum(map(len, sampled)) / total}
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", required=True, help="a sentencepiece BPE model (a run folder's spm-*.model)")
+    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (its train split is measured)")
+    p.add_argument("--sentences", type=cli.integer(1), default=3000,
+                   help="the first N training pairs (both sides are measured)")
+    p.add_argument("--rates", type=lambda s: [float(r) for r in s.split(",")], default=[0.025, 0.05, 0.1, 0.2],
+                   help="dropout rates, comma-separated")
+    p.add_argument("--seed", type=cli.integer(0), default=1, help="seeds both samplers")
+    return p
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not all(0 < r < 1 for r in args.rates):
+        raise SystemExit(f"--rates must lie in (0, 1), got {args.rates}")
+    train = data.load_multi30k(args.data_dir, "train")
+    n = min(args.sentences, len(train))
+    result = measure(args.tokenizer, list(train.src[:n]) + list(train.tgt[:n]), args.rates, args.seed)
+    print(f"pieces per sentence relative to the deterministic BPE, {n} training pairs, both sides")
+    print(f"{'rate':>6}  {'paper (ours)':>12}  {'sentencepiece':>13}")
+    for rate, row in result.items():
+        print(f"{rate:>6}  {row['paper']:>12.3f}  {row['sentencepiece']:>13.3f}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
