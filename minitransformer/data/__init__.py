@@ -3,6 +3,7 @@
     corpus      read Multi30k / WMT14 EN-DE (plain, .gz, .sgm), with checked alignment
     download    python -m minitransformer.data.download multi30k|wmt14 --dest DIR
     tokenizer   sentencepiece BPE, one vocabulary for both languages; PAD/UNK/BOS/EOS = 0/1/2/3
+    bpe_dropout sampled segmentations of the training side (BPE-dropout), from a seed alone
     batching    batches of about max_tokens tokens, bucketed by length, sharded over ranks
 
 A training script strings them together::
