@@ -52,7 +52,7 @@ class BPEDropout:
         self._merges: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._plain: dict[str, tuple[list[tuple[str, ...]], list[int]]] = {}
 
-    def merges(self, split: tuple[str, ...]) -> tuple[int, ...]:
+    def _ranked_merges(self, split: tuple[str, ...]) -> tuple[int, ...]:
         """Where the merges possible in ``split`` are, best first: i merges split[i] and split[i + 1]."""
         found = self._merges.get(split)
         if found is None:
@@ -69,7 +69,7 @@ class BPEDropout:
         found = self._plain.get(word)
         if found is None:
             path = [tuple(word)]
-            while merges := self.merges(path[-1]):
+            while merges := self._ranked_merges(path[-1]):
                 i, split = merges[0], path[-1]
                 path.append(split[:i] + (split[i] + split[i + 1],) + split[i + 2:])
             if len(self._plain) >= _MAX_STATES:
@@ -106,7 +106,7 @@ class BPEDropout:
                     zeros = next(j for j, k in enumerate(ahead) if k)
                     at += zeros
                     split = path[zeros]
-                    while merges := self.merges(split):
+                    while merges := self._ranked_merges(split):
                         if at == len(draws):
                             draws, at = (rng.geometric(1 - p, _CHUNK) - 1).tolist(), 0
                         k, at = draws[at], at + 1
