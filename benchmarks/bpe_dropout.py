@@ -37,21 +37,19 @@ def measure(tokenizer: str, sentences: list[str], rates: list[float], seed: int)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", required=True, help="a sentencepiece BPE model (a run folder's spm-*.model)")
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (its train split is measured)")
     p.add_argument("--sentences", type=cli.integer(1), default=3000,
                    help="the first N training pairs (both sides are measured)")
-    p.add_argument("--rates", type=lambda s: [float(r) for r in s.split(",")], default=[0.025, 0.05, 0.1, 0.2],
-                   help="dropout rates, comma-separated")
+    p.add_argument("--rates", type=cli.comma_list(cli.real(0.0, 1.0, low_open=True, high_open=True)),
+                   default=[0.025, 0.05, 0.1, 0.2], help="dropout rates, comma-separated")
     p.add_argument("--seed", type=cli.integer(0), default=1, help="seeds both samplers")
     return p
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    if not all(0 < r < 1 for r in args.rates):
-        raise SystemExit(f"--rates must lie in (0, 1), got {args.rates}")
     train = data.load_multi30k(args.data_dir, "train")
     n = min(args.sentences, len(train))
     result = measure(args.tokenizer, list(train.src[:n]) + list(train.tgt[:n]), args.rates, args.seed)

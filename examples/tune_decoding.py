@@ -44,32 +44,15 @@ from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
 
 
-def comma_list(element):
-    """An argparse type for comma-separated values, each read and checked by ``element`` (a
-    ``cli.integer`` or ``cli.real``), each kept once, in order. ``kind`` and ``element`` let a
-    test find what every value must be."""
-
-    def parse(text: str) -> list:
-        try:
-            values = [element(item.strip()) for item in text.split(",")]
-        except argparse.ArgumentTypeError as e:
-            raise argparse.ArgumentTypeError(f"{e} (in {text!r})") from None
-        return list(dict.fromkeys(values))
-
-    parse.kind, parse.element = "list", element
-    parse.__name__ = "list"
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir with its ckpt-<step>.npz files")
     p.add_argument("--data-dir", required=True, help="the corpus folder")
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k", help="names the corpus")
-    p.add_argument("--average", type=comma_list(cli.integer(1)), default=[5],
+    p.add_argument("--average", type=cli.comma_list(cli.integer(1)), default=[5],
                    help="numbers of last checkpoints to average, comma-separated")
-    p.add_argument("--beam", type=comma_list(cli.integer(1)), default=[4], help="beam sizes, comma-separated")
-    p.add_argument("--alpha", type=comma_list(cli.real(0.0)), default=[0.6],
+    p.add_argument("--beam", type=cli.comma_list(cli.integer(1)), default=[4], help="beam sizes, comma-separated")
+    p.add_argument("--alpha", type=cli.comma_list(cli.real(0.0)), default=[0.6],
                    help="length penalties, comma-separated")
     p.add_argument("--limit-val", type=cli.integer(1), help="only the first N validation pairs (none: all)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model decodes")

@@ -116,6 +116,23 @@ def real(low: float | None = None, high: float | None = None, low_open: bool = F
     return parse
 
 
+def comma_list(element):
+    """An argparse type for comma-separated values, each read and checked by ``element`` (an
+    ``integer`` or a ``real`` above), each kept once, in order. ``kind`` and ``element`` let a
+    test find what every value must be."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [element(item.strip()) for item in text.split(",")]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (in {text!r})") from None
+        return list(dict.fromkeys(values))
+
+    parse.kind, parse.element = "list", element
+    parse.__name__ = "list"
+    return parse
+
+
 def os_error_line(e: OSError) -> str:
     """One line for an OSError: its reason and the file it concerns. A full disk raises while
     the file is written and again while it is cleaned up; the first error with a file name in

@@ -20,5 +20,6 @@ def test_the_table_grows_with_the_rate_for_both_samplers(tmp_path, capsys):
         lengths = [result[rate][sampler] for rate in (0.1, 0.3, 0.6)]
         assert 1 < lengths[0] < lengths[1] < lengths[2]
     assert "40 training pairs" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--rates must lie in"):
+    with pytest.raises(SystemExit):
         bpe_dropout.main(["--tokenizer", str(model.path), "--data-dir", str(folder), "--rates", "0.1,1.0"])
+    assert "--rates" in capsys.readouterr().err
