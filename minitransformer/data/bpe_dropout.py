@@ -32,6 +32,11 @@ _CHUNK = 1 << 16  # geometric draws made at a time
 _MAX_STATES = 1 << 20  # the cache of splits' candidate merges is emptied when it grows past this
 
 
+def _merged(split: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """``split`` with pieces i and i + 1 merged into one."""
+    return split[:i] + (split[i] + split[i + 1],) + split[i + 2:]
+
+
 class BPEDropout:
     """Sampled segmentations over the pieces of a sentencepiece BPE model (see the module docstring).
 
@@ -70,8 +75,7 @@ class BPEDropout:
         if found is None:
             path = [tuple(word)]
             while merges := self._ranked_merges(path[-1]):
-                i, split = merges[0], path[-1]
-                path.append(split[:i] + (split[i] + split[i + 1],) + split[i + 2:])
+                path.append(_merged(path[-1], merges[0]))
             if len(self._plain) >= _MAX_STATES:
                 self._plain.clear()
             found = self._plain[word] = (path, self._ids(path[-1]))
@@ -112,8 +116,7 @@ class BPEDropout:
                         k, at = draws[at], at + 1
                         if k >= len(merges):  # every possible merge was removed: the word is done
                             break
-                        i = merges[k]
-                        split = split[:i] + (split[i] + split[i + 1],) + split[i + 2:]
+                        split = _merged(split, merges[k])
                     word_ids = self._ids(split)
                 if self._unk in word_ids:  # a run of unknown characters is one unknown id, as in sentencepiece
                     for i in word_ids:

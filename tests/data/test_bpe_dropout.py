@@ -7,7 +7,6 @@ import random
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import sentencepiece as spm
 from hypothesis import given, settings
