@@ -1,5 +1,5 @@
 """Build script: everything is pure Python except the optional CUDA extension
-``minitransformer._C``, compiled from csrc/ with nvcc when a CUDA toolkit is found.
+``minitransformer.kernels._C``, compiled from csrc/ with nvcc when a CUDA toolkit is found.
 
     pip install -e .                          builds _C if nvcc is found, pure Python otherwise
     MINITRANSFORMER_CUDA=0 pip install -e .   never builds _C
@@ -56,7 +56,7 @@ def cuda_wanted() -> bool:
     return os.environ.get("MINITRANSFORMER_CUDA", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-# Device-code flags, shared with minitransformer/testing/resources.py, which compiles csrc/ the
+# Device-code flags, shared with minitransformer/kernels/resources.py, which compiles csrc/ the
 # same way to read each kernel's registers and shared memory from ptxas.
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 
@@ -106,7 +106,7 @@ def cuda_extension(cuda_home: Path) -> Extension:
     if not (lib / "libcudart_static.a").exists():
         lib = cuda_home / "targets" / "x86_64-linux" / "lib"
     return Extension(
-        "minitransformer._C",
+        "minitransformer.kernels._C",
         sources=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.cu"))],
         include_dirs=[pybind11.get_include(), str(cuda_home / "include"), str(CSRC)],
         library_dirs=[str(lib)],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a fresh GPU machine: build minitransformer._C, run the GPU tests and the
+# One command for a fresh GPU machine: build minitransformer.kernels._C, run the GPU tests and the
 # benchmarks in about 8 minutes, and print a short table last.
 #
 #     bash benchmarks/gpu_check.sh            logs and bench.json go to $OUT (or a temp dir)

@@ -203,7 +203,7 @@ __device__ __forceinline__ void smem_gemm(const float* A, int lda, const float* 
 // a 16x16 tile: the probabilities computed from S feed P V without leaving registers.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#ifdef MT_EMULATED_MMA  // the CPU emulation in minitransformer/testing/emulator supplies the product
+#ifdef MT_EMULATED_MMA  // the CPU emulation in minitransformer/emulated/emulator.py supplies the product
     emulated_mma_16816<T>(d, a, b);
 #else
     if constexpr (std::is_same_v<T, __half>) {

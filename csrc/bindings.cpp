@@ -1,4 +1,4 @@
-// minitransformer._C: one Python function per kernel launcher.
+// minitransformer.kernels._C: one Python function per kernel launcher.
 //
 // Arrays arrive as raw device pointers (CuPy's `a.data.ptr`, a Python int; 0 for an absent
 // optional array) with their sizes and a dtype code (0 float32, 1 float16, 2 bfloat16); the

@@ -22,7 +22,7 @@ struct LaunchConfig {
 };
 
 // No configuration of a kernel fits the device's shared memory; raised before any launch
-// (Python: minitransformer._C.SharedMemoryLimitError, a RuntimeError).
+// (Python: minitransformer.kernels._C.SharedMemoryLimitError, a RuntimeError).
 struct SharedMemoryLimitError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

@@ -4,15 +4,18 @@
     model = mt.nn.Transformer(mt.nn.TransformerConfig(vocab_size=8000))
     optimizer = mt.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
 
-Layers, each importing only those before it (tests/test_layers.py checks this):
+Layers, each importing only those before it (README's layer map lists every folder and
+module in this order; tests/test_layers.py checks it):
 
+    emulated           device "cuda" on the CPU (MT_EMULATE_CUDA=1): beneath backend, as CuPy is
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
     tensor             Tensor: an array and its autograd fields
     autograd           Function, the reverse-mode walk (Tensor.backward calls it), no_grad
+    gradcheck          autograd against finite differences
     kernels            the CUDA kernels' launchers and limits, and their NumPy twins
     functional (F)     differentiable ops, each with its backward (Tensor's operators call them)
     nn, optim, amp, data, checkpoint, distributed
-    decoding, train
+    decoding, export, train
 """
 
 import numpy as np

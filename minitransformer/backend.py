@@ -9,7 +9,7 @@ both devices, the way chainer's functions do. A device is named by a string:
 
 CuPy is optional. Importing this module never fails for lack of CuPy, a driver or a GPU;
 asking for "cuda" without them raises a ``RuntimeError`` that says what is missing. With
-``MT_EMULATE_CUDA=1``, "cuda" is emulated on the CPU instead (minitransformer.testing.emulated_cuda:
+``MT_EMULATE_CUDA=1``, "cuda" is emulated on the CPU instead (minitransformer.emulated.cupy:
 a CuPy stand-in over NumPy, and csrc/ compiled for the CPU): for tests and for readers.
 
 Floating-point dtypes: float32 (the default), float64 (gradient checks), and the two 16-bit
@@ -31,11 +31,11 @@ import numpy as np
 
 if os.environ.get("MT_EMULATE_CUDA", "").strip() == "1":
     # "cuda" emulated on the CPU, for the tests and for reading the GPU path without a GPU
-    # (minitransformer/testing/emulated_cuda.py); never imported otherwise.
-    from .testing import emulated_cuda as _emulated_cuda
-    from .testing import emulated_nccl as _emulated_nccl
+    # (minitransformer/emulated/); never imported otherwise.
+    from .emulated import cupy as _emulated_cupy
+    from .emulated import nccl as _emulated_nccl
 
-    _cupy = _emulated_cuda.install(_emulated_nccl)
+    _cupy = _emulated_cupy.install(_emulated_nccl)
 else:
     try:  # CuPy is an optional extra: pip install minitransformer[cuda]
         import cupy as _cupy

@@ -1,7 +1,7 @@
 """Shared fixtures: every device-aware test runs on "cpu" and "cuda".
 
 "cuda" is the GPU when CuPy sees one; otherwise it is the emulated device
-(minitransformer/testing/emulated_cuda.py: a CuPy stand-in over NumPy, and csrc/ compiled for
+(minitransformer/emulated/cupy.py: a CuPy stand-in over NumPy, and csrc/ compiled for
 the CPU), so that CI runs the GPU path of every op, the launch layer, mixed precision, decoding
 and DDP. MT_EMULATE_CUDA=0 turns the emulation off (then the "cuda" cases skip).
 """
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 import minitransformer as mt  # noqa: E402
 from minitransformer import backend, kernels  # noqa: E402
-from minitransformer.testing import emulator  # noqa: E402
+from minitransformer.emulated import emulator  # noqa: E402
 
 settings.register_profile(
     "default", max_examples=50, deadline=None,

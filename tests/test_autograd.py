@@ -9,7 +9,7 @@ import minitransformer as mt
 from minitransformer import backend
 from minitransformer import functional as F
 from minitransformer.autograd import Context, Function
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn
 
 

@@ -1,45 +1,51 @@
-"""The package's layers form a chain: every import, at module level or inside a function,
-goes to the same layer or a lower one, and no module imports itself through others.
-Read from the source (ast), so a lazy import inside a function counts too."""
+"""The package's layers form a chain. Its units are its folders and top-level modules
+(``nn/``, ``backend.py``, ...); the README's layer map lists them lowest first, and every
+import, at module level or inside a function, goes from a unit to one listed before it. So no
+two units import each other, directly or through others, and no module imports itself through
+others. Read from the source (ast), so a lazy import inside a function counts too; an import
+the source does not spell out (``importlib``, ``__import__``) is refused, so the reading is whole."""
 
 from __future__ import annotations
 
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
+
+import pytest
 
 import minitransformer
 
 PACKAGE = pathlib.Path(minitransformer.__file__).parent
-COMPILED = {"_C"}  # the CUDA extension: no Python source, imports nothing of the package
-
-# Lowest first. A module belongs to the first entry that is it or a package above it.
-LAYERS = [
-    # Stand-ins for CuPy and NCCL (device "cuda" on the CPU): beneath backend, like CuPy.
-    ["testing.emulator", "testing.emulated_cuda", "testing.emulated_nccl", "testing.resources"],
-    ["backend", "files", "cli"],  # files (atomic writes, folder locks) and cli: the standard library only
-    ["tensor"],
-    ["autograd"],
-    ["kernels"],
-    ["functional"],
-    ["nn", "optim", "amp", "data", "checkpoint", "distributed", "testing.gradcheck"],
-    ["decoding", "train", "export"],
-]
-# Package __init__ files whose layer is not their contents': testing/ holds modules from the
-# bottom and the middle, and its __init__ (run by backend's import of the stand-ins) imports
-# nothing; minitransformer/__init__ imports everything.
-INITS = {"testing": 0, "": len(LAYERS)}
+README = PACKAGE.parent / "README.md"
+COMPILED = {"kernels._C"}  # the CUDA extension: no Python source, imports nothing of the package
+OUTSIDE = ("examples/", "docs/", "benchmarks/")  # the map's rows that are not the package's
 
 
-def layer_of(module: str) -> int:
-    if module in INITS:
-        return INITS[module]
-    for rank, names in enumerate(LAYERS):
-        if any(module == name or module.startswith(name + ".") for name in names):
-            return rank
-    raise AssertionError(f"{module or 'minitransformer'} is in no layer: add it to LAYERS")
+def unit_of(module: str) -> str:
+    """The folder or top-level module that holds ``module`` ("" for the package's __init__)."""
+    return module.split(".")[0]
+
+
+def readme_layers() -> list[str]:
+    """The package's units, as the README's layer map lists them, lowest first."""
+    text = README.read_text()
+    table = text[text.index("## Layer map"):].split("\n\n")[2]
+    names = [re.match(r"\| `([\w/.]+)`", row).group(1) for row in table.splitlines() if row.startswith("| `")]
+    return [n.removesuffix(".py").removesuffix("/") for n in names if n not in OUTSIDE]
+
+
+def layer_of(module: str, layers: list[str]) -> int:
+    """The rank of ``module``'s unit in ``layers``; the package's __init__ imports everything
+    (as ``import torch`` brings ``torch.nn``), so it stands above them all."""
+    unit = unit_of(module)
+    if unit == "":
+        return len(layers)
+    if unit not in layers:
+        raise AssertionError(f"minitransformer/{unit} is not in the README's layer map")
+    return layers.index(unit)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -91,11 +97,22 @@ def graph() -> dict[str, list[tuple[str, int]]]:
     return {m: imports(m, p, set(mods)) for m, p in mods.items()}
 
 
-def upward(g: dict[str, list[tuple[str, int]]]) -> list[str]:
-    """The imports that run from a lower layer to a higher one."""
-    return [f"{m or 'minitransformer'} (layer {layer_of(m)}) imports {t or 'minitransformer'} "
-            f"(layer {layer_of(t)}) at line {line}"
-            for m, edges in g.items() for t, line in edges if layer_of(t) > layer_of(m)]
+def unit_graph(g: dict[str, list[tuple[str, int]]]) -> dict[str, list[tuple[str, int]]]:
+    """The imports between units, each as (unit, "module:line" of one import that makes it)."""
+    units: dict[str, dict[str, str]] = {}
+    for m, edges in g.items():
+        for t, line in edges:
+            if unit_of(t) != unit_of(m):
+                units.setdefault(unit_of(m), {}).setdefault(unit_of(t), f"{m}:{line}")
+    return {u: [(t, where) for t, where in sorted(targets.items())] for u, targets in units.items()}
+
+
+def not_down(g: dict[str, list[tuple[str, int]]], layers: list[str]) -> list[str]:
+    """The imports that do not run down ``layers``: to the importer's own unit's rank or above."""
+    return [f"{m or 'minitransformer'} (layer {layer_of(m, layers)}) imports {t or 'minitransformer'} "
+            f"(layer {layer_of(t, layers)}) at line {line}"
+            for m, edges in g.items() for t, line in edges
+            if unit_of(t) != unit_of(m) and layer_of(t, layers) >= layer_of(m, layers)]
 
 
 def find_cycle(g: dict[str, list[tuple[str, int]]]) -> list[str] | None:
@@ -122,19 +139,40 @@ def find_cycle(g: dict[str, list[tuple[str, int]]]) -> list[str] | None:
     return None
 
 
-def test_every_import_goes_down_the_layers():
-    wrong = upward(graph())
-    assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
+def test_every_import_goes_down_the_readme_layer_map():
+    wrong = not_down(graph(), readme_layers())
+    assert not wrong, "imports that do not run down README's layer map:\n" + "\n".join(wrong)
 
 
-def test_no_import_cycle():
+def test_the_readme_layer_map_lists_every_unit_once():
+    listed = readme_layers()
+    units = {unit_of(m) for m in modules()} - {""}
+    assert len(listed) == len(set(listed)), f"listed twice: {sorted({u for u in listed if listed.count(u) > 1})}"
+    assert set(listed) == units, (f"not in the map: {sorted(units - set(listed))}; "
+                                  f"in the map but not in the package: {sorted(set(listed) - units)}")
+
+
+def test_no_two_units_import_each_other():
+    """Directly or through others: a loop in the graph of folders and top-level modules."""
+    cycle = find_cycle(unit_graph(graph()))
+    assert cycle is None, "units in a loop: " + " -> ".join(c or "minitransformer" for c in cycle)
+
+
+def test_no_module_imports_itself_through_others():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(c or "minitransformer" for c in cycle)
 
 
-def test_every_module_is_in_a_layer():
-    for m in modules():
-        layer_of(m)
+def test_the_source_spells_out_every_import():
+    """The checks read import statements; a module loaded by name would hide an arrow."""
+    hidden = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+                if name in ("import_module", "__import__"):
+                    hidden.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not hidden, "imports by name: " + ", ".join(hidden)
 
 
 def test_the_reader_sees_every_form_of_import(tmp_path):
@@ -143,22 +181,33 @@ def test_the_reader_sees_every_form_of_import(tmp_path):
         "import minitransformer as mt\n"
         "import minitransformer.nn.attention\n"
         "from .. import kernels\n"
-        "from ..testing import emulated_cuda\n"
+        "from ..emulated import cupy\n"
         "from .attention import KeyMask\n"
+        "from ..kernels import _C\n"
         "def lazy():\n"
         "    from minitransformer.decoding import beam_search\n"
     )
     known = set(modules())
     found = {t for t, _ in imports("functional.probe", source, known)}
-    assert found == {"", "nn", "nn.attention", "kernels", "testing", "testing.emulated_cuda",
+    assert found == {"", "nn", "nn.attention", "kernels", "emulated", "emulated.cupy",
                      "functional.attention", "decoding"}
 
 
-def test_the_checks_find_an_upward_import_and_a_loop():
-    g = {"backend": [("tensor", 3)], "tensor": [("backend", 5)], "autograd": [("tensor", 1)]}
-    assert upward(g) == ["backend (layer 1) imports tensor (layer 2) at line 3"]
+def test_the_checks_find_an_import_that_runs_up_and_a_loop():
+    g = {"backend": [("tensor", 3)], "tensor": [("backend", 5)], "autograd": [("tensor", 1)],
+         "nn.module": [("nn.init", 2)], "nn.init": [("backend", 4)]}
+    layers = ["backend", "tensor", "autograd", "nn"]
+    assert not_down(g, layers) == ["backend (layer 0) imports tensor (layer 1) at line 3"]
     assert find_cycle(g) == ["backend", "tensor", "backend"]
     assert find_cycle({"a": [("b", 1)], "b": [("c", 1)], "c": []}) is None
+    # Units: two modules of one folder importing each other is no loop of units, but two
+    # folders that reach each other through their modules are.
+    assert find_cycle(unit_graph({"nn.a": [("nn.b", 1)], "nn.b": [("nn.a", 1)]})) is None
+    loop = unit_graph({"nn.a": [("data.x", 1)], "data.y": [("nn.b", 2)]})
+    assert loop == {"nn": [("data", "nn.a:1")], "data": [("nn", "data.y:2")]}
+    assert find_cycle(loop) == ["nn", "data", "nn"]
+    with pytest.raises(AssertionError, match="minitransformer/optim is not in the README"):
+        not_down({"optim.adam": [("backend", 1)]}, layers)
 
 
 def test_subpackages_are_attributes_after_import_minitransformer():
@@ -167,18 +216,3 @@ def test_subpackages_are_attributes_after_import_minitransformer():
     code = ("import minitransformer as mt; mt.nn.Linear; mt.optim.Adam; mt.functional.softmax; "
             "mt.data.Tokenizer; mt.distributed.init; mt.decoding.beam_search; mt.checkpoint.save_checkpoint")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "MT_EMULATE_CUDA": "0"})
-
-
-def test_the_readme_lists_the_layers_in_their_order():
-    """README's layer map says each module imports only those above it: its rows (the package's
-    modules; testing/, examples/, docs/ and benchmarks/ aside) must come in LAYERS' order."""
-    import re
-
-    readme = (PACKAGE.parent / "README.md").read_text()
-    table = readme[readme.index("## Layer map"):].split("\n\n")[2]
-    names = [re.match(r"\| `([\w/.]+)`", row).group(1) for row in table.splitlines() if row.startswith("| `")]
-    modules = [n.removesuffix(".py").removesuffix("/") for n in names
-               if n not in ("testing/", "examples/", "docs/", "benchmarks/")]
-    assert len(modules) > 10
-    ranks = [layer_of(m) for m in modules]
-    assert ranks == sorted(ranks), list(zip(modules, ranks))

@@ -1,6 +1,6 @@
 """The Python side of csrc/: availability, the limits, the switch, and the launch wrappers.
 
-    extension.py   the handle on ``minitransformer._C`` (optional: setup.py builds it only
+    extension.py   the handle on ``minitransformer.kernels._C`` (optional: setup.py builds it only
                    where nvcc is found) and whether it can run; ``limits()``
     launch.py      one wrapper per launcher (CuPy arrays in and out), and
                    ``attention_refusal`` / ``layernorm_refusal``, which functional asks first

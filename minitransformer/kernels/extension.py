@@ -1,4 +1,4 @@
-"""The handle on the compiled extension ``minitransformer._C``, and whether it can run.
+"""The handle on the compiled extension ``minitransformer.kernels._C``, and whether it can run.
 
 setup.py builds ``_C`` only where nvcc is found, so importing it may fail; nothing else in
 the package imports it. Without it, CuPy or a GPU, ``available()`` is False and
@@ -13,7 +13,7 @@ import os
 from .. import backend
 
 try:
-    from .. import _C
+    from . import _C
     _IMPORT_ERROR: str | None = None
 except Exception as exc:  # not built (no nvcc at install time), built for another Python, ...
     _C = None
@@ -24,7 +24,7 @@ if _C is not None and not hasattr(_C, "limits"):  # an editable install after a 
 
 
 def extension_built() -> bool:
-    """True when ``minitransformer._C`` was compiled and imports."""
+    """True when ``minitransformer.kernels._C`` was compiled and imports."""
     return _C is not None
 
 
@@ -36,7 +36,7 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why ``available()`` is False (None when it is True)."""
     if _C is None:
-        return ("minitransformer._C is not built (install with nvcc on PATH or CUDA_HOME set, "
+        return ("minitransformer.kernels._C is not built (install with nvcc on PATH or CUDA_HOME set, "
                 f"and without MINITRANSFORMER_CUDA=0): {_IMPORT_ERROR}")
     if not backend.has_cupy():
         return "CuPy is not installed (pip install 'minitransformer[cuda]')"

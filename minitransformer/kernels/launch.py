@@ -1,4 +1,4 @@
-"""Launch wrappers: CuPy arrays in, CuPy arrays out, one call into ``minitransformer._C`` each.
+"""Launch wrappers: CuPy arrays in, CuPy arrays out, one call into ``minitransformer.kernels._C`` each.
 
 Each wrapper checks its arrays (CuPy, on the current device, dtypes, shapes), makes them
 contiguous and 16-byte aligned (copying a strided view, e.g. a transposed q, when it has to),

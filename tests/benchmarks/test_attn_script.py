@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minitransformer.testing import emulator
+from minitransformer.emulated import emulator
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attn.py"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minitransformer.testing import emulator
+from minitransformer.emulated import emulator
 from tests.helpers import MULTI30K_DIR, needs_multi30k
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ SCENARIO OUT_DIR SEED --world-size N [options]``. Each rank writes what it saw t
 tests in this folder compare those files with a single-process reference.
 
 Every scenario runs on ``--device cpu`` (MPI) or ``cuda`` (NCCL; without a GPU, on the emulated
-device, whose NCCL is carried over MPI: minitransformer/testing/emulated_nccl.py).
+device, whose NCCL is carried over MPI: minitransformer/emulated/nccl.py).
 
 Scenarios:
     collectives   all_reduce (sync, async; sum, max, min) of float32/float64/int64/float16 (and

@@ -6,7 +6,7 @@ import minitransformer as mt
 from minitransformer import backend
 from minitransformer import functional as F
 from minitransformer.kernels.reference import formulas
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import grad_flags, randn, requiring_grad, seeds
 
 

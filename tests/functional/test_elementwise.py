@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 import minitransformer as mt
 from minitransformer import functional as F
 from minitransformer.functional.elementwise import Cast
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import broadcastable_pair, grad_flags, positive, randn, requiring_grad, seeds, shapes
 
 

@@ -4,7 +4,7 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitransformer import functional as F
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn, seeds
 
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from minitransformer import functional as F
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn, seeds, shapes
 
 

@@ -5,7 +5,7 @@ from hypothesis.extra import numpy as hnp
 
 import minitransformer as mt
 from minitransformer import functional as F
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn, seeds, shapes
 
 

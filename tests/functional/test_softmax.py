@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import minitransformer as mt
 from minitransformer import functional as F
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn, seeds, shapes
 
 

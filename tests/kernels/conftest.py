@@ -4,7 +4,7 @@ import pytest
 from hypothesis import Phase, settings
 
 import emulated
-from minitransformer.testing import emulator
+from minitransformer.emulated import emulator
 
 # No shrinking, so that a failing GPU test reports its (unshrunk) example at once instead of
 # spending the machine's minutes shrinking.

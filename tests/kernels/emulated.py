@@ -1,4 +1,4 @@
-"""The CUDA kernels of csrc/, run on the CPU (minitransformer.testing.emulator), against the
+"""The CUDA kernels of csrc/, run on the CPU (minitransformer.emulated.emulator), against the
 formulas: the emulator sections of test_attention.py, test_layernorm.py, test_softmax.py and
 test_cross_entropy.py (their tests take the fixture C, conftest.py), which draw shapes, and
 sanitized_run.py, which runs fixed ones under the sanitizers.
@@ -32,8 +32,8 @@ import pytest
 from hypothesis import settings
 
 from minitransformer.kernels import reference as R
-from minitransformer.testing import emulator
-from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
+from minitransformer.emulated import emulator
+from minitransformer.kernels.resources import SHARED_MEMORY_PER_BLOCK
 
 import checks
 from minitransformer.kernels.reference import formulas

@@ -2,7 +2,7 @@
 
     python sanitized_run.py MODULE CASE...
 
-MODULE is a variant from minitransformer.testing.emulator.compile_variant; a sanitized one
+MODULE is a variant from minitransformer.emulated.emulator.compile_variant; a sanitized one
 loads only with its runtime preloaded (emulator.sanitizer_environment), which is why
 test_sanitizers.py runs this file instead of importing the module. A sanitizer's report ends
 the process with its own message; a result that disagrees with the formulas ends it with
@@ -58,7 +58,7 @@ CASES = {f"{name}-{dtype}": functools.partial(check, dtype=dtype, seed=0, **args
 
 
 def main(module_path: str, names: list[str]) -> int:
-    from minitransformer.testing import emulator
+    from minitransformer.emulated import emulator
 
     C = emulator.load(module_path)
     for name in names:

@@ -20,7 +20,7 @@ import minitransformer as mt
 import minitransformer.functional as F
 from minitransformer import kernels
 from minitransformer.kernels import reference as R
-from minitransformer.testing.resources import SHARED_MEMORY_PER_BLOCK
+from minitransformer.kernels.resources import SHARED_MEMORY_PER_BLOCK
 
 import emulated
 from minitransformer.kernels.reference import formulas
@@ -203,9 +203,9 @@ import warnings
 import numpy as np
 import minitransformer as mt
 import minitransformer.functional as F
-from minitransformer.testing import emulated_cuda
+from minitransformer.emulated import cupy as emulated_cupy
 
-emulated_cuda.configure(max_shared_memory_per_block_optin={limit})
+emulated_cupy.configure(max_shared_memory_per_block_optin={limit})
 rng = np.random.default_rng(0)
 host = [rng.standard_normal((1, 2, 40, 128)).astype(np.float32) for _ in range(3)]
 with warnings.catch_warnings(record=True) as caught:

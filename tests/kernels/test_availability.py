@@ -42,12 +42,12 @@ def test_switch_and_cpu_arrays_keep_the_composite_ops(monkeypatch):
 
 
 needs_extension = pytest.mark.skipif(not kernels.extension_built(),
-                                     reason="minitransformer._C is not built (no nvcc at install)")
+                                     reason="minitransformer.kernels._C is not built (no nvcc at install)")
 
 
 @needs_extension
 def test_limits_are_what_the_launchers_enforce():
-    from minitransformer import _C
+    from minitransformer.kernels import _C
 
     head_dims = kernels.limits()["attention_head_dims"]
     assert head_dims
@@ -63,7 +63,7 @@ def test_limits_are_what_the_launchers_enforce():
 def test_binding_and_launchers_reject_bad_arguments_before_any_launch():
     """The binding checks pointers, dtype codes and sizes; the launchers throw past
     csrc/limits.cuh (head dim, B * H, layernorm rows) as the last guard."""
-    from minitransformer import _C
+    from minitransformer.kernels import _C
 
     ok = dict(q=256, k=256, v=256, o=256, lse=256, kv_lens=0, dtype=0, B=1, H=1, T=8, S=8, D=64,
               scale=0.125, causal=False, dropout_p=0.0, seed=0, smem_limit=232448, stream=0)

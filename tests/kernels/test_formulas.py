@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import checks
 from minitransformer.kernels.reference import formulas
 from checks import seeds
-from minitransformer.testing.gradcheck import numerical_gradient
+from minitransformer.gradcheck import numerical_gradient
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

@@ -4,7 +4,7 @@ setup.py builds for (sm_80, sm_86, sm_89 and sm_90 by default).
 csrc/ is compiled for each architecture (device code only, setup.py's flags), and ptxas's
 figures for every kernel (registers, spills, static shared memory) are joined with the dynamic
 shared memory its launcher asks for (``_C.launch_configs``, from the sources through the
-emulator's build): see minitransformer/testing/resources.py. Checked per architecture:
+emulator's build): see minitransformer/kernels/resources.py. Checked per architecture:
 
 - every kernel's static plus dynamic shared memory fits the architecture's
   cudaDevAttrMaxSharedMemoryPerBlockOptin; for a kernel built in several variants, the one its
@@ -27,7 +27,8 @@ import warnings
 
 import pytest
 
-from minitransformer.testing import emulator, resources
+from minitransformer.emulated import emulator
+from minitransformer.kernels import resources
 
 _REASON = resources.unavailable_reason() or emulator.unavailable_reason()
 if _REASON:
@@ -106,5 +107,5 @@ def test_every_kernel_fits(C, rows, arch):
 
 def test_print_the_table(rows, capsys):
     with capsys.disabled():
-        print("\nKernel resources per architecture (minitransformer/testing/resources.py):")
+        print("\nKernel resources per architecture (minitransformer/kernels/resources.py):")
         print(resources.table(rows))

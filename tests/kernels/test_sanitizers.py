@@ -34,8 +34,8 @@ import pytest
 
 import emulated
 import sanitized_run
-from minitransformer.testing import emulator
-from minitransformer.testing.emulator import Mutation
+from minitransformer.emulated import emulator
+from minitransformer.emulated.emulator import Mutation
 
 emulated.require_emulator()
 

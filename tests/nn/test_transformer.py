@@ -7,7 +7,7 @@ import minitransformer as mt
 from minitransformer import functional as F
 from minitransformer import nn
 from minitransformer.nn.embedding import sinusoid_table
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 
 SMALL = dict(vocab_size=23, d_model=16, d_ff=32, h=4, num_encoder_layers=2, num_decoder_layers=2)
 

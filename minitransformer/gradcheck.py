@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
-from ..autograd import no_grad
-from ..tensor import Tensor
+from . import backend
+from .autograd import no_grad
+from .tensor import Tensor
 
 
 def numerical_gradient(f, x, eps: float = 1e-6) -> np.ndarray:

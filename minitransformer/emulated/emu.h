@@ -69,7 +69,7 @@
 // a larger value, a branch not taken). Outside TSan a block's fibers take turns in one fixed
 // order (thread index, round and round), so a race between warps that this order happens to
 // run the right way round shows only under TSan. Streams, events and NCCL are the emulated
-// CuPy's (minitransformer/testing/emulated_cuda.py), not this file's.
+// CuPy's (minitransformer/emulated/cupy.py), not this file's.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,6 +1,6 @@
 """What each CUDA kernel of csrc/ asks of every GPU architecture setup.py builds for.
 
-    python -m minitransformer.testing.resources     prints the table below (needs nvcc and g++)
+    python -m minitransformer.kernels.resources     prints the table below (needs nvcc and g++)
 
 A block runs only if its shared memory (static, from the kernel's code, plus dynamic, from the
 launch) fits the device's cudaDevAttrMaxSharedMemoryPerBlockOptin, and each thread's registers
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import emulator
-from .emulator import CSRC, cuda_home, setup_module
+from ..emulated import emulator
+from ..emulated.emulator import CSRC, cuda_home, setup_module
 
 # cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture, bytes (CUDA C++ Programming
 # Guide, "Technical Specifications per Compute Capability"). An architecture added to setup.py

@@ -33,9 +33,9 @@ def cp():
 
 @pytest.fixture
 def emulation():
-    from minitransformer.testing import emulated_cuda
+    from minitransformer.emulated import cupy as emulated_cupy
 
-    return emulated_cuda
+    return emulated_cupy
 
 
 def test_host_arrays_are_refused_as_on_a_gpu(cp):
@@ -224,15 +224,15 @@ def test_memory_pool_figures(cp):
 PLAY_ANOTHER_GPU = """
 from minitransformer import backend
 from minitransformer.kernels import launch
-from minitransformer.testing import emulated_cuda
+from minitransformer.emulated import cupy as emulated_cupy
 
 cp = backend.get_array_module("cuda")
-previous = emulated_cuda.configure(max_shared_memory_per_block_optin=101376)
+previous = emulated_cupy.configure(max_shared_memory_per_block_optin=101376)
 assert launch.shared_memory_limit() == 101376, launch.shared_memory_limit()
 assert previous["max_shared_memory_per_block_optin"] == 232448
-emulated_cuda.configure(max_shared_memory_per_block_optin=101376)  # no change: allowed
+emulated_cupy.configure(max_shared_memory_per_block_optin=101376)  # no change: allowed
 try:
-    emulated_cuda.configure(**previous)
+    emulated_cupy.configure(**previous)
 except RuntimeError as e:
     print(e)
 assert launch.shared_memory_limit() == 101376

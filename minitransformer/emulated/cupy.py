@@ -5,8 +5,8 @@
 With ``MT_EMULATE_CUDA=1`` in the environment, ``backend`` calls ``install()`` instead of
 importing CuPy. ``install`` registers this stand-in as ``cupy`` (with ``cupy.cuda``,
 ``cupy.random``, ``cupy.testing``, ``cupyx`` and ``cupy.cuda.nccl``, the last from
-emulated_nccl.py) and, as ``minitransformer._C``, the emulator's build of csrc/
-(testing/emulator): so every kernel launch goes through the real launchers, bindings and
+nccl.py) and, as ``minitransformer.kernels._C``, the emulator's build of csrc/
+(emulator.py): so every kernel launch goes through the real launchers, bindings and
 kernels, with host addresses where a GPU has device pointers. It covers the CuPy API the
 package uses, with CuPy's behaviour where the package relies on it:
 
@@ -48,7 +48,7 @@ import numpy as np
 
 BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUDA=1): NumPy "
           "behind CuPy's interface, csrc/ compiled with g++; nothing here measures a GPU")
-DEVICE_NAME = "Emulated CUDA device (CPU, minitransformer.testing)"
+DEVICE_NAME = "Emulated CUDA device (CPU, minitransformer.emulated)"
 
 # What Device().attributes reports. The defaults are an H100/H200's (sm_90): 227 KB of opt-in
 # shared memory per block, 132 multiprocessors.
@@ -77,7 +77,7 @@ def configure(*, max_shared_memory_per_block_optin: int | None = None,
                if value is not None and int(value) != previous[arg]}
     if changed and _attributes_read:
         settings = ", ".join(f"{arg}={value}" for arg, value in changed.items())
-        raise RuntimeError(f"emulated_cuda.configure({settings}): the device's attributes were "
+        raise RuntimeError(f"minitransformer.emulated.cupy.configure({settings}): the device's attributes were "
                            f"already read in this process, and minitransformer.kernels keeps what "
                            f"it read; configure the emulated device before its first use")
     for arg, value in changed.items():
@@ -706,7 +706,7 @@ class _ArrayModule(types.ModuleType):
 def _module(name: str, numpy_module=None, **attributes) -> types.ModuleType:
     module = _ArrayModule(name, numpy_module) if numpy_module is not None else types.ModuleType(name)
     module.__dict__.update(attributes)
-    module.__doc__ = f"{name}, emulated on the CPU (minitransformer.testing.emulated_cuda)"
+    module.__doc__ = f"{name}, emulated on the CPU (minitransformer.emulated.cupy)"
     return module
 
 
@@ -767,7 +767,7 @@ class _OrderedKernels(types.ModuleType):
     written on this one."""
 
     def __init__(self, kernels) -> None:
-        super().__init__("minitransformer._C")
+        super().__init__("minitransformer.kernels._C")
         self._kernels = kernels
 
     def __getattr__(self, name):
@@ -794,9 +794,9 @@ _installed: types.ModuleType | None = None
 
 
 def install(nccl_module: types.ModuleType) -> types.ModuleType:
-    """Register the stand-in as ``cupy`` (with ``nccl_module``, emulated_nccl, as
+    """Register the stand-in as ``cupy`` (with ``nccl_module``, emulated/nccl.py, as
     ``cupy.cuda.nccl``: it builds on this module, so it is handed in rather than imported) and
-    the emulated kernels as ``minitransformer._C``; returns the ``cupy`` module. Idempotent. Builds csrc/ for the CPU the first time (about a
+    the emulated kernels as ``minitransformer.kernels._C``; returns the ``cupy`` module. Idempotent. Builds csrc/ for the CPU the first time (about a
     minute on two cores; cached in the temp directory). Where it cannot be built (no g++, CUDA
     headers or pybind11), "cuda" runs on the composite ops, as CuPy without the extension
     does, unless MT_REQUIRE_EMULATOR=1 makes that an error."""
@@ -807,13 +807,13 @@ def install(nccl_module: types.ModuleType) -> types.ModuleType:
 
     reason = emulator.unavailable_reason()
     if reason is None:
-        sys.modules["minitransformer._C"] = _OrderedKernels(emulator.build())
+        sys.modules["minitransformer.kernels._C"] = _OrderedKernels(emulator.build())
         print(BANNER, file=sys.stderr)
     elif os.environ.get("MT_REQUIRE_EMULATOR"):
         raise RuntimeError(f"MT_EMULATE_CUDA=1 and MT_REQUIRE_EMULATOR=1, but the emulated "
                            f"kernels cannot be built: {reason}")
     else:
-        sys.modules["minitransformer._C"] = None  # never the real build, which needs a GPU
+        sys.modules["minitransformer.kernels._C"] = None  # never the real build, which needs a GPU
         print(f"{BANNER}; without kernels: {reason}", file=sys.stderr)
     modules = _build_modules(nccl_module)
     sys.modules.update(modules)

@@ -3,7 +3,7 @@
 Each rank is one process with its own emulated GPU (mpiexec starts them). The calls take what
 NCCL takes (raw device addresses, element counts, NCCL's type and operation codes, a stream
 handle), find the emulated arrays behind the addresses, check that the stream may use them
-(see emulated_cuda's stream-order check), and move the data with MPI. So what
+(see cupy.py's stream-order check), and move the data with MPI. So what
 ``NCCLCommunicator`` does is exercised for real: the unique-id exchange (ranks given different
 ids fail, where NCCL would hang), the address and count arithmetic, the type codes, and the
 stream and event ordering around each collective. A world of one rank needs no MPI.
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from . import emulated_cuda as _cuda
+from . import cupy as _cupy
 
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
 NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16 = 6, 7, 8, 9
@@ -82,9 +82,9 @@ class NcclCommunicator:
         """The NumPy views behind NCCL's arguments, read and written on ``stream``."""
         if datatype not in self._dtypes:
             raise NcclError(f"ncclInvalidArgument: data type code {datatype}")
-        dtype, stream = self._dtypes[datatype], _cuda.stream_from_ptr(stream)
-        source = _cuda.device_buffer(send, count, dtype, stream, write=recv == send)
-        target = source if recv == send else _cuda.device_buffer(recv, count, dtype, stream, write=True)
+        dtype, stream = self._dtypes[datatype], _cupy.stream_from_ptr(stream)
+        source = _cupy.device_buffer(send, count, dtype, stream, write=recv == send)
+        target = source if recv == send else _cupy.device_buffer(recv, count, dtype, stream, write=True)
         return source, target
 
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 
 from minitransformer.functional.elementwise import Mul
-from minitransformer.testing.gradcheck import gradcheck
+from minitransformer.gradcheck import gradcheck
 from tests.helpers import randn, seeds, shapes
 
 

@@ -1,6 +1,6 @@
 """Build csrc/ (kernels and bindings) with g++ against emu.h into a CPU-only ``_C`` module.
 
-The result has the same functions as ``minitransformer._C``, taking host pointers (NumPy's
+The result has the same functions as ``minitransformer.kernels._C``, taking host pointers (NumPy's
 ``a.ctypes.data``) where the real one takes device pointers, so a test can drive the very
 binding checks, launchers and kernels that run on the GPU. emu.h says how CUDA is emulated.
 
@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 EMU_H = Path(__file__).with_name("emu.h")
 CACHE = Path(tempfile.gettempdir()) / "minitransformer_emu_cache"
