@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,9 @@ emulated.require_emulator()
 
 DRIVER = Path(sanitized_run.__file__)
 KERNELS = ["attention", "layernorm", "softmax", "cross_entropy"]
+# A run's CPU seconds (the slowest, ThreadSanitizer on attention, takes about 120 on a quiet
+# machine): CPU time, which a busy machine does not inflate as it does the wall clock.
+CPU_SECONDS = 900
 
 
 @dataclass(frozen=True)
@@ -161,15 +164,15 @@ def variants():
     return variant
 
 
-def run(module: Path, sanitize: str | None, cases: list[str]) -> subprocess.CompletedProcess:
+def run(module: Path, sanitize: str | None, cases: list[str]):
     # This checkout's minitransformer, without its emulated cuda device: that would load the
     # plain build beside the sanitized one, and the kernels' template instantiations (vague
     # linkage, bound process-wide) then ran uninstrumented: a planted overrun went unreported.
     env = dict(os.environ, PYTHONPATH=str(emulator.ROOT), MT_EMULATE_CUDA="0")
     if sanitize:
         env.update(emulator.sanitizer_environment(sanitize))
-    return subprocess.run([sys.executable, str(DRIVER), str(module), *cases], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return emulator.run_limited([sys.executable, str(DRIVER), str(module), *cases], CPU_SECONDS,
+                                env=env, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -191,3 +194,11 @@ def test_planted_bug_is_flagged(variants, sanitize, planted):
     build = [p for p in PLANTED[sanitize] if p.build == planted.build]
     result = run(variants(sanitize, build), sanitize, [planted.case])
     assert result.returncode != 0 and re.search(planted.report, result.stderr), result.stderr[-6000:]
+
+
+def test_the_runs_are_limited_by_cpu_time_not_by_the_wall_clock():
+    """A child that sleeps past its CPU limit finishes; one that computes past it is stopped."""
+    sleeper = emulator.run_limited([sys.executable, "-c", "import time; time.sleep(2.5)"], 1)
+    assert sleeper.returncode == 0
+    spinner = emulator.run_limited([sys.executable, "-c", "while True: pass"], 1)
+    assert spinner.returncode == -signal.SIGXCPU
