@@ -70,13 +70,17 @@ SANITIZERS = "tests/kernels/test_sanitizers.py"
 CHECKS = ("thread", "address", "poison")  # the slowest first
 
 
-def _check_of(nodeid: str) -> str:  # "...::test_kernels_are_clean[thread-attention]" -> "thread"
-    return nodeid.rsplit("[", 1)[-1].split("-", 1)[0]
+def _check_of(nodeid: str) -> str | None:
+    """"thread" for "tests/kernels/test_sanitizers.py::test_kernels_are_clean[thread-attention]";
+    None for a test that runs none of the checks."""
+    check = nodeid.rsplit("[", 1)[-1].split("-", 1)[0] if nodeid.startswith(SANITIZERS) else None
+    return check if check in CHECKS else None
 
 
 def pytest_collection_modifyitems(config, items):
     def rank(item):
-        return CHECKS.index(_check_of(item.nodeid)) if item.nodeid.startswith(SANITIZERS) else len(CHECKS)
+        check = _check_of(item.nodeid)
+        return len(CHECKS) if check is None else CHECKS.index(check)
     items.sort(key=rank)  # stable: the rest keep their order
 
 
@@ -88,7 +92,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ChecksApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(SANITIZERS):
+            if _check_of(nodeid) is not None:
                 return f"{SANITIZERS}[{_check_of(nodeid)}]"
             return super()._split_scope(nodeid)
 

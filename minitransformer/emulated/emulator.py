@@ -266,17 +266,18 @@ def restart_block_order(path: Path | None = None) -> None:
         library.mt_emu_restart_block_order()
 
 
-def run_limited(cmd: list[str], cpu_seconds: int, **kwargs) -> subprocess.CompletedProcess:
+def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,
+                **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd)`` with its CPU time limited to ``cpu_seconds`` (RLIMIT_CPU: the
     kernel ends it with SIGXCPU), where a wall-clock timeout would trip on a busy machine: a
     sanitized run takes the same CPU seconds beside a training job as alone, and twice the
-    time. A run that waits without computing is bounded by the hour of wall clock that stops
-    it besides (the emulator reports the hangs it knows, barrier deadlocks, by itself)."""
+    time. A run that waits without computing is stopped by ``wall_seconds`` of wall clock
+    besides (the emulator reports the hangs it knows, barrier deadlocks, by itself)."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
 
-    return subprocess.run(cmd, preexec_fn=limit, timeout=max(3600, 4 * cpu_seconds), **kwargs)
+    return subprocess.run(cmd, preexec_fn=limit, timeout=wall_seconds, **kwargs)
 
 
 def sanitizer_environment(sanitize: str) -> dict[str, str]:

@@ -200,5 +200,5 @@ def test_the_runs_are_limited_by_cpu_time_not_by_the_wall_clock():
     """A child that sleeps past its CPU limit finishes; one that computes past it is stopped."""
     sleeper = emulator.run_limited([sys.executable, "-c", "import time; time.sleep(2.5)"], 1)
     assert sleeper.returncode == 0
-    spinner = emulator.run_limited([sys.executable, "-c", "while True: pass"], 1)
+    spinner = emulator.run_limited([sys.executable, "-c", "while True: pass"], 1, wall_seconds=60)
     assert spinner.returncode == -signal.SIGXCPU
