@@ -873,37 +873,37 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
 
 // ---------------------------------------------------------------------------- launchers
 
-// A compiled kernel of one pass and its tiles: BR query rows by BC keys. The attention kernels
-// take all their shared memory dynamically (none is static), so `smem` is all a block asks for.
+// A compiled kernel of one pass and its tiles: BR query rows by BC keys (rows, cols). The
+// attention kernels take all their shared memory dynamically (none is static), so `smem` is all
+// a block asks for.
 struct AttnKernel : LaunchConfig {
-    int br, bc;
     void (*kernel)(AttnParams);
 };
 
 template <int D, int BR, int BC>
 AttnKernel f32_forward() {
-    return {{instance_name("attention_forward_f32_kernel", D, BR, BC), F32FwdLayout<D, BR, BC>::bytes()},
-            BR, BC, attention_forward_f32_kernel<D, BR, BC>};
+    return {{instance_name("attention_forward_f32_kernel", D, BR, BC), F32FwdLayout<D, BR, BC>::bytes(),
+             BR, BC}, attention_forward_f32_kernel<D, BR, BC>};
 }
 
 template <int D, int BR, int BC>
 AttnKernel f32_backward() {
-    return {{instance_name("attention_backward_f32_kernel", D, BR, BC), F32BwdLayout<D, BR, BC>::bytes()},
-            BR, BC, attention_backward_f32_kernel<D, BR, BC>};
+    return {{instance_name("attention_backward_f32_kernel", D, BR, BC), F32BwdLayout<D, BR, BC>::bytes(),
+             BR, BC}, attention_backward_f32_kernel<D, BR, BC>};
 }
 
 template <typename T, int D>
 AttnKernel mma_forward() {
     using L = MmaFwdLayout<T, D>;
-    return {{instance_name("attention_forward_mma_kernel", type_name<T>(), D), L::bytes()},
-            L::BR, L::BC, attention_forward_mma_kernel<T, D>};
+    return {{instance_name("attention_forward_mma_kernel", type_name<T>(), D), L::bytes(),
+             L::BR, L::BC}, attention_forward_mma_kernel<T, D>};
 }
 
 template <typename T, int D>
 AttnKernel mma_backward() {
     using L = MmaBwdLayout<T, D>;
-    return {{instance_name("attention_backward_mma_kernel", type_name<T>(), D), L::bytes()},
-            L::BR, L::BC, attention_backward_mma_kernel<T, D>};
+    return {{instance_name("attention_backward_mma_kernel", type_name<T>(), D), L::bytes(),
+             L::BR, L::BC}, attention_backward_mma_kernel<T, D>};
 }
 
 // The kernels of each pass for (T, D), in the launcher's order of preference. The float32 path
@@ -953,7 +953,7 @@ void launch_forward(const AttnParams& p, size_t smem_limit, cudaStream_t stream)
     const AttnKernel& k = choose(forward_kernels<T, D>(), smem_limit, "attention_forward");
     auto kernel = k.kernel;
     allow_shared_memory(kernel, k.smem, "attention_forward");
-    dim3 grid(ceil_div(p.T, k.br), p.B * p.H);  // a block per BR queries
+    dim3 grid(ceil_div(p.T, k.rows), p.B * p.H);  // a block per BR queries
     kernel<<<grid, kThreads, k.smem, stream>>>(p);
     check_launch("attention_forward");
 }
@@ -971,7 +971,7 @@ void launch_backward(const AttnParams& p, void* dq, size_t smem_limit, cudaStrea
 
     auto kernel = k.kernel;
     allow_shared_memory(kernel, k.smem, "attention_backward");
-    dim3 grid(ceil_div(p.S, k.bc), p.B * p.H);  // a block per BC keys
+    dim3 grid(ceil_div(p.S, k.cols), p.B * p.H);  // a block per BC keys
     kernel<<<grid, kThreads, k.smem, stream>>>(p);
     check_launch("attention_backward");
 

@@ -115,7 +115,9 @@ py::tuple as_tuple(mt::limits::IntList<Ds...>) {
 }
 
 py::dict as_dict(const mt::LaunchConfig& c) {
-    return py::dict(py::arg("kernel") = c.name, py::arg("smem") = c.smem);
+    py::dict d(py::arg("kernel") = c.name, py::arg("smem") = c.smem);
+    if (c.rows) d["tile"] = py::make_tuple(c.rows, c.cols);
+    return d;
 }
 
 }  // namespace
@@ -182,7 +184,9 @@ PYBIND11_MODULE(_C, m) {
           },
           "The variants of a launcher's kernel (attention_forward, attention_backward or "
           "layernorm_backward) for dtype and D, in the order it tries them: dicts of kernel (the "
-          "instance's name) and smem (its dynamic shared memory per block, bytes).",
+          "instance's name), smem (its dynamic shared memory per block, bytes) and, for attention, "
+          "tile (the rows and columns of the score matrix that one block works on: BR queries by "
+          "BC keys).",
           py::arg("launcher"), py::arg("dtype"), py::arg("D"));
 
     m.def("launch_config",

@@ -137,14 +137,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Online softmax state of a set of values in base 2: running maximum m and s = sum 2^(x - m).
-// Two states merge exactly (Milakov & Gimelshein, 2018), so a row can be reduced in one pass
-// across threads. m = -inf means "no finite value seen yet"; then s = 0. Callers scale their
-// values by log2(e) first: exp(x) = 2^(x log2 e), and exp2f is a single hardware instruction
-// (MUFU.EX2) where an accurate expf is a dozen, which matters for kernels that must keep up
-// with memory bandwidth.
+// Online softmax state of a set of values: running maximum m and s = sum exp(x - m). Two
+// states merge exactly (Milakov & Gimelshein, 2018), so a row can be reduced in one pass across
+// threads. m = -inf means "no finite value seen yet"; then s = 0. Each exponential is of a
+// difference, taken first: exp(x - m) = 2^((x - m) log2 e), and exp2f is a single hardware
+// instruction (MUFU.EX2) where an accurate expf is a dozen, which matters for kernels that must
+// keep up with memory bandwidth. Scaling x by log2 e before subtracting would overflow a
+// bfloat16 logit near its largest value (3.4e38 x 1.44) and, at |x| ~ 1e4, round away three
+// digits that x - m keeps exactly.
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float exp_diff(float x, float m) { return exp2f((x - m) * kLog2e); }
 
 struct MaxSum {
     float m;
@@ -154,15 +157,15 @@ struct MaxSum {
 __device__ __forceinline__ MaxSum maxsum_merge(MaxSum a, MaxSum b) {
     float m = fmaxf(a.m, b.m);
     if (m == -INFINITY) return {m, 0.f};
-    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
+    return {m, a.s * exp_diff(a.m, m) + b.s * exp_diff(b.m, m)};
 }
 
-// Add one value x to a state: one exp2f per value (the sum is rescaled only when x is a new
-// maximum). x = -inf (a masked entry) leaves the state unchanged.
+// Add one value x to a state: one exponential per value (the sum is rescaled only when x is a
+// new maximum). x = -inf (a masked entry) leaves the state unchanged.
 __device__ __forceinline__ MaxSum maxsum_add(MaxSum a, float x) {
     if (x == -INFINITY) return a;  // also keeps -inf - (-inf) = NaN out of the empty state
-    if (x <= a.m) return {a.m, a.s + exp2f(x - a.m)};
-    return {x, a.s * exp2f(a.m - x) + 1.f};
+    if (x <= a.m) return {a.m, a.s + exp_diff(x, a.m)};
+    return {x, a.s * exp_diff(a.m, x) + 1.f};
 }
 
 __device__ __forceinline__ MaxSum warp_maxsum(MaxSum v) {

@@ -19,6 +19,8 @@ namespace mt {
 struct LaunchConfig {
     std::string name;  // the kernel instance, as ptxas and c++filt name it: "kernel<args>"
     size_t smem;       // dynamic shared memory per block, bytes
+    int rows = 0;      // the tile a block works on: attention's BR queries by BC keys
+    int cols = 0;      // (0 for a kernel that is not tiled so)
 };
 
 // No configuration of a kernel fits the device's shared memory; raised before any launch

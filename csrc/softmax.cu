@@ -5,13 +5,17 @@
 //     y_k = exp(a x_k - m) / sum_j exp(a x_j - m)     over unmasked k, m = max_j a x_j
 // One read pass computes m and the sum together (online softmax: the running sum is rescaled
 // whenever the running maximum grows), a second pass writes y. A fully masked row, or one whose
-// entries are all -inf, gives y = 0.
-// Exponentials are taken in base 2 on values pre-scaled by log2(e) (see MaxSum in common.cuh).
+// entries are all -inf, gives y = 0. Every exponential is of a difference with the maximum
+// (exp_diff in common.cuh), so logits anywhere in the type's range work.
 // Backward: dx = a * y * (g - sum_k g_k y_k).
 //
 // Cross-entropy of logits z (N, V) against targets t, smoothing eps, per row:
-//     lse  = log sum_k exp z_k
+//     lse  = m + log sum_k exp(z_k - m),  m = max_k z_k
 //     loss = (1 - eps) (lse - z_t) + eps (lse - mean_k z_k)
+// with lse - z_t taken as (m - z_t) + log sum and lse - mean z as (m - z_0) - mean_k (z_k - z_0)
+// + log sum: at logits of 1e30 the loss is a few units, which lse - z_t or a sum of the logits
+// would lose to cancellation (the differences are exact where logits are close, however large;
+// dividing each by V first keeps their sum finite).
 //     dloss/dz_k = softmax(z)_k - eps / V - (1 - eps) [k == t]
 // and, where the caller asks for it, the unsmoothed nll = lse - z_t (for perplexity). The first
 // pass gathers max, sum of exponentials and sum of logits in one read; the second writes the
@@ -44,24 +48,23 @@ __global__ void softmax_forward_kernel(const T* __restrict__ x, const uint8_t* _
     const int row = row_index<THREADS>(), tid = threadIdx.x % THREADS;
     // Block-wide rows never exit early: every thread must reach the reductions' barriers.
     const bool active = row < N;
-    const float scale2 = scale * kLog2e;
     const size_t base = size_t(active ? row : 0) * V;
     MaxSum acc{-INFINITY, 0.f};
     if (active) {
         for (int k = tid; k < V; k += THREADS) {
             if (mask && !mask[base + k]) continue;
-            acc = maxsum_add(acc, scale2 * to_float(x[base + k]));
+            acc = maxsum_add(acc, scale * to_float(x[base + k]));
         }
     }
     acc = row_maxsum<THREADS>(acc);
     if (!active) return;
     // A row with nothing to normalise (fully masked, or every entry -inf) keeps m = -inf; take
-    // m = 0 there, so its entries give exp2(-inf) * 0 = 0 rather than exp2(-inf + inf) = NaN.
+    // m = 0 there, so its entries give exp(-inf) * 0 = 0 rather than exp(-inf + inf) = NaN.
     const float m = acc.s > 0.f ? acc.m : 0.f;
     const float inv = acc.s > 0.f ? 1.f / acc.s : 0.f;
     for (int k = tid; k < V; k += THREADS) {
         bool masked = mask && !mask[base + k];
-        y[base + k] = from_float<T>(masked ? 0.f : exp2f(scale2 * to_float(x[base + k]) - m) * inv);
+        y[base + k] = from_float<T>(masked ? 0.f : exp_diff(scale * to_float(x[base + k]), m) * inv);
     }
 }
 
@@ -94,31 +97,33 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* __restrict_
     const bool ignored = !active || (has_ignore && t == ignore_index);
     // Read everything this row needs before any thread overwrites it with the gradient.
     const float z_t = ignored ? 0.f : to_float(logits[base + t]);
+    const float z_0 = ignored ? 0.f : to_float(logits[base]);
     MaxSum acc{-INFINITY, 0.f};
-    float sum_z = 0.f;
+    float mean_d = 0.f;  // mean_k (z_k - z_0)
+    const float inv_V = 1.f / V;
     if (!ignored) {
         for (int k = tid; k < V; k += THREADS) {
             float z = to_float(logits[base + k]);
-            acc = maxsum_add(acc, z * kLog2e);
-            sum_z += z;
+            acc = maxsum_add(acc, z);
+            mean_d += (z - z_0) * inv_V;
         }
     }
     acc = row_maxsum<THREADS>(acc);
-    sum_z = row_sum<THREADS>(sum_z);
+    mean_d = row_sum<THREADS>(mean_d);
     if (!active) return;
-    const float lse2 = acc.m + log2f(acc.s);  // log2 sum 2^(z log2 e) = lse / ln 2
-    const float lse = lse2 * kLn2;
+    const float log_s = logf(acc.s);  // lse = acc.m + log_s
     if (tid == 0) {
+        const float nll_t = (acc.m - z_t) + log_s;
         loss[row] = ignored ? 0.f
-                            : (1.f - smoothing) * (lse - z_t) + smoothing * (lse - sum_z / V);
-        if (nll) nll[row] = ignored ? 0.f : lse - z_t;
+                            : (1.f - smoothing) * nll_t + smoothing * (((acc.m - z_0) - mean_d) + log_s);
+        if (nll) nll[row] = ignored ? 0.f : nll_t;
     }
     if (!grad) return;
     const float off = smoothing / V;
     for (int k = tid; k < V; k += THREADS) {
         float gk = 0.f;
         if (!ignored) {
-            gk = exp2f(to_float(logits[base + k]) * kLog2e - lse2) - off;
+            gk = exp2f(((to_float(logits[base + k]) - acc.m) - log_s) * kLog2e) - off;
             if (k == t) gk -= 1.f - smoothing;
         }
         grad[base + k] = from_float<T>(gk);

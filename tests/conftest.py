@@ -46,6 +46,11 @@ settings.register_profile(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 
+# benchmarks/mutants.py: the kernel tests against a planted bug, the same examples every time
+# (a mutant's result is cached, so it must not depend on the draw) and no example database
+# (one mutant's failures must not be replayed on the next).
+settings.register_profile("mutants", settings.get_profile("default"), derandomize=True, database=None)
+
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(

@@ -235,9 +235,11 @@ _built: Path | None = None  # the module build() imported
 @functools.cache
 def build():
     """Compile (or reuse) the plain emulated extension and return the imported module: once a
-    process (the emulated device and the kernel tests share it)."""
+    process (the emulated device and the kernel tests share it). ``MT_EMULATED_KERNELS=PATH``
+    takes the unsanitized variant at PATH instead (from ``compile_variant``: a planted bug,
+    which the mutation tester, benchmarks/mutants.py, puts to the kernel tests so)."""
     global _built
-    path = compile_variant()
+    path = Path(os.environ["MT_EMULATED_KERNELS"]) if os.environ.get("MT_EMULATED_KERNELS") else compile_variant()
     module = load(path)
     _built = path
     return module

@@ -101,13 +101,53 @@ def attention(C, q, k, v, do, lens, causal, dtype, dropout_p=0.0, seed=0, smem_l
     return o, lse, dq, dk, dv
 
 
-def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, smem_limit=LIMITS[-1]):
+def attention_tiles(C, dtype: str, D: int) -> dict[tuple, int]:
+    """Each way the launchers tile attention for dtype and D on some architecture, as
+    {(the forward's tile, the backward's tile): a shared-memory limit that chooses them}; a
+    tile is (BR, BC), the queries and keys one block works on (csrc/attention.cu)."""
+    ways = {}
+    for limit in LIMITS:
+        forward = C.launch_config("attention_forward", CODE[dtype], D, limit)["tile"]
+        backward = C.launch_config("attention_backward", CODE[dtype], D, limit)["tile"]
+        ways.setdefault((tuple(forward), tuple(backward)), limit)
+    return ways
+
+
+def attention_boundaries(tiles: tuple) -> list[tuple]:
+    """(B, T, S, lens, causal) at every boundary of one way of tiling, (forward tile, backward
+    tile). For each tile size m (of either pass):
+      - causal, S - T = 0, 1 and m - 1 modulo m, with T > S and T < S: the last key that a tile
+        of queries sees (query i sees keys j <= i + S - T) is then the last of a key tile, the
+        first of a new one, or the one before the last; and the first query that a tile of keys
+        meets falls on the first row of a query tile, the second, or the last;
+      - T and every row's kv_len at multiples of m and one either side, in batches that mix
+        kv_len 0, 1 and full, causal and not."""
+    (fr, fc), (br, bc) = tiles
+    T = 2 * max(fr, br) + 1  # two whole query tiles of either pass, and a ragged one
+    cases = []
+    for m in sorted({fr, fc, br, bc}):
+        for r in (0, 1, m - 1):
+            cases += [(1, T, S, None, True) for S in (T + r, T + m + r, T - m + r) if S > 0]
+        for n in (m - 1, m, m + 1, 2 * m - 1, 2 * m, 2 * m + 1):
+            S = 2 * m + 1
+            cases += [(4, n, S, [0, 1, min(n, S), S], causal) for causal in (False, True)]
+    return list(dict.fromkeys((B, T, S, None if lens is None else tuple(lens), causal)
+                              for B, T, S, lens, causal in cases))
+
+
+# The shapes of decoding with a KV cache: one query against the cache, at lengths on and next
+# to the 64-key tiles (the current token's own key is the first of a new tile at S = 65, 129).
+DECODE_LENGTHS = (1, 64, 65, 128, 129, 257)
+
+
+def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, smem_limit=LIMITS[-1],
+                    magnitude=1.0):
     """Forward and backward against the formulas; with dropout, against the NumPy twin with the
     same seed (float32: its Philox bits agree exactly; 16-bit: the naive implementation uses
-    the twin's dropout factors)."""
+    the twin's dropout factors). ``magnitude`` scales q and k, and the scores by its square."""
     rng = np.random.default_rng(seed)
-    (q, q64), (k, k64), (v, v64), (do, do64) = (
-        randn(rng, s, dtype) for s in ((B, H, T, D), (B, H, S, D), (B, H, S, D), (B, H, T, D)))
+    (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
+    (v, v64), (do, do64) = (randn(rng, s, dtype) for s in ((B, H, S, D), (B, H, T, D)))
     drop_seed = int(rng.integers(0, 2**63 - 1))
     o, lse, dq, dk, dv = attention(C, q, k, v, do, lens, causal, dtype, dropout_p, drop_seed, smem_limit)
     z = None
@@ -130,9 +170,11 @@ def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, 
         check(name, dtype, got, ref, nv)
 
 
-def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1]):
+def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1], spread=1.0, offset=0.0):
+    """Forward and backward; x is offset + spread * N(0, 1) (``logits``): spread 0 gives constant
+    rows, a small spread over a large offset rows whose variance is tiny beside their mean."""
     rng = np.random.default_rng(seed)
-    (x, x64), (g, g64) = randn(rng, (N, D), dtype), randn(rng, (N, D), dtype)
+    (x, x64), (g, g64) = logits(rng, (N, D), dtype, spread, offset), randn(rng, (N, D), dtype)
     (w, w64), (b, b64) = (randn(rng, (D,), dtype) if affine else (None, None) for _ in range(2))
     y, dx = device_empty(x.shape, x.dtype), device_empty(x.shape, x.dtype)
     mean, rstd = device_empty(N, np.float32), device_empty(N, np.float32)
@@ -154,10 +196,29 @@ def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1]):
         check("layernorm", dtype, got, ref, nv)
 
 
-def check_softmax(C, dtype, N, V, masked, scale, seed):
-    """Forward and backward; row 0 fully masked (when masked), the last row all -inf."""
+# The value ranges that find range bugs in the row kernels, as (spread, offset) of ``logits``:
+# exponentials that overflow float32 unless the maximum is subtracted first (spread 1e4), large
+# offsets that a difference keeps and a product by log2 e would round away, and values near
+# the largest finite value of each 16-bit type (65504; 3.4e38).
+LOGIT_RANGES = {"float32": [(1e4, 0.0), (3.0, 1e4), (1.0, 1e30)],
+                "float16": [(1.0, 6e4), (100.0, 6e4)],
+                "bfloat16": [(1e4, 0.0), (1.0, 3e38), (1e36, 3e38)]}
+
+
+def logits(rng, shape, dtype, spread, offset=0.0):
+    """offset + spread * N(0, 1), in dtype (offsets of either sign, row by row, when offset is
+    not 0); returns (kernel array, its exact float64 copy)."""
+    x32 = rng.standard_normal(shape).astype(np.float32) * np.float32(spread)
+    if offset:
+        x32 += np.float32(offset) * np.where(np.arange(shape[0]) % 2, -1, 1).astype(np.float32)[:, None]
+    return device_copy(checks.to_kernel(x32, dtype)), checks.host64(checks.to_kernel(x32, dtype))
+
+
+def check_softmax(C, dtype, N, V, masked, scale, seed, spread=4.0, offset=0.0):
+    """Forward and backward; row 0 fully masked (when masked), the last row all -inf. The
+    logits are offset + spread * N(0, 1) (``logits``)."""
     rng = np.random.default_rng(seed)
-    (x, x64), (g, g64) = randn(rng, (N, V), dtype, scale=4.0), randn(rng, (N, V), dtype)
+    (x, x64), (g, g64) = logits(rng, (N, V), dtype, spread, offset), randn(rng, (N, V), dtype)
     mask = None
     if masked:
         mask = rng.random((N, V)) < 0.8
@@ -183,9 +244,10 @@ def check_softmax(C, dtype, N, V, masked, scale, seed):
         assert (y64[0] == 0).all()
 
 
-def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed):
+def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed, spread=3.0, offset=0.0):
+    """The loss (and nll) and its gradient; the logits are offset + spread * N(0, 1)."""
     rng = np.random.default_rng(seed)
-    z, z64 = randn(rng, (N, V), dtype, scale=3.0)
+    z, z64 = logits(rng, (N, V), dtype, spread, offset)
     t, ignore = checks.targets(rng, N, V, use_ignore)
     target = device_copy(t.astype(np.int64))
     loss = device_empty(N, np.float32)

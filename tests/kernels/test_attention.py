@@ -158,10 +158,17 @@ def test_attention_twin_with_dropout_matches_formula(causal):
 # --------------------------------------------------------------------------- emulated kernels
 
 
+# Lengths anywhere up to 300, or on a multiple of a tile size and one either side of it.
+lengths = st.one_of(
+    st.integers(1, 300),
+    st.builds(lambda k, m, d: max(1, k * m + d), st.integers(1, 4), st.sampled_from([16, 32, 64]),
+              st.integers(-1, 1)))
+
+
 @st.composite
 def emulator_case(draw, head_dims):
     B, H = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    T, S = draw(st.integers(1, 300)), draw(st.integers(1, 300))
+    T, S = draw(lengths), draw(lengths)
     lens = draw(st.none() | st.lists(st.integers(0, S), min_size=B, max_size=B))
     return B, H, T, S, draw(st.sampled_from(head_dims)), lens, draw(st.booleans())
 
@@ -172,6 +179,47 @@ def emulator_case(draw, head_dims):
 def test_attention_kernels(C, dtype, data, limit, seed):
     case = data.draw(emulator_case(C.limits()["attention_head_dims"]))  # every dim csrc/limits.cuh names
     emulated.check_attention(C, dtype, *case, seed, smem_limit=limit)
+
+
+def check_cases(C, dtype, cases, **kwargs):
+    """check_attention on each (D, limit, B, T, S, lens, causal), naming the case that fails."""
+    for D, limit, B, T, S, lens, causal in cases:
+        try:
+            emulated.check_attention(C, dtype, B, 1, T, S, D, lens, causal, seed=T * 1000 + S,
+                                     smem_limit=limit, **kwargs)
+        except AssertionError as e:
+            raise AssertionError(f"D={D}, smem_limit={limit}, B={B}, T={T}, S={S}, lens={lens}, "
+                                 f"causal={causal}: {e}") from None
+
+
+def every_tiling(C, dtype):
+    """(D, limit, tiles) for every head dim and every way the launchers tile it."""
+    return [(D, limit, tiles) for D in C.limits()["attention_head_dims"]
+            for tiles, limit in emulated.attention_tiles(C, dtype, D).items()]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_kernels_at_every_tile_boundary(C, dtype):
+    check_cases(C, dtype, [(D, limit, *case) for D, limit, tiles in every_tiling(C, dtype)
+                           for case in emulated.attention_boundaries(tiles)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_kernels_as_decoding_calls_them(C, dtype):
+    """One query against a KV cache of S keys (the newest is its own), and a batch whose other
+    cache is one shorter."""
+    check_cases(C, dtype, [(D, limit, B, 1, S, lens, causal) for D, limit, _ in every_tiling(C, dtype)
+                           for S in emulated.DECODE_LENGTHS for causal in (True, False)
+                           for B, lens in ((1, None), (2, (S, S - 1)))])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_kernels_with_scores_past_exps_range(C, dtype):
+    """Scores in the hundreds (q and k scaled by 10): exp of a score overflows float32, so the
+    online softmax must subtract the running maximum; at every tile boundary, causal."""
+    check_cases(C, dtype, [(D, limit, *case) for D, limit, tiles in every_tiling(C, dtype)
+                           for case in emulated.attention_boundaries(tiles) if case[0] == 1],
+                magnitude=10.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -65,6 +65,16 @@ def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, nll, see
     emulated.check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("V", [5, 1024, 1025, 3000])  # rows of a warp, and of a block
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_cross_entropy_kernel_across_the_range(C, dtype, V, eps):
+    """Ignored targets, the NLL, and the gradient over the logits and beside them, at each range."""
+    for spread, offset in emulated.LOGIT_RANGES[dtype]:
+        for use_ignore, inplace in ((False, False), (True, True)):
+            emulated.check_cross_entropy(C, dtype, 7, V, eps, use_ignore, inplace, True, V, spread, offset)
+
+
 # --------------------------------------------------------------------------- kernels on the device
 
 

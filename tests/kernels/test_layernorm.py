@@ -85,6 +85,18 @@ def test_layernorm_kernels(C, dtype, N, D, affine, limit, seed):
     emulated.check_layernorm(C, dtype, N, D, affine, seed, smem_limit=limit)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1, 7, 64, 100, 1030])  # vectorised loads and scalar ones
+def test_layernorm_kernels_on_constant_and_narrow_rows(C, dtype, D):
+    """Constant rows (variance 0: y is the bias, dx is 0), rows whose spread is a tenth of their
+    mean (narrower ones lose digits to float32 in any one-pass mean: an ulp of the mean over the
+    spread, times rstd in dx), and rows whose variance is below eps, at every warp count of the
+    backward (each architecture's limit)."""
+    for spread, offset in ((0.0, 3.0), (0.1, 1.0), (1e-3, 0.0)):
+        for limit in LIMITS:
+            emulated.check_layernorm(C, dtype, 13, D, True, D, smem_limit=limit, spread=spread, offset=offset)
+
+
 # --------------------------------------------------------------------------- kernels on the device
 
 

@@ -62,6 +62,14 @@ def test_softmax_kernels(C, dtype, N, V, masked, scale, seed):
     emulated.check_softmax(C, dtype, N, V, masked, scale, seed)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("V", [33, 1024, 1025, 3000])  # rows of a warp, and of a block
+def test_softmax_kernels_across_the_range(C, dtype, V):
+    for spread, offset in emulated.LOGIT_RANGES[dtype]:
+        for masked in (False, True):
+            emulated.check_softmax(C, dtype, 5, V, masked, 1.0, V, spread, offset)
+
+
 # --------------------------------------------------------------------------- kernels on the device
 
 

@@ -1,0 +1,558 @@
+"""Mutation testing of csrc/: how many realistic kernel bugs CI's kernel checks catch.
+
+    python benchmarks/mutants.py --list                 # the mutants, one line each
+    python benchmarks/mutants.py                        # the full run (resumable), then its report
+    python benchmarks/mutants.py --sample 10 --seed 7   # a seeded sample, as CI runs it
+
+Until the kernels run on a GPU, what CI can catch is their whole proof; a bug that no check
+sees is a bug CI cannot see. Each rule below is applied at every site of the kernel sources
+that it matches (attention.cu, layernorm.cu, softmax.cu, common.cuh), one mutant per site and
+replacement, so the mutants come from the sources themselves, not from a hand-written list:
+
+    relational   < <-> <=, > <-> >=
+    off-by-one   +-1 on a bound (the value given to an int named *_end, *_begin, *_first,
+                 *_valid, kv_len, n_tiles, ...) and on every min(...) / max(...)
+    min-max      min <-> max, fminf <-> fmaxf
+    barrier      a __syncthreads() removed
+    atomic       atomicAdd(p, v) -> *p += v
+    pipeline     __pipeline_wait_prior(n) -> n +- 1; a __pipeline_commit() removed
+    online-max   the online softmax's running maximum taken as 0 (a plain sum of exponentials);
+                 a rescale factor (alpha, exp2f(a.m - m)) applied twice or not at all
+    tile         tile sizes, leading dimensions (LDT, LDO, ...) and shared-memory carves +-1
+
+Each mutant is built on the emulator (emulator.compile_variant: only the changed file is
+recompiled, and objects are cached), then put to CI's kernel checks, cheapest first, until one
+fails: the kernel tests of tests/kernels on the mutant (MT_EMULATED_KERNELS), which run every
+launch with poisoned shared memory and shuffled blocks; then the fixed cases of
+tests/kernels/sanitized_run.py under AddressSanitizer/UBSan, then under ThreadSanitizer. A
+mutant that fails to compile is stillborn and not counted. A mutant that passes every check
+survives, unless benchmarks/mutants_equivalent.toml lists it as equivalent, with the line
+that masks it: the score of a kernel is killed / (all - equivalent).
+
+Results are kept per mutant (keyed by the mutated sources and the checks' own files) in
+--results, so a run that stops resumes where it was, and a rerun after a change retests only
+what the change touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from minitransformer import cli
+from minitransformer.emulated import emulator
+from minitransformer.emulated.emulator import CSRC, ROOT, Mutation
+
+FILES = ["attention.cu", "layernorm.cu", "softmax.cu", "common.cuh"]
+EQUIVALENT = Path(__file__).with_name("mutants_equivalent.toml")
+TESTS = ROOT / "tests" / "kernels"
+# What a mutant's fixed sanitizer cases are, by file (sanitized_run.py's case names start so).
+KERNELS = {"attention.cu": ["attention"], "layernorm.cu": ["layernorm"],
+           "softmax.cu": ["softmax", "cross_entropy"],
+           "common.cuh": ["attention", "layernorm", "softmax", "cross_entropy"]}
+CPU_SECONDS = 900  # one check of one mutant (ThreadSanitizer on attention takes about 120)
+
+
+# --------------------------------------------------------------------------- the mutants
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    file: str
+    line: int  # 1-based, of the site's first character
+    rule: str  # the operator class
+    old: str   # the site's text ...
+    new: str   # ... and what it becomes
+    before: str  # the whole lines of the site, and the same lines mutated
+    after: str
+    start: int  # the site: text[start:end] == old
+    end: int
+
+    def mutation(self) -> Mutation:
+        """For emulator.compile_variant: the whole file, so that it matches exactly once."""
+        text = (CSRC / self.file).read_text()
+        if text[self.start:self.end] != self.old:
+            raise RuntimeError(f"csrc/{self.file} changed since the mutants were listed")
+        return Mutation(self.file, text, text[:self.start] + self.new + text[self.end:])
+
+    @property
+    def name(self) -> str:
+        """file:line:column class: old -> new (one line: a multi-line site is joined)."""
+        column = self.start - (CSRC / self.file).read_text().rfind("\n", 0, self.start)
+        old, new = (" ".join(t.split()) for t in (self.old, self.new))
+        return f"{self.file}:{self.line}:{column} {self.rule}: {old} -> {new or '(removed)'}"
+
+
+def code_only(text: str) -> str:
+    """``text`` with comments, string and character literals and preprocessor lines blanked
+    (same length, newlines kept), so that the rules match code alone."""
+    out = list(text)
+    i, n = 0, len(text)
+
+    def blank(a: int, b: int) -> None:
+        for j in range(a, b):
+            if out[j] != "\n":
+                out[j] = " "
+
+    at_line_start = True
+    while i < n:
+        c = text[i]
+        if at_line_start and text[i:].lstrip(" \t").startswith("#"):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            while text[end - 1] == "\\" and end < n:  # a directive continued on the next line
+                end = text.find("\n", end + 1)
+                end = n if end < 0 else end
+            blank(i, end)
+            i = end
+            continue
+        at_line_start = c == "\n"
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            blank(i, end)
+            i = end
+        elif text.startswith("/*", i):
+            end = text.index("*/", i) + 2
+            blank(i, end)
+            i = end
+        elif c in "\"'":
+            j = i + 1
+            while text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            blank(i + 1, j)
+            i = j + 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+def call_end(code: str, open_paren: int) -> int:
+    """The index just past the parenthesis that closes the one at ``open_paren``."""
+    depth = 0
+    for i in range(open_paren, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        if depth == 0:
+            return i + 1
+    raise ValueError(f"unbalanced parenthesis at {open_paren}")
+
+
+def arguments(code: str, open_paren: int) -> list[tuple[int, int]]:
+    """The spans of a call's top-level arguments."""
+    spans, depth, start = [], 0, open_paren + 1
+    for i in range(open_paren, call_end(code, open_paren)):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                spans.append((start, i))
+        elif c == "," and depth == 1:
+            spans.append((start, i))
+            start = i + 1
+    return spans
+
+
+def statement_end(code: str, start: int) -> int:
+    """The index of the ``;`` or ``,`` that ends the expression starting at ``start``."""
+    depth = 0
+    for i in range(start, len(code)):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c in ";," and depth == 0:
+            return i
+    raise ValueError(f"no end of the expression at {start}")
+
+
+def calls(code: str, names: str):
+    """The calls of the functions ``names`` (a regular expression) as matches ending at the
+    opening parenthesis; not their definitions or declarations (``MaxSum maxsum_add(``)."""
+    for m in re.finditer(rf"(?<![\w:.])({names})\(", code):
+        if not re.search(r"[\w>]\s+$", code[code.rfind("\n", 0, m.start()) + 1:m.start()]) or \
+                re.search(r"\b(return|else)\s+$", code[:m.start()]):
+            yield m
+
+
+# Each rule: (class, function of the code-only text -> [(start, end, replacement), ...]).
+RELATIONAL = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
+BOUND_NAMES = re.compile(r"\b(int|const int|size_t|const size_t)\s+(\w*(end|begin|first|last|valid|len|lens|tiles|count|rows)\w*)\s*=\s*")
+BOUND_ASSIGN = re.compile(r"(?<![\w.])(\w*(end|begin|first|last|valid|len|tiles)\w*)\s*=\s*(?!=)")
+
+
+def relational(code):
+    for m in re.finditer(r"(?<=\s)(<=|>=|<|>)(?=\s)", code):
+        yield m.start(), m.end(), RELATIONAL[m.group(1)]
+
+
+def off_by_one(code):
+    starts = {m.end() for m in BOUND_NAMES.finditer(code)}
+    starts |= {m.end() for m in BOUND_ASSIGN.finditer(code)
+               if not code[:m.start()].rstrip().endswith(("int", "float", "size_t"))}
+    bounds = set()
+    for start in sorted(starts):
+        end = statement_end(code, start)
+        value = code[start:end].strip()
+        bounds.add((start, start + len(value)))
+        if "?" in value:
+            value = f"({value})"
+        for delta in ("+ 1", "- 1"):
+            yield start, end, f"{value} {delta}"
+    for m in calls(code, "min|max"):
+        end = call_end(code, m.end() - 1)
+        if (m.start(), end) not in bounds:  # that one is a bound's whole value, just above
+            for delta in ("+ 1", "- 1"):
+                yield m.start(), end, f"({code[m.start():end]} {delta})"
+
+
+def min_max(code):
+    swap = {"min": "max", "max": "min", "fminf": "fmaxf", "fmaxf": "fminf"}
+    for m in calls(code, "min|max|fminf|fmaxf"):
+        yield m.start(), m.end() - 1, swap[m.group(1)]
+
+
+def barrier(code):
+    for m in re.finditer(r"__syncthreads\(\);", code):
+        yield m.start(), m.end(), ""
+
+
+def atomic(code):
+    for m in calls(code, "atomicAdd"):
+        (a, b), (c, d) = arguments(code, m.end() - 1)
+        yield m.start(), call_end(code, m.end() - 1), f"*({code[a:b].strip()}) += {code[c:d].strip()}"
+
+
+def pipeline(code):
+    for m in re.finditer(r"__pipeline_wait_prior\((\d+)\)", code):
+        n = int(m.group(1))
+        for k in (n + 1, n - 1):
+            if k >= 0:
+                yield m.start(1), m.end(1), str(k)
+    for m in re.finditer(r"__pipeline_commit\(\);", code):
+        yield m.start(), m.end(), ""
+
+
+def online_max(code):
+    # The running maximum as 0: every exponential is then of the value itself, which is right
+    # until a value passes about 88 (float32's exp overflows) and wrong after.
+    for m in calls(code, "maxsum_add"):
+        (a, b), (c, d) = arguments(code, m.end() - 1)
+        yield (m.start(), call_end(code, m.end() - 1),
+               f"MaxSum{{0.f, ({code[a:b].strip()}).s + exp_diff({code[c:d].strip()}, 0.f)}}")
+    for m in re.finditer(r"\b(m|m_new|new_lo|new_hi)\s*=\s*(fmaxf)\(", code):
+        yield m.start(2), call_end(code, m.end() - 1), "0.f"
+    # A rescale factor applied twice, or not at all.
+    factor = r"(alpha\w*|exp_diff\([ab]\.m, \w+\))"
+    for m in re.finditer(r"(\w[\w\[\]. *+]*?)\s*\*=\s*" + factor + ";", code):
+        yield m.start(), m.end(), ""
+        yield m.start(2), m.end(2), f"{m.group(2)} * {m.group(2)}"
+    for m in re.finditer(r"(?<!\*=)\s\*\s" + factor, code):
+        if code[m.start() - 1] != "=":
+            yield m.start(), m.end(), ""
+            yield m.start(1), m.end(1), f"{m.group(1)} * {m.group(1)}"
+
+
+def tile(code):
+    for m in re.finditer(r"static constexpr int (\w+) = ", code):
+        end = statement_end(code, m.end())
+        for delta in ("+ 1", "- 1"):
+            yield m.end(), end, f"{code[m.end():end].strip()} {delta}"
+    for m in re.finditer(r"\b(f32_forward|f32_backward)<D, (\d+), (\d+)>", code):
+        for group in (2, 3):
+            for delta in (1, -1):
+                yield m.start(group), m.end(group), str(int(m.group(group)) + delta)
+    for m in re.finditer(r"\b(carve|c)\.take<[^>]+>\(", code):
+        end = call_end(code, m.end() - 1)
+        (a, b), = arguments(code, m.end() - 1)
+        for delta in ("+ 1", "- 1"):
+            yield a, b, f"{code[a:b].strip()} {delta}"
+
+
+RULES = {"relational": relational, "off-by-one": off_by_one, "min-max": min_max,
+         "barrier": barrier, "atomic": atomic, "pipeline": pipeline, "online-max": online_max,
+         "tile": tile}
+
+
+def lines(text: str, start: int, end: int) -> str:
+    """The whole lines of ``text`` that the span [start, end) touches."""
+    a = text.rfind("\n", 0, start) + 1
+    b = text.find("\n", max(end - 1, start))
+    return text[a:len(text) if b < 0 else b]
+
+
+def generate(files=FILES) -> list[Mutant]:
+    """Every rule at every site of ``files``, in file and rule order."""
+    mutants = []
+    for name in files:
+        text = (CSRC / name).read_text()
+        code = code_only(text)
+        seen = set()
+        for rule, find in RULES.items():
+            for start, end, new in find(code):
+                if (start, end, new) in seen or text[start:end] == new:
+                    continue
+                seen.add((start, end, new))
+                mutated = text[:start] + new + text[end:]
+                mutants.append(Mutant(name, text.count("\n", 0, start) + 1, rule, text[start:end], new,
+                                      lines(text, start, end), lines(mutated, start, start + len(new)),
+                                      start, end))
+    return mutants
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def checks_digest() -> str:
+    """What a mutant's result depends on besides its sources: the checks and the emulator."""
+    paths = sorted(TESTS.glob("*.py")) + [ROOT / "tests" / "conftest.py", ROOT / "tests" / "helpers.py",
+                                         Path(emulator.__file__), emulator.EMU_H]
+    paths += sorted((ROOT / "minitransformer" / "kernels").rglob("*.py"))
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def key(mutant: Mutant, checks: str) -> str:
+    """The mutant's identity for the results: its mutated sources and the checks."""
+    m = mutant.mutation()
+    h = hashlib.sha256(f"{checks}\0{m.file}\0".encode())
+    for name in sorted(p.name for p in CSRC.iterdir()):
+        text = (CSRC / name).read_text()
+        h.update((m.new if name == m.file else text).encode())
+    return h.hexdigest()[:24]
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def test_mutant(mutant: Mutant) -> dict:
+    """Build the mutant and put it to the checks until one fails: {"status": "killed" (with
+    "by", the check, and "evidence") | "survived" | "stillborn", "seconds": ...}."""
+    begin = time.time()
+
+    def result(status, by=None, evidence=""):
+        return {"status": status, "by": by, "evidence": _tail(evidence), "seconds": round(time.time() - begin, 1)}
+
+    mutation = mutant.mutation()
+    try:
+        module = emulator.compile_variant(None, [mutation])
+    except RuntimeError as e:
+        return result("stillborn", evidence=str(e))
+    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "pytest", str(TESTS), "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+           "--hypothesis-profile=mutants", "-o", "addopts=",
+           f"--ignore={TESTS / 'test_sanitizers.py'}", f"--ignore={TESTS / 'test_resources.py'}"]
+    try:
+        run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
+                                   capture_output=True, text=True, cwd=ROOT)
+    except Exception as e:  # subprocess.TimeoutExpired: a hang that spends no CPU
+        return result("killed", "kernel tests", f"no end: {e}")
+    if run.returncode:
+        return result("killed", "kernel tests", run.stdout + run.stderr)
+    cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
+    for sanitize in emulator.SANITIZERS:
+        try:
+            module = emulator.compile_variant(sanitize, [mutation])
+        except RuntimeError as e:
+            return result("stillborn", evidence=str(e))
+        chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
+        env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
+        cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
+        try:
+            run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
+                                       capture_output=True, text=True, cwd=TESTS)
+        except Exception as e:
+            return result("killed", f"{sanitize} sanitizer", f"no end: {e}")
+        if run.returncode:
+            return result("killed", f"{sanitize} sanitizer", run.stderr)
+    return result("survived")
+
+
+def _sanitized_cases() -> list[str]:
+    sys.path.insert(0, str(TESTS))
+    try:
+        import sanitized_run
+    finally:
+        sys.path.remove(str(TESTS))
+    return list(sanitized_run.CASES)
+
+
+# --------------------------------------------------------------------------- equivalents
+
+
+def equivalents() -> list[dict]:
+    """The checked-in list: each entry's file, before and after (the site's lines), reason."""
+    if not EQUIVALENT.exists():
+        return []
+    entries = tomllib.loads(EQUIVALENT.read_text()).get("equivalent", [])
+    for e in entries:
+        missing = {"file", "before", "after", "reason"} - set(e)
+        if missing:
+            raise ValueError(f"{EQUIVALENT.name}: an entry lacks {sorted(missing)}: {e}")
+    return entries
+
+
+def equivalent_reason(mutant: Mutant, entries: list[dict]) -> str | None:
+    for e in entries:
+        if (e["file"] == mutant.file and e["before"].strip() == mutant.before.strip()
+                and e["after"].strip() == mutant.after.strip()):
+            return e["reason"]
+    return None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def diff(mutant: Mutant) -> str:
+    return "".join(difflib.unified_diff(
+        [line + "\n" for line in mutant.before.splitlines()], [line + "\n" for line in mutant.after.splitlines()],
+        f"a/csrc/{mutant.file}", f"b/csrc/{mutant.file}", n=0)).rstrip()
+
+
+def load_results(path: Path) -> dict[str, dict]:
+    results = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                results[record["key"]] = record
+    return results
+
+
+def run(mutants: list[Mutant], results_path: Path, jobs: int, progress) -> dict[str, dict]:
+    """Test every mutant not already in results_path (appending each result as it comes)."""
+    checks = checks_digest()
+    results = load_results(results_path)
+    keys = {m: key(m, checks) for m in mutants}
+    todo = [m for m in mutants if keys[m] not in results]
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool, results_path.open("a") as out:
+        for mutant, record in zip(todo, pool.map(test_mutant, todo)):
+            record = {"key": keys[mutant], "mutant": mutant.name, **record}
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            results[keys[mutant]] = record
+            progress(mutant, record)
+    return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants}
+
+
+KERNEL_OF = {"attention.cu": "attention", "layernorm.cu": "layernorm", "softmax.cu": "softmax & cross-entropy",
+             "common.cuh": "common (all kernels)"}
+
+
+def report(outcomes: dict[str, dict], entries: list[dict], seconds: float) -> tuple[str, list[Mutant]]:
+    """Markdown: the score by kernel and by class, and every survivor with its diff; and the
+    survivors that are not on the equivalent list."""
+    rows: dict[tuple[str, str], dict[str, int]] = {}
+    unexplained, explained = [], []
+    for record in outcomes.values():
+        m = record["mutant_obj"]
+        status = record["status"]
+        if status == "survived" and equivalent_reason(m, entries):
+            status = "equivalent"
+            explained.append(m)
+        elif status == "survived":
+            unexplained.append(m)
+        for group in ((KERNEL_OF[m.file], m.rule), (KERNEL_OF[m.file], "all")):
+            counts = rows.setdefault(group, {"killed": 0, "survived": 0, "equivalent": 0, "stillborn": 0})
+            counts[status] += 1
+    out = [f"{len(outcomes)} mutants, {seconds / 60:.0f} min.", "",
+           "| kernel | class | killed | survived | equivalent | stillborn | score |", "|---|---|---|---|---|---|---|"]
+    for (kernel, rule), c in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "all", kv[0][1])):
+        counted = c["killed"] + c["survived"]
+        score = f"{c['killed'] / counted:.3f}" if counted else "-"
+        name = f"**{kernel}**" if rule == "all" else kernel
+        out.append(f"| {name} | {rule} | {c['killed']} | {c['survived']} | {c['equivalent']} | {c['stillborn']} | {score} |")
+    for title, group in (("Survivors", unexplained), ("Equivalent", explained)):
+        if group:
+            out += ["", f"{title}:", ""]
+            for m in group:
+                reason = equivalent_reason(m, entries)
+                out += [f"- `{m.name}`" + (f": {reason}" if reason else ""), "", "```diff", diff(m), "```"]
+    return "\n".join(out), unexplained
+
+
+class Unavailable(Exception):
+    """The emulator cannot build csrc/ on this machine."""
+
+
+def csrc_file(name: str) -> str:
+    if name not in FILES:
+        raise argparse.ArgumentTypeError(f"{name}: not one of {', '.join(FILES)}")
+    return name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument("--sample", type=cli.integer(1), default=None,
+                        help="test this many mutants drawn at random (not those listed equivalent)")
+    parser.add_argument("--seed", type=cli.integer(0, 2**32 - 1), default=None,
+                        help="the sample's seed (default: drawn, and printed)")
+    parser.add_argument("--match", type=re.compile, default=None,
+                        help="only the mutants whose line in --list this regular expression finds")
+    parser.add_argument("--files", type=cli.comma_list(csrc_file), default=FILES,
+                        help=f"which of csrc/ to mutate (default: {','.join(FILES)})")
+    parser.add_argument("--results", type=Path, default=ROOT / "runs" / "mutants" / "results.jsonl",
+                        help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
+    parser.add_argument("--report", type=Path, default=None, help="also write the report (Markdown) here")
+    parser.add_argument("--jobs", type=cli.integer(1), default=os.cpu_count(),
+                        help="mutants tested at once (default: the cores, %(default)s)")
+    parser.add_debug()
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    reason = emulator.unavailable_reason() or emulator.unavailable_reason("address") or emulator.unavailable_reason("thread")
+    if reason:
+        raise Unavailable(f"the emulator cannot build csrc/ here: {reason}")
+    mutants = generate(args.files)
+    entries = equivalents()
+    if args.match:
+        mutants = [m for m in mutants if args.match.search(m.name)]
+    if args.list:
+        for m in mutants:
+            print(m.name)
+        return 0
+    if args.sample is not None:
+        seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
+        pool = [m for m in mutants if not equivalent_reason(m, entries)]
+        mutants = random.Random(seed).sample(pool, min(args.sample, len(pool)))
+        print(f"mutant sample: {len(mutants)} of {len(pool)}, seed {seed} "
+              f"(python benchmarks/mutants.py --sample {args.sample} --seed {seed})", flush=True)
+    begin = time.time()
+    done = 0
+
+    def progress(mutant, record):
+        nonlocal done
+        done += 1
+        print(f"[{done}] {record['status']:>9} {record.get('by') or '':<20} {record['seconds']:6.1f}s  {mutant.name}",
+              flush=True)
+
+    outcomes = run(mutants, args.results, args.jobs, progress)
+    text, unexplained = report(outcomes, entries, time.time() - begin)
+    print(text)
+    if args.report:
+        args.report.write_text(text + "\n")
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main, user_errors=(Unavailable, ValueError)))
