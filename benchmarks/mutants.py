@@ -47,7 +47,7 @@ import re
 import sys
 import time
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from minitransformer import cli
@@ -355,16 +355,25 @@ def test_mutant(mutant: Mutant) -> dict:
     except RuntimeError as e:
         return result("stillborn", evidence=str(e))
     env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "pytest", str(TESTS), "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-           "--hypothesis-profile=mutants", "-o", "addopts=",
-           f"--ignore={TESTS / 'test_sanitizers.py'}", f"--ignore={TESTS / 'test_resources.py'}"]
-    try:
-        run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
-                                   capture_output=True, text=True, cwd=ROOT)
-    except Exception as e:  # subprocess.TimeoutExpired: a hang that spends no CPU
-        return result("killed", "kernel tests", f"no end: {e}")
-    if run.returncode:
-        return result("killed", "kernel tests", run.stdout + run.stderr)
+    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+              "--hypothesis-profile=mutants", "-o", "addopts="]
+    # First the emulator sections of the mutated kernels' own test files, which kill most
+    # mutants in seconds; then, for what survives, every test of tests/kernels.
+    own = sorted({TESTS / f"test_{kernel}.py" for kernel in KERNELS[mutant.file]})
+    stages = [("kernel tests", [*pytest, *map(str, own), "-m", "emulator"]),
+              ("all kernel tests", [*pytest, str(TESTS), f"--ignore={TESTS / 'test_sanitizers.py'}",
+                                    f"--ignore={TESTS / 'test_resources.py'}"])]
+    for stage, cmd in stages:
+        try:
+            run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
+                                       capture_output=True, text=True, cwd=ROOT)
+        except Exception as e:  # subprocess.TimeoutExpired: a hang that spends no CPU
+            return result("killed", stage, f"no end: {e}")
+        if run.returncode == 1 or run.returncode < 0:  # a test failed, or a signal ended it
+            return result("killed", stage, run.stdout + run.stderr)
+        if run.returncode:  # pytest's own trouble (no tests, a usage error): not the mutant's doing
+            raise RuntimeError(f"{stage} of {mutant.name}: pytest ended with {run.returncode}:\n"
+                               f"{_tail(run.stdout + run.stderr)}")
     cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
     for sanitize in emulator.SANITIZERS:
         try:
@@ -443,8 +452,10 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress) -> dict[
     todo = [m for m in mutants if keys[m] not in results]
     results_path.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool, results_path.open("a") as out:
-        for mutant, record in zip(todo, pool.map(test_mutant, todo)):
-            record = {"key": keys[mutant], "mutant": mutant.name, **record}
+        futures = {pool.submit(test_mutant, m): m for m in todo}
+        for future in as_completed(futures):
+            mutant = futures[future]
+            record = {"key": keys[mutant], "mutant": mutant.name, **future.result()}
             out.write(json.dumps(record) + "\n")
             out.flush()
             results[keys[mutant]] = record
