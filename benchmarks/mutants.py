@@ -503,12 +503,6 @@ class Unavailable(Exception):
     """The emulator cannot build csrc/ on this machine."""
 
 
-def csrc_file(name: str) -> str:
-    if name not in FILES:
-        raise argparse.ArgumentTypeError(f"{name}: not one of {', '.join(FILES)}")
-    return name
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
@@ -518,8 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the sample's seed (default: drawn, and printed)")
     parser.add_argument("--match", type=re.compile, default=None,
                         help="only the mutants whose line in --list this regular expression finds")
-    parser.add_argument("--files", type=cli.comma_list(csrc_file), default=FILES,
-                        help=f"which of csrc/ to mutate (default: {','.join(FILES)})")
+    parser.add_argument("--files", nargs="+", choices=FILES, default=FILES, metavar="FILE",
+                        help=f"which of csrc/ to mutate: {', '.join(FILES)}")
     parser.add_argument("--results", type=Path, default=ROOT / "runs" / "mutants" / "results.jsonl",
                         help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
     parser.add_argument("--report", type=Path, default=None, help="also write the report (Markdown) here")

@@ -202,6 +202,16 @@ def attention_refusal(q, k, v) -> str | None:
     return _shared_memory_refusal(dtype_code(q.dtype), q.shape[3], shared_memory_limit())
 
 
+def _smem_limit(asked: int | None) -> int:
+    """The shared memory per block a launch plans for: the device's, or less where asked."""
+    limit = shared_memory_limit()
+    if asked is None:
+        return limit
+    if not 0 < asked <= limit:
+        raise ValueError(f"smem_limit {asked} is not in (0, {limit}], the device's shared memory per block")
+    return int(asked)
+
+
 def _attention_inputs(cupy, fn, q, k, v, kv_lens):
     q, k, v = (_device_array(cupy, a, fn, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     code = _float_code(fn, q=q, k=k, v=v)
@@ -219,9 +229,11 @@ def _attention_inputs(cupy, fn, q, k, v, kv_lens):
 
 
 def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
-                      dropout_p: float = 0.0, seed: int = 0):
+                      dropout_p: float = 0.0, seed: int = 0, smem_limit: int | None = None):
     """Fused attention. q (B, H, T, D), k and v (B, H, S, D), kv_lens (B,) ints or None.
     Raises ``_C.SharedMemoryLimitError`` where ``attention_refusal`` gives a shared-memory reason.
+    ``smem_limit``: the shared memory per block to choose the tiles for (default: the device's);
+    a smaller one takes the tiles a smaller GPU runs, so that one GPU can test every tiling.
 
     Returns ``(o, lse)``: o like q, lse (B, H, T) float32 (-inf for a query that sees no key).
     See csrc/attention.cu and reference.attention_forward for the algorithm.
@@ -234,14 +246,15 @@ def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float 
     lse = cupy.empty((B, H, T), dtype=cupy.float32)
     _C.attention_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, lse.data.ptr, _ptr(lens),
                          code, B, H, T, S, D, scale, bool(causal), float(dropout_p),
-                         int(seed) % 2**64, shared_memory_limit(), _stream(cupy))
+                         int(seed) % 2**64, _smem_limit(smem_limit), _stream(cupy))
     return o, lse
 
 
 def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False,
-                       scale: float | None = None, dropout_p: float = 0.0, seed: int = 0):
+                       scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
+                       smem_limit: int | None = None):
     """Gradients (dq, dk, dv) of the fused attention, recomputing P from lse; the same
-    kv_lens, causal, scale, dropout_p and seed as the forward call."""
+    kv_lens, causal, scale, dropout_p and seed as the forward call (``smem_limit`` as there)."""
     fn = "attention_backward"
     cupy = _ready(fn)
     q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens)
@@ -260,7 +273,7 @@ def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False
                           lse.data.ptr, _ptr(lens), dq.data.ptr, dk.data.ptr, dv.data.ptr,
                           dq_accum.data.ptr, delta.data.ptr, code, B, H, T, S, D, scale,
                           bool(causal), float(dropout_p), int(seed) % 2**64,
-                          shared_memory_limit(), _stream(cupy))
+                          _smem_limit(smem_limit), _stream(cupy))
     return dq, dk, dv
 
 

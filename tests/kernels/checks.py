@@ -92,6 +92,25 @@ def randn(rng, shape, dtype: str, xp=np, scale: float = 1.0):
     return a, host64(a)
 
 
+# The value ranges that find range bugs in the row kernels, as (spread, offset) of ``logits``:
+# exponentials that overflow float32 unless the maximum is subtracted first (spread 1e4), large
+# offsets that a difference keeps and a product by log2 e would round away, and values near
+# the largest finite value of each 16-bit type (65504; 3.4e38).
+LOGIT_RANGES = {"float32": [(1e4, 0.0), (3.0, 1e4), (1.0, 1e30)],
+                "float16": [(1.0, 6e4), (100.0, 6e4)],
+                "bfloat16": [(1e4, 0.0), (1.0, 3e38), (1e36, 3e38)]}
+
+
+def logits(rng, shape, dtype: str, spread: float, offset: float = 0.0, xp=np):
+    """offset + spread * N(0, 1) in dtype on xp, the offset's sign alternating row by row;
+    returns (kernel array, its exact float64 host copy)."""
+    x32 = rng.standard_normal(shape).astype(np.float32) * np.float32(spread)
+    if offset:
+        x32 += np.float32(offset) * np.where(np.arange(shape[0]) % 2, -1, 1).astype(np.float32)[:, None]
+    a = to_kernel(xp.asarray(x32), dtype)
+    return a, host64(a)
+
+
 def check(name: str, dtype: str, got, ref, naive=None):
     """float32: the tolerance table; 16-bit: at most 2x the naive error plus one ulp."""
     got = got if isinstance(got, np.ndarray) and got.dtype == np.float64 else host64(got)

@@ -101,12 +101,13 @@ def attention(C, q, k, v, do, lens, causal, dtype, dropout_p=0.0, seed=0, smem_l
     return o, lse, dq, dk, dv
 
 
-def attention_tiles(C, dtype: str, D: int) -> dict[tuple, int]:
-    """Each way the launchers tile attention for dtype and D on some architecture, as
-    {(the forward's tile, the backward's tile): a shared-memory limit that chooses them}; a
-    tile is (BR, BC), the queries and keys one block works on (csrc/attention.cu)."""
+def attention_tiles(C, dtype: str, D: int, limits=LIMITS) -> dict[tuple, int]:
+    """Each way the launchers tile attention for dtype and D under ``limits`` (default: every
+    architecture's shared memory per block), as {(the forward's tile, the backward's tile): a
+    limit that chooses them}; a tile is (BR, BC), the queries and keys one block works on
+    (csrc/attention.cu)."""
     ways = {}
-    for limit in LIMITS:
+    for limit in limits:
         forward = C.launch_config("attention_forward", CODE[dtype], D, limit)["tile"]
         backward = C.launch_config("attention_backward", CODE[dtype], D, limit)["tile"]
         ways.setdefault((tuple(forward), tuple(backward)), limit)
@@ -141,14 +142,15 @@ DECODE_LENGTHS = (1, 64, 65, 128, 129, 257)
 
 
 def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, smem_limit=LIMITS[-1],
-                    magnitude=1.0):
+                    magnitude=1.0, drop_seed=None):
     """Forward and backward against the formulas; with dropout, against the NumPy twin with the
     same seed (float32: its Philox bits agree exactly; 16-bit: the naive implementation uses
-    the twin's dropout factors). ``magnitude`` scales q and k, and the scores by its square."""
+    the twin's dropout factors). ``magnitude`` scales q and k, and the scores by its square;
+    ``drop_seed`` is the dropout's seed (default: drawn from ``seed``)."""
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
     (v, v64), (do, do64) = (randn(rng, s, dtype) for s in ((B, H, S, D), (B, H, T, D)))
-    drop_seed = int(rng.integers(0, 2**63 - 1))
+    drop_seed = int(rng.integers(0, 2**63 - 1)) if drop_seed is None else drop_seed
     o, lse, dq, dk, dv = attention(C, q, k, v, do, lens, causal, dtype, dropout_p, drop_seed, smem_limit)
     z = None
     if dropout_p:
@@ -196,22 +198,10 @@ def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1], spread=
         check("layernorm", dtype, got, ref, nv)
 
 
-# The value ranges that find range bugs in the row kernels, as (spread, offset) of ``logits``:
-# exponentials that overflow float32 unless the maximum is subtracted first (spread 1e4), large
-# offsets that a difference keeps and a product by log2 e would round away, and values near
-# the largest finite value of each 16-bit type (65504; 3.4e38).
-LOGIT_RANGES = {"float32": [(1e4, 0.0), (3.0, 1e4), (1.0, 1e30)],
-                "float16": [(1.0, 6e4), (100.0, 6e4)],
-                "bfloat16": [(1e4, 0.0), (1.0, 3e38), (1e36, 3e38)]}
-
-
 def logits(rng, shape, dtype, spread, offset=0.0):
-    """offset + spread * N(0, 1), in dtype (offsets of either sign, row by row, when offset is
-    not 0); returns (kernel array, its exact float64 copy)."""
-    x32 = rng.standard_normal(shape).astype(np.float32) * np.float32(spread)
-    if offset:
-        x32 += np.float32(offset) * np.where(np.arange(shape[0]) % 2, -1, 1).astype(np.float32)[:, None]
-    return device_copy(checks.to_kernel(x32, dtype)), checks.host64(checks.to_kernel(x32, dtype))
+    """checks.logits in a device_empty array: (kernel array, its exact float64 copy)."""
+    a, a64 = checks.logits(rng, shape, dtype, spread, offset)
+    return device_copy(a), a64
 
 
 def check_softmax(C, dtype, N, V, masked, scale, seed, spread=4.0, offset=0.0):

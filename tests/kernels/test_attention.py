@@ -230,6 +230,23 @@ def test_attention_dropout_uses_the_twins_mask(C, dtype, causal, seed):
     emulated.check_attention(C, dtype, 2, 1, 40, 75, 32, [75, 50], causal, seed, dropout_p=0.3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_dropout_keeps_a_weight_whose_bits_equal_the_threshold(C, dtype):
+    """Dropout keeps weight (bh, i, j) where its Philox bits >= p * 2^32. With p chosen so that
+    one visible weight's bits are the threshold exactly (bits with at most 24 significant
+    digits, so that p is a float32), the kernels must keep it, as the twin does."""
+    T, S, drop_seed = 40, 75, 20261204
+    i, j = np.meshgrid(np.arange(T), np.arange(S), indexing="ij")
+    bits = R.philox_bits(j, i, 0, drop_seed).astype(np.int64)
+    exact = (bits >= 2**24) & (bits < 2**31) & (bits % (1 << 8) == 0) & (j <= i + S - T)
+    exact &= np.array([np.float32(b / 2**32) * np.float64(2**32) == b for b in bits.ravel()]).reshape(bits.shape)
+    assert exact.any()
+    b = int(bits[exact][0])
+    p = float(np.float32(b / 2**32))
+    assert np.uint32(float(np.float32(p)) * 2.0**32) == b
+    emulated.check_attention(C, dtype, 1, 1, T, S, 32, None, True, 0, dropout_p=p, drop_seed=drop_seed)
+
+
 @pytest.mark.parametrize("arch", sorted(SHARED_MEMORY_PER_BLOCK))
 @pytest.mark.parametrize("D", [64, 128])
 def test_attention_takes_the_largest_tiles_that_fit_each_architecture(C, arch, D):
@@ -324,6 +341,51 @@ def test_attention_matches_float64(dtype, case, seed):
     for name, got, ref, nv in (("attention", o, o_r, naive[0]), ("attention_grad", dq, dq_r, naive[1]),
                                ("attention_grad", dk, dk_r, naive[2]), ("attention_grad", dv, dv_r, naive[3])):
         check(name, dtype, got, ref, nv)
+
+
+def device_check(dtype, B, H, T, S, D, lens, causal, seed, smem_limit, magnitude=1.0):
+    """kernels.attention_forward and _backward on the device, planned for smem_limit, against
+    the float64 formulas."""
+    rng = np.random.default_rng(seed)
+    (q, q64), (k, k64) = (randn(rng, shape, dtype, scale=magnitude) for shape in ((B, H, T, D), (B, H, S, D)))
+    (v, v64), (do, do64) = (randn(rng, shape, dtype) for shape in ((B, H, S, D), (B, H, T, D)))
+    o, lse = kernels.attention_forward(q, k, v, lens, causal, smem_limit=smem_limit)
+    dq, dk, dv = kernels.attention_backward(q, k, v, o, lse, do, lens, causal, smem_limit=smem_limit)
+    o_r, lse_r, dq_r, dk_r, dv_r = formulas.attention(q64, k64, v64, lens, causal, dout=do64)
+    lse = cp.asnumpy(lse)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_r))
+    naive = [None] * 4
+    if dtype != "float32":
+        naive = naive_attention(*(to_f32(a) for a in (q, k, v, do)), lens, causal, rounder(dtype))
+    for name, got, ref, nv in zip(["attention"] + ["attention_grad"] * 3, (o, dq, dk, dv),
+                                  (o_r, dq_r, dk_r, dv_r), naive):
+        check(name, dtype, got, ref, nv)
+
+
+def device_tilings(dtype):
+    """(D, limit, tiles) for every head dim and every tiling that this GPU's shared memory
+    allows: those of the architectures with as much or less, and its own."""
+    from minitransformer.kernels import _C
+
+    limit = kernels.shared_memory_limit()
+    limits = sorted({x for x in LIMITS if x <= limit} | {limit})
+    return [(D, smem, tiles) for D in kernels.limits()["attention_head_dims"]
+            for tiles, smem in emulated.attention_tiles(_C, dtype, D, limits).items()]
+
+
+@on_device
+@gpu_sized
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_at_every_tile_boundary_on_the_device(dtype):
+    """The emulator sections' boundary shapes, decoding's shapes and scores past exp's range,
+    on the GPU at every tiling it can run, with 1 head and with 8 (more blocks at once)."""
+    for D, smem, tiles in device_tilings(dtype):
+        boundaries = emulated.attention_boundaries(tiles)
+        cases = [(B, H, T, S, lens, causal, 1.0) for B, T, S, lens, causal in boundaries for H in (1, 8)]
+        cases += [(2, 4, 1, S, (S, S - 1), True, 1.0) for S in emulated.DECODE_LENGTHS]
+        cases += [(1, 2, T, S, lens, causal, 10.0) for B, T, S, lens, causal in boundaries if B == 1]
+        for B, H, T, S, lens, causal, magnitude in cases:
+            device_check(dtype, B, H, T, S, D, lens, causal, T * 1000 + S, smem, magnitude)
 
 
 @on_device

@@ -70,7 +70,7 @@ def test_cross_entropy_kernel(C, dtype, N, V, eps, use_ignore, inplace, nll, see
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_cross_entropy_kernel_across_the_range(C, dtype, V, eps):
     """Ignored targets, the NLL, and the gradient over the logits and beside them, at each range."""
-    for spread, offset in emulated.LOGIT_RANGES[dtype]:
+    for spread, offset in checks.LOGIT_RANGES[dtype]:
         for use_ignore, inplace in ((False, False), (True, True)):
             emulated.check_cross_entropy(C, dtype, 7, V, eps, use_ignore, inplace, True, V, spread, offset)
 
@@ -83,10 +83,12 @@ def test_cross_entropy_kernel_across_the_range(C, dtype, V, eps):
 @pytest.mark.parametrize("dtype", DTYPES)
 @DEVICE_SETTINGS
 @given(N=st.integers(1, 64), V=st.sampled_from([5, 1000, 1025, 37000]),
-       eps=st.sampled_from([0.0, 0.1]), use_ignore=st.booleans(), seed=seeds)
-def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore, seed):
+       eps=st.sampled_from([0.0, 0.1]), use_ignore=st.booleans(), values=st.integers(0, 3), seed=seeds)
+def test_cross_entropy_matches_float64(dtype, N, V, eps, use_ignore, values, seed):
+    """values: logits of spread 3, or one of the ranges of checks.LOGIT_RANGES."""
     rng = np.random.default_rng(seed)
-    z, z64 = randn(rng, (N, V), dtype, scale=3.0)
+    ranges = [(3.0, 0.0), *checks.LOGIT_RANGES[dtype]]
+    z, z64 = checks.logits(rng, (N, V), dtype, *ranges[values % len(ranges)], xp=cp)
     t, ignore = checks.targets(rng, N, V, use_ignore, ignore_index=0)
     loss, grad, nll = kernels.cross_entropy_forward(z, cp.asarray(t), eps, ignore, nll=True)
     loss_r, grad_r = formulas.cross_entropy(z64, t, eps, ignore)

@@ -65,7 +65,7 @@ def test_softmax_kernels(C, dtype, N, V, masked, scale, seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("V", [33, 1024, 1025, 3000])  # rows of a warp, and of a block
 def test_softmax_kernels_across_the_range(C, dtype, V):
-    for spread, offset in emulated.LOGIT_RANGES[dtype]:
+    for spread, offset in checks.LOGIT_RANGES[dtype]:
         for masked in (False, True):
             emulated.check_softmax(C, dtype, 5, V, masked, 1.0, V, spread, offset)
 
@@ -78,10 +78,12 @@ def test_softmax_kernels_across_the_range(C, dtype, V):
 @pytest.mark.parametrize("dtype", DTYPES)
 @DEVICE_SETTINGS
 @given(N=st.integers(1, 64), V=st.sampled_from([1, 33, 1024, 1025, 5000, 37000]),
-       masked=st.booleans(), scale=st.sampled_from([1.0, 0.125]), seed=seeds)
-def test_softmax_matches_float64(dtype, N, V, masked, scale, seed):
+       masked=st.booleans(), scale=st.sampled_from([1.0, 0.125]), values=st.integers(0, 3), seed=seeds)
+def test_softmax_matches_float64(dtype, N, V, masked, scale, values, seed):
+    """values: logits of spread 4, or one of the ranges of checks.LOGIT_RANGES."""
     rng = np.random.default_rng(seed)
-    x, x64 = randn(rng, (N, V), dtype, scale=4.0)
+    ranges = [(4.0, 0.0), *checks.LOGIT_RANGES[dtype]]
+    x, x64 = checks.logits(rng, (N, V), dtype, *ranges[values % len(ranges)], xp=cp)
     g, g64 = randn(rng, (N, V), dtype)
     mask = None
     if masked:

@@ -1,0 +1,130 @@
+"""benchmarks/mutants.py: the rules find their sites in the code and nowhere else; the planted bugs
+that once passed all of CI are killed by the kernel checks; and a seeded sample of all the
+mutants is killed, or listed as equivalent with its reason (the seed is printed: rerun it with
+MT_MUTANT_SEED=<seed>)."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitransformer.emulated import emulator
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import mutants  # noqa: E402
+
+
+def sites(rule, source: str) -> list[str]:
+    """``source`` after each of the rule's mutations."""
+    code = mutants.code_only(source)
+    return [source[:a] + new + source[b:] for a, b, new in mutants.RULES[rule](code)]
+
+
+def test_code_only_blanks_comments_strings_and_directives():
+    source = ('#include <cuda_fp16.h>\nint a = 1; // a < b\n/* x > y */ f("i < n", \'<\');\n'
+              '#define M(x) \\\n    (x < 1)\nint b = a < 2;\n')
+    code = mutants.code_only(source)
+    assert len(code) == len(source) and code.count("\n") == source.count("\n")
+    assert code.count("<") == 1 and "a < 2" in code
+
+
+def test_relational_operators_but_not_templates_shifts_or_launches():
+    source = "if (i < n && j >= m) x = a > b; load_tile<T, D, BR>(s); k<<<g, b>>>(p); o >>= 1;\n"
+    assert sites("relational", source) == [
+        "if (i <= n && j >= m) x = a > b; load_tile<T, D, BR>(s); k<<<g, b>>>(p); o >>= 1;\n",
+        "if (i < n && j > m) x = a > b; load_tile<T, D, BR>(s); k<<<g, b>>>(p); o >>= 1;\n",
+        "if (i < n && j >= m) x = a >= b; load_tile<T, D, BR>(s); k<<<g, b>>>(p); o >>= 1;\n"]
+
+
+def test_bounds_and_min_max_calls_but_not_definitions():
+    source = ("__device__ int min(int a, int b);\nint q_end = min(T, q0 + BR);\n"
+              "x = max(a, b) * 2;\nreturn max(c, d);\n")
+    got = sites("off-by-one", source)
+    assert "int q_end = min(T, q0 + BR) + 1;" in got[0] and "int q_end = min(T, q0 + BR) - 1;" in got[1]
+    assert any("x = (max(a, b) + 1) * 2;" in s for s in got) and any("return (max(c, d) - 1);" in s for s in got)
+    assert not any("int (min(int a" in s or "int min(int a, int b) " in s for s in got)
+    assert len(got) == 6  # q_end +- 1 (its min is not mutated twice), max(a, b) +- 1, max(c, d) +- 1
+    swapped = sites("min-max", source)
+    assert len(swapped) == 3 and "int q_end = max(T, q0 + BR);" in swapped[0]
+
+
+def test_barriers_atomics_pipelines():
+    assert sites("barrier", "a();\n__syncthreads();\nb();\n") == ["a();\n\nb();\n"]
+    assert sites("atomic", "atomicAdd(dq + size_t(r) * D, acc[h][0]);") == ["*(dq + size_t(r) * D) += acc[h][0];"]
+    assert sites("pipeline", "__pipeline_wait_prior(1); __pipeline_commit();") == [
+        "__pipeline_wait_prior(2); __pipeline_commit();", "__pipeline_wait_prior(0); __pipeline_commit();",
+        "__pipeline_wait_prior(1); "]
+
+
+def test_the_online_maximum_dropped_and_the_rescale_applied_twice_or_not_at_all():
+    source = ("acc = maxsum_add(acc, z);\nconst float m_new = fmaxf(m_row, tile_max);\n"
+              "l = l * alpha + s;\no[d] *= alpha;\n")
+    got = sites("online-max", source)
+    assert "acc = MaxSum{0.f, (acc).s + exp_diff(z, 0.f)};" in got[0]
+    assert "const float m_new = 0.f;" in got[1]
+    assert {"o[d] *= alpha;" in s for s in got[2:]} == {True, False}
+    assert any("l = l + s;" in s for s in got) and any("l = l * alpha * alpha + s;" in s for s in got)
+    assert any("\n\n" in s[s.index("alpha + s;"):] for s in got)  # the *= statement removed
+
+
+def test_every_rule_finds_sites_in_csrc_and_each_mutant_is_one_change():
+    found = mutants.generate()
+    assert {m.rule for m in found} == set(mutants.RULES)
+    for m in found:
+        assert (mutants.CSRC / m.file).read_text()[m.start:m.end] == m.old
+        mutation = m.mutation()
+        assert mutation.new.count("\n") - mutation.old.count("\n") == m.new.count("\n") - m.old.count("\n")
+    assert len({(m.file, m.start, m.end, m.new) for m in found}) == len(found)
+
+
+def test_equivalents_name_existing_mutants_and_say_why():
+    entries = mutants.equivalents()
+    names = {m.file: [] for m in mutants.generate()}
+    found = mutants.generate()
+    for e in entries:
+        assert len(e["reason"]) > 40, e
+        assert any(mutants.equivalent_reason(m, [e]) for m in found), f"no mutant is {e}"
+    per_file = {f: sum(1 for m in found if m.file == f) for f in names}
+    for f in names:
+        listed = sum(1 for m in found if m.file == f and mutants.equivalent_reason(m, entries))
+        assert listed <= 0.10 * per_file[f], f"{listed} of {per_file[f]} mutants of {f} listed equivalent"
+
+
+needs_emulator = pytest.mark.skipif(
+    any(emulator.unavailable_reason(s) for s in (None, *emulator.SANITIZERS)) and not os.environ.get("MT_REQUIRE_EMULATOR"),
+    reason="the emulator (with its sanitizers) cannot build csrc/ here")
+
+
+def run_mutants(*args, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutants.py"), "--jobs", "2",
+                           "--results", str(tmp_path / "results.jsonl"), *args],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+# The five realistic bugs that passed all of CI before the tile-boundary and value-range checks
+# (the causal key bound one short in both forwards, the float32 backward's first query one late,
+# softmax's and cross-entropy's maximum dropped): each must be killed by the kernel tests.
+PLANTED = [r"off-by-one: min\(k_end, min\(q0 \+ BR, p.T\) \+ \(p.S - p.T\)\) -> .* - 1$",
+           r"off-by-one: p.causal \? max\(0, k0 - \(p.S - p.T\)\) : 0 -> .* \+ 1$",
+           r"online-max: maxsum_add\(acc, "]
+
+
+@needs_emulator
+def test_the_planted_bugs_that_once_passed_ci_are_killed_by_the_kernel_tests(tmp_path):
+    run = run_mutants("--match", "|".join(f"({p})" for p in PLANTED), tmp_path=tmp_path)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 5 and all(" killed kernel tests " in line for line in lines), "\n".join(lines)
+
+
+@needs_emulator
+def test_a_seeded_sample_of_the_mutants_is_killed(tmp_path):
+    seed = int(os.environ.get("MT_MUTANT_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"mutant sample seed {seed}: rerun with MT_MUTANT_SEED={seed}")
+    run = run_mutants("--sample", "6", "--seed", str(seed), tmp_path=tmp_path)
+    assert run.returncode == 0, f"seed {seed}:\n" + run.stdout[-6000:] + run.stderr[-2000:]
+    assert f"seed {seed}" in run.stdout
