@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
@@ -52,11 +51,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from minitransformer import cli
+from minitransformer.files import atomic_write
 from minitransformer.emulated import emulator
 from minitransformer.emulated.emulator import CSRC, ROOT, Mutation
 
 FILES = ["attention.cu", "layernorm.cu", "softmax.cu", "common.cuh"]
 EQUIVALENT = Path(__file__).with_name("mutants_equivalent.toml")
+RECORD = Path(__file__).with_name("mutants_record.json")  # the last full run, mutant by mutant
 TESTS = ROOT / "tests" / "kernels"
 # What a mutant's fixed sanitizer cases are, by file (sanitized_run.py's case names start so).
 KERNELS = {"attention.cu": ["attention"], "layernorm.cu": ["layernorm"],
@@ -412,14 +413,16 @@ def _sanitized_cases() -> list[str]:
     return list(sanitized_run.CASES)
 
 
-# --------------------------------------------------------------------------- equivalents
+# --------------------------------------------------------------------------- the ledger
 
 
-def equivalents() -> list[dict]:
-    """The checked-in list: each entry's file, before and after (the site's lines), reason."""
+def equivalents(kind: str = "equivalent") -> list[dict]:
+    """The checked-in entries of mutants_equivalent.toml of one kind: "equivalent" (no result
+    can change) or "survivor" (a result can change, and no check sees it: why, and what
+    would). Each entry: file, before and after (the site's lines), reason."""
     if not EQUIVALENT.exists():
         return []
-    entries = tomllib.loads(EQUIVALENT.read_text()).get("equivalent", [])
+    entries = tomllib.loads(EQUIVALENT.read_text()).get(kind, [])
     for e in entries:
         missing = {"file", "before", "after", "reason"} - set(e)
         if missing:
@@ -428,6 +431,7 @@ def equivalents() -> list[dict]:
 
 
 def equivalent_reason(mutant: Mutant, entries: list[dict]) -> str | None:
+    """The reason ``entries`` give for ``mutant``, or None if they do not list it."""
     for e in entries:
         if (e["file"] == mutant.file and e["before"].strip() == mutant.before.strip()
                 and e["after"].strip() == mutant.after.strip()):
@@ -439,9 +443,11 @@ def equivalent_reason(mutant: Mutant, entries: list[dict]) -> str | None:
 
 
 def diff(mutant: Mutant) -> str:
-    return "".join(difflib.unified_diff(
-        [line + "\n" for line in mutant.before.splitlines()], [line + "\n" for line in mutant.after.splitlines()],
-        f"a/csrc/{mutant.file}", f"b/csrc/{mutant.file}", n=0)).rstrip()
+    """The mutant as a unified diff of csrc/, at its line."""
+    before, after = mutant.before.splitlines(), mutant.after.splitlines()
+    return "\n".join([f"--- a/csrc/{mutant.file}", f"+++ b/csrc/{mutant.file}",
+                      f"@@ -{mutant.line},{len(before)} +{mutant.line},{len(after)} @@",
+                      *(f"-{line}" for line in before), *(f"+{line}" for line in after)])
 
 
 def load_results(path: Path) -> dict[str, dict]:
@@ -477,19 +483,21 @@ KERNEL_OF = {"attention.cu": "attention", "layernorm.cu": "layernorm", "softmax.
              "common.cuh": "common (all kernels)"}
 
 
-def report(outcomes: dict[str, dict], entries: list[dict], seconds: float) -> tuple[str, list[Mutant]]:
-    """Markdown: the score by kernel and by class, and every survivor with its diff; and the
-    survivors that are not on the equivalent list."""
+def report(outcomes: dict[str, dict], entries: list[dict], survivors: list[dict],
+           seconds: float) -> tuple[str, list[Mutant]]:
+    """Markdown: the score by kernel and by class, every survivor with its diff (and the reason
+    mutants_equivalent.toml gives, where it gives one), the equivalents with theirs; and the
+    survivors that file does not explain."""
     rows: dict[tuple[str, str], dict[str, int]] = {}
-    unexplained, explained = [], []
+    unexplained, explained, equivalent = [], [], []
     for record in outcomes.values():
         m = record["mutant_obj"]
         status = record["status"]
         if status == "survived" and equivalent_reason(m, entries):
             status = "equivalent"
-            explained.append(m)
+            equivalent.append(m)
         elif status == "survived":
-            unexplained.append(m)
+            (explained if equivalent_reason(m, survivors) else unexplained).append(m)
         for group in ((KERNEL_OF[m.file], m.rule), (KERNEL_OF[m.file], "all")):
             counts = rows.setdefault(group, {"killed": 0, "survived": 0, "equivalent": 0, "stillborn": 0})
             counts[status] += 1
@@ -500,17 +508,55 @@ def report(outcomes: dict[str, dict], entries: list[dict], seconds: float) -> tu
         score = f"{c['killed'] / counted:.3f}" if counted else "-"
         name = f"**{kernel}**" if rule == "all" else kernel
         out.append(f"| {name} | {rule} | {c['killed']} | {c['survived']} | {c['equivalent']} | {c['stillborn']} | {score} |")
-    for title, group in (("Survivors", unexplained), ("Equivalent", explained)):
+    for title, group, source in (("Survivors no check kills, unexplained", unexplained, []),
+                                 ("Survivors no check kills, explained", explained, survivors),
+                                 ("Equivalent", equivalent, entries)):
         if group:
             out += ["", f"{title}:", ""]
             for m in group:
-                reason = equivalent_reason(m, entries)
+                reason = equivalent_reason(m, source)
                 out += [f"- `{m.name}`" + (f": {reason}" if reason else ""), "", "```diff", diff(m), "```"]
     return "\n".join(out), unexplained
 
 
-class Unavailable(Exception):
-    """The emulator cannot build csrc/ on this machine."""
+def load_record(path: Path) -> dict:
+    """The record of the last full run: {"complete": bool, "mutants": {name: {"status", "by"}}}."""
+    return json.loads(path.read_text()) if path.exists() else {"complete": False, "mutants": {}}
+
+
+def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], entries: list[dict]) -> None:
+    """Merge this run's outcomes into the record at ``path``; it is complete when it holds every
+    mutant of the sources as they are."""
+    record = load_record(path)
+    for name, o in outcomes.items():
+        status = "equivalent" if o["status"] == "survived" and equivalent_reason(o["mutant_obj"], entries) else o["status"]
+        record["mutants"][name] = {"status": status, "by": o.get("by")}
+    names = {m.name for m in every}
+    record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if n in names}
+    record["complete"] = names <= set(record["mutants"])
+    with atomic_write(path) as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+
+QUICK = ("kernel tests", "device tests")  # the checks that kill a mutant in seconds
+
+
+def eligible_for_sample(mutants: list[Mutant], entries: list[dict], record: dict,
+                        quick: bool = False) -> list[Mutant]:
+    """What a sample may draw: not listed in mutants_equivalent.toml, and killed in the last
+    full run's record (with ``quick``, by the tests, not by a sanitizer, which takes minutes),
+    or not in it when that record was complete (a mutant the sources have gained since). A
+    partial record vouches only for what it measured."""
+    recorded = record["mutants"]
+
+    def vouched(m):
+        r = recorded.get(m.name)
+        if r is None:
+            return record["complete"]
+        return r["status"] == "killed" and (not quick or r.get("by") in QUICK)
+
+    return [m for m in mutants if not equivalent_reason(m, entries) and vouched(m)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -518,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--sample", type=cli.integer(1), default=None,
                         help="test this many mutants drawn at random (not those listed equivalent)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a --sample draws only mutants that the record shows killed by the tests "
+                             "(seconds each), not by a sanitizer (minutes)")
     parser.add_argument("--seed", type=cli.integer(0, 2**32 - 1), default=None,
                         help="the sample's seed (default: drawn, and printed)")
     parser.add_argument("--match", type=re.compile, default=None,
@@ -527,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", type=Path, default=ROOT / "runs" / "mutants" / "results.jsonl",
                         help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
     parser.add_argument("--report", type=Path, default=None, help="also write the report (Markdown) here")
+    parser.add_argument("--record", type=Path, default=RECORD,
+                        help="the record of the full run: a run without --sample or --match updates it, "
+                             "and a --sample draws from what it shows killed (default: %(default)s)")
     parser.add_argument("--jobs", type=cli.integer(1), default=os.cpu_count(),
                         help="mutants tested at once (default: the cores, %(default)s)")
     parser.add_debug()
@@ -538,8 +590,9 @@ def main(argv=None) -> int:
     reason = emulator.unavailable_reason() or emulator.unavailable_reason("address") or emulator.unavailable_reason("thread")
     if reason:
         raise Unavailable(f"the emulator cannot build csrc/ here: {reason}")
-    mutants = generate(args.files)
-    entries = equivalents()
+    every = generate()
+    mutants = [m for m in every if m.file in args.files]
+    entries, survivors = equivalents(), equivalents("survivor")
     if args.match:
         mutants = [m for m in mutants if args.match.search(m.name)]
     if args.list:
@@ -548,9 +601,9 @@ def main(argv=None) -> int:
         return 0
     if args.sample is not None:
         seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
-        pool = [m for m in mutants if not equivalent_reason(m, entries)]
+        pool = eligible_for_sample(mutants, entries + survivors, load_record(args.record), args.quick)
         mutants = random.Random(seed).sample(pool, min(args.sample, len(pool)))
-        print(f"mutant sample: {len(mutants)} of {len(pool)}, seed {seed} "
+        print(f"mutant sample: {len(mutants)} of {len(pool)} eligible, seed {seed} "
               f"(python benchmarks/mutants.py --sample {args.sample} --seed {seed})", flush=True)
     begin = time.time()
     done = 0
@@ -562,10 +615,13 @@ def main(argv=None) -> int:
               flush=True)
 
     outcomes = run(mutants, args.results, args.jobs, progress)
-    text, unexplained = report(outcomes, entries, time.time() - begin)
+    text, unexplained = report(outcomes, entries, survivors, time.time() - begin)
     print(text)
     if args.report:
-        args.report.write_text(text + "\n")
+        with atomic_write(args.report) as f:
+            f.write(text + "\n")
+    if args.sample is None and args.match is None:
+        write_record(args.record, outcomes, every, entries)
     return 1 if unexplained else 0
 
 
