@@ -419,7 +419,8 @@ def _sanitized_cases() -> list[str]:
 def equivalents(kind: str = "equivalent") -> list[dict]:
     """The checked-in entries of mutants_equivalent.toml of one kind: "equivalent" (no result
     can change) or "survivor" (a result can change, and no check sees it: why, and what
-    would). Each entry: file, before and after (the site's lines), reason."""
+    would). Each entry: file, before and after (the site's lines), reason, and the line where
+    the same text occurs at more than one site."""
     if not EQUIVALENT.exists():
         return []
     entries = tomllib.loads(EQUIVALENT.read_text()).get(kind, [])
@@ -434,7 +435,7 @@ def equivalent_reason(mutant: Mutant, entries: list[dict]) -> str | None:
     """The reason ``entries`` give for ``mutant``, or None if they do not list it."""
     for e in entries:
         if (e["file"] == mutant.file and e["before"].strip() == mutant.before.strip()
-                and e["after"].strip() == mutant.after.strip()):
+                and e["after"].strip() == mutant.after.strip() and e.get("line", mutant.line) == mutant.line):
             return e["reason"]
     return None
 
@@ -460,12 +461,15 @@ def load_results(path: Path) -> dict[str, dict]:
     return results
 
 
-def run(mutants: list[Mutant], results_path: Path, jobs: int, progress) -> dict[str, dict]:
-    """Test every mutant not already in results_path (appending each result as it comes)."""
+def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: dict[str, dict],
+        test: bool = True) -> dict[str, dict]:
+    """Test every mutant not already in results_path or ``known`` (results by key, as the
+    record keeps them), appending each result to results_path as it comes. Without ``test``,
+    only what is known: the mutants not yet tested are left out."""
     checks = checks_digest()
-    results = load_results(results_path)
+    results = known | load_results(results_path)
     keys = {m: key(m, checks) for m in mutants}
-    todo = [m for m in mutants if keys[m] not in results]
+    todo = [m for m in mutants if keys[m] not in results] if test else []
     results_path.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool, results_path.open("a") as out:
         futures = {pool.submit(test_mutant, m): m for m in todo}
@@ -476,7 +480,7 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress) -> dict[
             out.flush()
             results[keys[mutant]] = record
             progress(mutant, record)
-    return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants}
+    return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants if keys[m] in results}
 
 
 KERNEL_OF = {"attention.cu": "attention", "layernorm.cu": "layernorm", "softmax.cu": "softmax & cross-entropy",
@@ -520,8 +524,17 @@ def report(outcomes: dict[str, dict], entries: list[dict], survivors: list[dict]
 
 
 def load_record(path: Path) -> dict:
-    """The record of the last full run: {"complete": bool, "mutants": {name: {"status", "by"}}}."""
+    """The record of the last full run: {"complete": bool, "mutants": {name: {"status", "by",
+    "key", "seconds"}}}. Committed, it carries the run's results to another machine: a mutant
+    whose key (its sources and the checks) is unchanged is not tested again."""
     return json.loads(path.read_text()) if path.exists() else {"complete": False, "mutants": {}}
+
+
+def known_results(record: dict) -> dict[str, dict]:
+    """The record's results by key, as load_results gives them."""
+    return {r["key"]: {"key": r["key"], "mutant": name, "status": "survived" if r["status"] == "equivalent" else r["status"],
+                       "by": r.get("by"), "seconds": r.get("seconds", 0.0)}
+            for name, r in record["mutants"].items() if "key" in r}
 
 
 def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], entries: list[dict]) -> None:
@@ -530,7 +543,7 @@ def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], ent
     record = load_record(path)
     for name, o in outcomes.items():
         status = "equivalent" if o["status"] == "survived" and equivalent_reason(o["mutant_obj"], entries) else o["status"]
-        record["mutants"][name] = {"status": status, "by": o.get("by")}
+        record["mutants"][name] = {"status": status, "by": o.get("by"), "key": o["key"], "seconds": o["seconds"]}
     names = {m.name for m in every}
     record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if n in names}
     record["complete"] = names <= set(record["mutants"])
@@ -559,6 +572,10 @@ def eligible_for_sample(mutants: list[Mutant], entries: list[dict], record: dict
     return [m for m in mutants if not equivalent_reason(m, entries) and vouched(m)]
 
 
+class Unavailable(Exception):
+    """The emulator cannot build csrc/ on this machine."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
@@ -579,6 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--record", type=Path, default=RECORD,
                         help="the record of the full run: a run without --sample or --match updates it, "
                              "and a --sample draws from what it shows killed (default: %(default)s)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="test nothing: report (and record) what --results and the record already hold")
     parser.add_argument("--jobs", type=cli.integer(1), default=os.cpu_count(),
                         help="mutants tested at once (default: the cores, %(default)s)")
     parser.add_debug()
@@ -614,8 +633,12 @@ def main(argv=None) -> int:
         print(f"[{done}] {record['status']:>9} {record.get('by') or '':<20} {record['seconds']:6.1f}s  {mutant.name}",
               flush=True)
 
-    outcomes = run(mutants, args.results, args.jobs, progress)
-    text, unexplained = report(outcomes, entries, survivors, time.time() - begin)
+    outcomes = run(mutants, args.results, args.jobs, progress, known_results(load_record(args.record)),
+                   test=not args.report_only)
+    seconds = sum(o["seconds"] for o in outcomes.values()) / args.jobs if args.report_only else time.time() - begin
+    text, unexplained = report(outcomes, entries, survivors, seconds)
+    if len(outcomes) < len(mutants):
+        text = f"{len(mutants) - len(outcomes)} of {len(mutants)} mutants not tested yet.\n\n" + text
     print(text)
     if args.report:
         with atomic_write(args.report) as f:
