@@ -44,6 +44,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 import tomllib
@@ -63,7 +64,12 @@ TESTS = ROOT / "tests" / "kernels"
 KERNELS = {"attention.cu": ["attention"], "layernorm.cu": ["layernorm"],
            "softmax.cu": ["softmax", "cross_entropy"],
            "common.cuh": ["attention", "layernorm", "softmax", "cross_entropy"]}
-CPU_SECONDS = 900  # one check of one mutant (ThreadSanitizer on attention takes about 120)
+# CPU seconds for one check of one mutant, beyond which it counts as a hang (a mutant that
+# never leaves a loop: on a GPU a kernel that never ends): ten times what the kernel tests take
+# unmutated (attention's own, about 15), and for the sanitizers about seven times
+# ThreadSanitizer on attention (about 120).
+TEST_CPU_SECONDS = 180
+SANITIZER_CPU_SECONDS = 900
 # The sanitizers a survivor of the kernel tests meets, by class: AddressSanitizer/UBSan where a
 # bug reads or writes out of bounds, ThreadSanitizer (minutes on attention) where it races. A
 # mutant not given a sanitizer that would have caught it counts as a survivor: the score can
@@ -376,10 +382,12 @@ def test_mutant(mutant: Mutant) -> dict:
                                 f"--ignore={TESTS / 'test_sanitizers.py'}", f"--ignore={TESTS / 'test_resources.py'}"])]
     for stage, cmd in stages:
         try:
-            run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
+            run = emulator.run_limited(cmd, TEST_CPU_SECONDS, wall_seconds=10 * TEST_CPU_SECONDS, env=env,
                                        capture_output=True, text=True, cwd=ROOT)
         except Exception as e:  # subprocess.TimeoutExpired: a hang that spends no CPU
             return result("killed", stage, f"no end: {e}")
+        if run.returncode == -signal.SIGXCPU:
+            return result("killed", stage, f"no end: over {TEST_CPU_SECONDS} CPU seconds\n" + run.stdout + run.stderr)
         if run.returncode == 1 or run.returncode < 0:  # a test failed, or a signal ended it
             return result("killed", stage, run.stdout + run.stderr)
         if run.returncode:  # pytest's own trouble (no tests, a usage error): not the mutant's doing
@@ -395,8 +403,8 @@ def test_mutant(mutant: Mutant) -> dict:
         env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
         cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
         try:
-            run = emulator.run_limited(cmd, CPU_SECONDS, wall_seconds=3 * CPU_SECONDS, env=env,
-                                       capture_output=True, text=True, cwd=TESTS)
+            run = emulator.run_limited(cmd, SANITIZER_CPU_SECONDS, wall_seconds=3 * SANITIZER_CPU_SECONDS,
+                                       env=env, capture_output=True, text=True, cwd=TESTS)
         except Exception as e:
             return result("killed", f"{sanitize} sanitizer", f"no end: {e}")
         if run.returncode:
