@@ -641,8 +641,9 @@ def main(argv=None) -> int:
         print(f"[{done}] {record['status']:>9} {record.get('by') or '':<20} {record['seconds']:6.1f}s  {mutant.name}",
               flush=True)
 
-    outcomes = run(mutants, args.results, args.jobs, progress, known_results(load_record(args.record)),
-                   test=not args.report_only)
+    # A sample or a --match tests again what it draws; a full run takes what the record knows.
+    known = known_results(load_record(args.record)) if args.sample is None and args.match is None else {}
+    outcomes = run(mutants, args.results, args.jobs, progress, known, test=not args.report_only)
     seconds = sum(o["seconds"] for o in outcomes.values()) / args.jobs if args.report_only else time.time() - begin
     text, unexplained = report(outcomes, entries, survivors, seconds)
     if len(outcomes) < len(mutants):
