@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--match", type=re.compile, default=None,
                         help="only the mutants whose line in --list this regular expression finds")
     parser.add_argument("--files", nargs="+", choices=FILES, default=FILES, metavar="FILE",
-                        help=f"which of csrc/ to mutate: {', '.join(FILES)}")
+                        help=f"which of csrc/ to mutate, in this order: {', '.join(FILES)}")
     parser.add_argument("--results", type=Path, default=ROOT / "runs" / "mutants" / "results.jsonl",
                         help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
     parser.add_argument("--report", type=Path, default=None, help="also write the report (Markdown) here")
@@ -618,7 +618,7 @@ def main(argv=None) -> int:
     if reason:
         raise Unavailable(f"the emulator cannot build csrc/ here: {reason}")
     every = generate()
-    mutants = [m for m in every if m.file in args.files]
+    mutants = [m for file in args.files for m in every if m.file == file]  # in the order asked
     entries, survivors = equivalents(), equivalents("survivor")
     if args.match:
         mutants = [m for m in mutants if args.match.search(m.name)]
