@@ -3,8 +3,10 @@ that once passed all of CI are killed by the kernel checks; every survivor of th
 is explained; and a seeded sample of the mutants that run killed by the tests is killed again
 (the seed is printed: rerun it with MT_MUTANT_SEED=<seed>)."""
 
+import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,12 +139,20 @@ PLANTED = [r"off-by-one: min\(k_end, min\(q0 \+ BR, p.T\) \+ \(p.S - p.T\)\) -> 
            r"online-max: maxsum_add\(acc, "]
 
 
+BOUNDARY_AND_RANGE_CHECKS = r"::test_\w+_(at_every_tile_boundary|as_decoding_calls_them|past_exps_range|across_the_range)\["
+
+
 @needs_emulator
 def test_the_planted_bugs_that_once_passed_ci_are_killed_by_the_kernel_tests(tmp_path):
     run = run_mutants("--match", "|".join(f"({p})" for p in PLANTED), tmp_path=tmp_path)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("[")]
     assert len(lines) == 5 and all(" killed kernel tests " in line for line in lines), "\n".join(lines)
+    # ... by the checks at the tile boundaries and across the value range, which exercise the
+    # kernels' numbers, not by a test that looks for these bugs.
+    for record in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines()):
+        failed = [line for line in record["evidence"].splitlines() if line.startswith("FAILED")]
+        assert failed and all(re.search(BOUNDARY_AND_RANGE_CHECKS, line) for line in failed), record
 
 
 @needs_emulator
