@@ -45,6 +45,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import time
 import tomllib
@@ -356,6 +357,34 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def test_stages(files) -> list[tuple[str, list[str]]]:
+    """The pytest runs a mutant of ``files`` meets, in order. First the emulator sections of
+    the mutated kernels' own test files, which kill most mutants in seconds; then the tests
+    that reach the kernels through the emulated device (F's dispatch, the launchers). The
+    other kernels' emulator sections never call the mutated code."""
+    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+              "--hypothesis-profile=mutants", "-o", "addopts="]
+    own = sorted({TESTS / f"test_{kernel}.py" for file in files for kernel in KERNELS[file]})
+    return [("kernel tests", [*pytest, *map(str, own), "-m", "emulator"]),
+            ("device tests", [*pytest, str(TESTS), "-m", "not emulator",
+                              f"--ignore={TESTS / 'test_sanitizers.py'}", f"--ignore={TESTS / 'test_resources.py'}"])]
+
+
+class ChecksFail(Exception):
+    """The checks fail on the kernels as they are: no mutant's kill would mean anything."""
+
+
+def baseline(files) -> None:
+    """Run every test stage on the unmutated build first: a check that fails without a
+    mutant would count every mutant killed."""
+    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant()), PYTHONPATH=str(ROOT))
+    for stage, cmd in test_stages(files):
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+        if run.returncode:
+            raise ChecksFail(f"the {stage} fail on csrc/ as it is, without a mutant: fix them first\n"
+                             f"{_tail(run.stdout + run.stderr, 20)}")
+
+
 def test_mutant(mutant: Mutant) -> dict:
     """Build the mutant and put it to the checks until one fails: {"status": "killed" (with
     "by", the check, and "evidence") | "survived" | "stillborn", "seconds": ...}."""
@@ -370,17 +399,7 @@ def test_mutant(mutant: Mutant) -> dict:
     except RuntimeError as e:
         return result("stillborn", evidence=str(e))
     env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
-    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-              "--hypothesis-profile=mutants", "-o", "addopts="]
-    # First the emulator sections of the mutated kernels' own test files, which kill most
-    # mutants in seconds; then, for what survives, the tests that reach the kernels through
-    # the emulated device (F's dispatch, the launchers). The other kernels' emulator sections
-    # never call the mutated code.
-    own = sorted({TESTS / f"test_{kernel}.py" for kernel in KERNELS[mutant.file]})
-    stages = [("kernel tests", [*pytest, *map(str, own), "-m", "emulator"]),
-              ("device tests", [*pytest, str(TESTS), "-m", "not emulator",
-                                f"--ignore={TESTS / 'test_sanitizers.py'}", f"--ignore={TESTS / 'test_resources.py'}"])]
-    for stage, cmd in stages:
+    for stage, cmd in test_stages([mutant.file]):
         try:
             run = emulator.run_limited(cmd, TEST_CPU_SECONDS, wall_seconds=10 * TEST_CPU_SECONDS, env=env,
                                        capture_output=True, text=True, cwd=ROOT)
@@ -478,6 +497,8 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     results = known | load_results(results_path)
     keys = {m: key(m, checks) for m in mutants}
     todo = [m for m in mutants if keys[m] not in results] if test else []
+    if todo:
+        baseline(sorted({m.file for m in todo}))
     results_path.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool, results_path.open("a") as out:
         futures = {pool.submit(test_mutant, m): m for m in todo}
@@ -658,4 +679,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main, user_errors=(Unavailable, ValueError)))
+    sys.exit(cli.run(main, user_errors=(Unavailable, ChecksFail, ValueError)))

@@ -134,7 +134,10 @@ def check(name: str, dtype: str, got, ref, naive=None):
 
 
 def naive_attention(q, k, v, dout, lens, causal, rnd, z=None):
-    """(o, dq, dk, dv); z the dropout factors (B, H, T, S) or None."""
+    """(o, dq, dk, dv); z the dropout factors (B, H, T, S) or None. The backward's row term
+    delta = sum_j P_ij dP_ij is taken as FlashAttention-2 and the kernels take it, rowsum(dO O)
+    (equal in exact arithmetic) from the stored 16-bit O: where dP - delta cancels (two keys of
+    near-equal weight), the rounding of O is what both errors are made of."""
     xp = backend.array_module_of(q)
     B, H, T, D = q.shape
     S = k.shape[2]
@@ -150,7 +153,7 @@ def naive_attention(q, k, v, dout, lens, causal, rnd, z=None):
     o = rnd(p_dropped @ v)
     dv = rnd(p_dropped.swapaxes(-1, -2) @ dout)
     dp = rnd(rnd(dout @ v.swapaxes(-1, -2)) * z)
-    ds = rnd(p * (dp - rnd((dp * p).sum(axis=-1, keepdims=True))))
+    ds = rnd(p * (dp - rnd((dout * o).sum(axis=-1, keepdims=True))))
     return o, rnd(ds @ k * scale), rnd(ds.swapaxes(-1, -2) @ q * scale), dv
 
 
