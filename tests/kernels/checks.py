@@ -115,8 +115,29 @@ def logits(rng, shape, dtype: str, spread: float, offset: float = 0.0, xp=np):
     return a, host64(a)
 
 
-def check(name: str, dtype: str, got, ref, naive=None):
-    """float32: the tolerance table; 16-bit: at most 2x the naive error plus two ulps."""
+def attention_grad_slack(q64, k64, o, dout64, lens, causal, dtype: str):
+    """(0, dq's, dk's, 0): how far the 16-bit gradients may move, beyond the naive error, with
+    delta = rowsum(dO O) taken from a 16-bit O. Each row's delta is then off by about
+    ulp * sum_d |dO O|, and dq_i = scale sum_j P_ij (dP_ij - delta_i) K_j (dk alike, by Q)
+    carries it. Where two keys of near-equal weight make dP - delta cancel, this is the whole
+    error, and the kernel's O and the naive O round differently: 2x the naive error alone
+    failed one comparison in 370 at tiny shapes (T <= 17, S <= 7)."""
+    B, H, T, D = q64.shape
+    S = k64.shape[2]
+    scale = 1 / math.sqrt(D)
+    s = np.where(attention_mask(B, T, S, lens, causal), q64 @ k64.swapaxes(-1, -2) * scale, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    p = e / np.where(e.sum(-1, keepdims=True) > 0, e.sum(-1, keepdims=True), 1)
+    delta_err = ULP[dtype] * (np.abs(dout64) * np.abs(host64(o))).sum(-1, keepdims=True)
+    dq = scale * (p * delta_err) @ np.abs(k64)
+    dk = scale * (p * delta_err).swapaxes(-1, -2) @ np.abs(q64)
+    return 0.0, dq.max(initial=0.0), dk.max(initial=0.0), 0.0
+
+
+def check(name: str, dtype: str, got, ref, naive=None, slack: float = 0.0):
+    """float32: the tolerance table; 16-bit: at most 2x the naive error plus two ulps, plus
+    2x ``slack`` (an error the naive implementation need not share: attention_grad_slack)."""
     got = got if isinstance(got, np.ndarray) and got.dtype == np.float64 else host64(got)
     if dtype == "float32":
         rtol, atol = FP32_TOL[name]
@@ -125,8 +146,8 @@ def check(name: str, dtype: str, got, ref, naive=None):
     naive = backend.to_device(naive, "cpu").astype(np.float64)
     err = np.abs(got - ref).max(initial=0.0)
     naive_err = np.abs(naive - ref).max(initial=0.0)
-    bound = 2 * naive_err + 2 * ULP[dtype] * max(np.abs(ref).max(initial=0.0), 0.01)
-    assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 2 ulp"
+    bound = 2 * naive_err + 2 * ULP[dtype] * max(np.abs(ref).max(initial=0.0), 0.01) + 2 * slack
+    assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 2 ulp + 2 x slack {slack:.3g}"
 
 
 # --------------------------------------------------------------------------- naive, same precision
