@@ -132,11 +132,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 // Online softmax state of a set of values: running maximum m and s = sum exp(x - m). Two
 // states merge exactly (Milakov & Gimelshein, 2018), so a row can be reduced in one pass across
 // threads. m = -inf means "no finite value seen yet"; then s = 0. Each exponential is of a
