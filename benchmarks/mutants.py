@@ -353,7 +353,7 @@ def key(mutant: Mutant, checks: str) -> str:
     return h.hexdigest()[:24]
 
 
-def _tail(text: str, lines: int = 12) -> str:
+def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
