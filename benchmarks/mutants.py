@@ -94,6 +94,7 @@ class Mutant:
     after: str
     start: int  # the site: text[start:end] == old
     end: int
+    column: int  # 1-based, of start
 
     def mutation(self) -> Mutation:
         """For emulator.compile_variant: the whole file, so that it matches exactly once."""
@@ -105,9 +106,8 @@ class Mutant:
     @property
     def name(self) -> str:
         """file:line:column class: old -> new (one line: a multi-line site is joined)."""
-        column = self.start - (CSRC / self.file).read_text().rfind("\n", 0, self.start)
         old, new = (" ".join(t.split()) for t in (self.old, self.new))
-        return f"{self.file}:{self.line}:{column} {self.rule}: {old} -> {new or '(removed)'}"
+        return f"{self.file}:{self.line}:{self.column} {self.rule}: {old} -> {new or '(removed)'}"
 
 
 def code_only(text: str) -> str:
@@ -325,7 +325,7 @@ def generate(files=FILES) -> list[Mutant]:
                 mutated = text[:start] + new + text[end:]
                 mutants.append(Mutant(name, text.count("\n", 0, start) + 1, rule, text[start:end], new,
                                       lines(text, start, end), lines(mutated, start, start + len(new)),
-                                      start, end))
+                                      start, end, start - text.rfind("\n", 0, start)))
     return mutants
 
 
