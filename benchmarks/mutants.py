@@ -273,7 +273,7 @@ def online_max(code):
         yield m.start(2), call_end(code, m.end() - 1), "0.f"
     # A rescale factor applied twice, or not at all.
     factor = r"(alpha\w*|exp_diff\([ab]\.m, \w+\))"
-    for m in re.finditer(r"(\w[\w\[\]. *+]*?)\s*\*=\s*" + factor + ";", code):
+    for m in re.finditer(r"(\w[\w\[\]. *+:]*?)\s*\*=\s*" + factor + ";", code):
         yield m.start(), m.end(), ""
         yield m.start(2), m.end(2), f"{m.group(2)} * {m.group(2)}"
     for m in re.finditer(r"(?<!\*=)\s\*\s" + factor, code):

@@ -25,11 +25,12 @@
 //                        arrays (SmemCarver): each lies in it with a gap after it that belongs
 //                        to no array, and carving past the launch's size aborts; static: one
 //                        heap array per declaration (and template instantiation); under TSan
-//                        new ones for every block. All are filled with 0xFF bytes, a NaN in
-//                        every float type, at the start of every block, so that a read of
-//                        shared memory the block has not written, or past a carved array's
-//                        end, shows up as NaN in the results (compute-sanitizer's initcheck);
-//                        a write into a gap aborts when the block ends (SharedMemory)
+//                        new ones for every block. All are filled with poison at the start of
+//                        every block, 0xFF bytes (a NaN in every float type) and 0x7B bytes (a
+//                        large finite number in each) in turn, so that a read of shared memory
+//                        the block has not written, or past a carved array's end, shows up in
+//                        the results (compute-sanitizer's initcheck); a write into a gap
+//                        aborts when the block ends (SharedMemory)
 //   atomicAdd            a relaxed atomic addition: atomic, and ordering nothing else
 //   ldmatrix.x4.trans    every lane posts its row address; each reads its column pairs
 //   mma.sync m16n8k16    every lane posts its registers; each gathers the rows of A and the
@@ -65,8 +66,8 @@
 // order (TSan's limit on threads); overruns that land in other valid memory (from one row of
 // a tile into the next within one array, from one row of a global tensor into the next, or
 // farther past a carved array than its own length); races and reads of unwritten memory on
-// paths that the shapes run do not reach; a NaN read that the kernel then drops (a fmaxf with
-// a larger value, a branch not taken). Outside TSan a block's fibers take turns in one fixed
+// paths that the shapes run do not reach; a read of poison that the kernel then drops (a branch
+// not taken, a multiplication by zero). Outside TSan a block's fibers take turns in one fixed
 // order (thread index, round and round), so a race between warps that this order happens to
 // run the right way round shows only under TSan. Streams, events and NCCL are the emulated
 // CuPy's (minitransformer/emulated/cupy.py), not this file's.
@@ -302,9 +303,17 @@ inline int lane() { return int(ts.thread.x % 32); }
 
 // ---------------------------------------------------------------------------- shared memory
 
-// Every block starts with its shared memory full of 0xFF bytes: NaN as float32, float16 and
-// bfloat16 alike, so that reading what the block never wrote poisons the results.
-constexpr int kPoison = 0xFF;
+// Every block starts with its shared memory full of one poison byte, which alternates from one
+// block to the next: 0xFF, NaN as float32, float16 and bfloat16 alike, so that reading what the
+// block never wrote poisons the results; and 0x7B, a large finite number in each (about 1.3e36
+// as float32 and bfloat16, 61280 as float16), which the reads that drop a NaN do not drop: a
+// fmaxf(x, NaN) is x, a fmaxf(x, 1.3e36) is not.
+constexpr unsigned char kNaNPoison = 0xFF, kFinitePoison = 0x7B;
+
+inline unsigned char next_poison() {
+    static std::atomic<unsigned> blocks{0};
+    return blocks.fetch_add(1, std::memory_order_relaxed) % 2 ? kFinitePoison : kNaNPoison;
+}
 
 // Shared memory on the heap, 128-byte aligned as the kernels' carving assumes, exactly sized
 // (so that ASan flags the first byte past it).
@@ -361,6 +370,7 @@ class SharedMemory {
     SharedMemory& operator=(const SharedMemory&) = delete;
 
     unsigned char* dynamic() const { return dynamic_; }
+    unsigned char poison() const { return poison_; }  // this block's
 
     // The array of `bytes` at `offset` of the kernel's layout; every thread of a block carves
     // the same arrays, the first to ask opens it.
@@ -387,6 +397,7 @@ class SharedMemory {
     void renew() {
         check_gaps();
         carved_.clear();
+        poison_ = next_poison();
 #ifdef __SANITIZE_THREAD__
         unsigned char* fresh = allocate();
         {
@@ -407,7 +418,7 @@ class SharedMemory {
 #ifdef __SANITIZE_ADDRESS__
             ASAN_UNPOISON_MEMORY_REGION(dynamic_, 2 * bytes_);
 #endif
-            std::memset(dynamic_, kPoison, 2 * bytes_);
+            std::memset(dynamic_, poison_, 2 * bytes_);
 #ifdef __SANITIZE_ADDRESS__
             ASAN_POISON_MEMORY_REGION(dynamic_, 2 * bytes_);  // until carved
 #endif
@@ -418,7 +429,7 @@ class SharedMemory {
                 Unobserved hidden;
                 array = *a.storage;
             }
-            std::memset(array, kPoison, a.bytes);
+            std::memset(array, poison_, a.bytes);
         }
     }
 
@@ -442,7 +453,7 @@ class SharedMemory {
         std::pair<size_t, size_t> before{0, 0};
         auto check = [&](size_t to) {
             for (size_t i = from; i < to; ++i)
-                if (dynamic_[i] != kPoison) {
+                if (dynamic_[i] != poison_) {
                     std::fprintf(stderr, "a block wrote dynamic shared memory outside the arrays it "
                                  "carved: %zu bytes past the end of the array of %zu bytes at "
                                  "offset %zu of its layout\n", i - 2 * before.first - before.second,
@@ -461,6 +472,7 @@ class SharedMemory {
 
     unsigned char* dynamic_ = nullptr;
     size_t bytes_;
+    unsigned char poison_ = kNaNPoison;
     std::mutex mutex_;
     std::map<size_t, size_t> carved_;  // offset in the kernel's layout -> bytes
 };
@@ -499,7 +511,12 @@ inline void issue_async_copy(void* dst, const void* src, size_t size, size_t zfi
     unsigned char staged[sizeof(AsyncCopy::bytes)];
     std::memcpy(staged, src, size - zfill);
     std::memset(staged + size - zfill, 0, zfill);
-    std::memset(dst, kPoison, size);  // in flight: the destination is not yet the data
+    unsigned char poison;
+    {
+        Unobserved hidden;
+        poison = ts.shared->poison();
+    }
+    std::memset(dst, poison, size);  // in flight: the destination is not yet the data
     Unobserved hidden;
     AsyncCopy& copy = ts.copies->copies.emplace_back(AsyncCopy{dst, unsigned(size), {}});
     std::memcpy(copy.bytes, staged, size);

@@ -8,8 +8,9 @@ Three checks (emu.h says how each works, and what it cannot see):
       global memory
   poisoned shared memory and cp.async destinations, and blocks in shuffled order (every
       variant)   reads of shared memory the block has not written, of a copy before its wait,
-      or of another block's output, turn the results into NaN; a write past a carved array, or
-      a kernel carving more than its launch asked for, aborts
+      or of another block's output, turn the results into NaN or into a huge number (the
+      poison alternates); a write past a carved array, or a kernel carving more than its
+      launch asked for, aborts
 
 Every kernel, forward and backward, in every dtype, runs clean under each sanitizer on the
 fixed shapes of sanitized_run.py, and matches the formulas there. A check that cannot fail
@@ -145,6 +146,13 @@ PLANTED = {
             "common.cuh", "        if (lane == 0) part[warp] = v;\n        __syncthreads();\n",
             "        if (lane == 0) {\n            part[warp] = v;\n            __syncthreads();\n        }\n"),
             "deadlock in block .* waits at a barrier", build="second"),
+        # the row maximum reading sS's first padding column, which nothing writes: NaN poison
+        # goes unseen there (fmaxf drops a NaN), the large finite poison of every other block
+        # does not (emu.h)
+        Planted("row-max-reads-a-padding-column", "attention-tiles-float32", Mutation(
+            "attention.cu", "for (int c = sub; c < BC; c += TPR) {\n            float s = key_visible",
+            "for (int c = sub; c <= BC; c += TPR) {\n            float s = key_visible"),
+            MISMATCH, build="third"),
     ],
 }
 
