@@ -343,13 +343,18 @@ def checks_digest() -> str:
     return h.hexdigest()
 
 
-def key(mutant: Mutant, checks: str) -> str:
-    """The mutant's identity for the results: its mutated sources and the checks."""
+def csrc_texts() -> dict[str, str]:
+    """csrc/'s files by name, as they are now."""
+    return {p.name: p.read_text() for p in sorted(CSRC.iterdir())}
+
+
+def key(mutant: Mutant, checks: str, sources: dict[str, str]) -> str:
+    """The mutant's identity for the results: its mutated sources (``sources``: csrc_texts())
+    and the checks."""
     m = mutant.mutation()
     h = hashlib.sha256(f"{checks}\0{m.file}\0".encode())
-    for name in sorted(p.name for p in CSRC.iterdir()):
-        text = (CSRC / name).read_text()
-        h.update((m.new if name == m.file else text).encode())
+    for name in sorted(sources):
+        h.update((m.new if name == m.file else sources[name]).encode())
     return h.hexdigest()[:24]
 
 
@@ -385,6 +390,23 @@ def baseline(files) -> None:
                              f"{_tail(run.stdout + run.stderr, 20)}")
 
 
+def _failure(cmd: list[str], cpu_seconds: int, wall_seconds: int, env: dict, cwd: Path, pytest: bool) -> str | None:
+    """Run one check of a mutant: None if it passes, else its evidence (a test that failed, a
+    signal, a sanitizer's report, or no end within ``cpu_seconds``). A pytest run that ends
+    with its own trouble (no tests, a usage error) is not the mutant's doing: an error."""
+    try:
+        run = emulator.run_limited(cmd, cpu_seconds, wall_seconds=wall_seconds, env=env, capture_output=True,
+                                   text=True, cwd=cwd)
+    except subprocess.TimeoutExpired as e:  # a hang that spends no CPU
+        return f"no end: {e}"
+    output = run.stdout + run.stderr
+    if run.returncode == -signal.SIGXCPU:
+        return f"no end: over {cpu_seconds} CPU seconds\n" + output
+    if pytest and run.returncode > 1:
+        raise RuntimeError(f"{' '.join(cmd[:4])}...: pytest ended with {run.returncode}:\n{_tail(output)}")
+    return output if run.returncode else None
+
+
 def test_mutant(mutant: Mutant) -> dict:
     """Build the mutant and put it to the checks until one fails: {"status": "killed" (with
     "by", the check, and "evidence") | "survived" | "stillborn", "seconds": ...}."""
@@ -394,40 +416,25 @@ def test_mutant(mutant: Mutant) -> dict:
         return {"status": status, "by": by, "evidence": _tail(evidence), "seconds": round(time.time() - begin, 1)}
 
     mutation = mutant.mutation()
-    try:
-        module = emulator.compile_variant(None, [mutation])
-    except RuntimeError as e:
-        return result("stillborn", evidence=str(e))
-    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
-    for stage, cmd in test_stages([mutant.file]):
-        try:
-            run = emulator.run_limited(cmd, TEST_CPU_SECONDS, wall_seconds=10 * TEST_CPU_SECONDS, env=env,
-                                       capture_output=True, text=True, cwd=ROOT)
-        except Exception as e:  # subprocess.TimeoutExpired: a hang that spends no CPU
-            return result("killed", stage, f"no end: {e}")
-        if run.returncode == -signal.SIGXCPU:
-            return result("killed", stage, f"no end: over {TEST_CPU_SECONDS} CPU seconds\n" + run.stdout + run.stderr)
-        if run.returncode == 1 or run.returncode < 0:  # a test failed, or a signal ended it
-            return result("killed", stage, run.stdout + run.stderr)
-        if run.returncode:  # pytest's own trouble (no tests, a usage error): not the mutant's doing
-            raise RuntimeError(f"{stage} of {mutant.name}: pytest ended with {run.returncode}:\n"
-                               f"{_tail(run.stdout + run.stderr)}")
     cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
-    for sanitize in SANITIZERS_FOR[mutant.rule]:
+    # The test stages on the plain build, then the sanitizers of the mutant's class on theirs.
+    checks = [(stage, None, cmd) for stage, cmd in test_stages([mutant.file])]
+    checks += [(f"{sanitize} sanitizer", sanitize, None) for sanitize in SANITIZERS_FOR[mutant.rule]]
+    for name, sanitize, cmd in checks:
         try:
             module = emulator.compile_variant(sanitize, [mutation])
         except RuntimeError as e:
             return result("stillborn", evidence=str(e))
-        chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
-        env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
-        cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
-        try:
-            run = emulator.run_limited(cmd, SANITIZER_CPU_SECONDS, wall_seconds=3 * SANITIZER_CPU_SECONDS,
-                                       env=env, capture_output=True, text=True, cwd=TESTS)
-        except Exception as e:
-            return result("killed", f"{sanitize} sanitizer", f"no end: {e}")
-        if run.returncode:
-            return result("killed", f"{sanitize} sanitizer", run.stderr)
+        if sanitize is None:
+            env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
+            evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
+        else:
+            chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
+            env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
+            cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
+            evidence = _failure(cmd, SANITIZER_CPU_SECONDS, 3 * SANITIZER_CPU_SECONDS, env, TESTS, pytest=False)
+        if evidence is not None:
+            return result("killed", name, evidence)
     return result("survived")
 
 
@@ -495,7 +502,8 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     only what is known: the mutants not yet tested are left out."""
     checks = checks_digest()
     results = known | load_results(results_path)
-    keys = {m: key(m, checks) for m in mutants}
+    sources = csrc_texts()
+    keys = {m: key(m, checks, sources) for m in mutants}
     todo = [m for m in mutants if keys[m] not in results] if test else []
     if todo:
         baseline(sorted({m.file for m in todo}))
