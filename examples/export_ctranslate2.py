@@ -102,7 +102,7 @@ def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
-    p.add_argument("--out", help="export folder (default: <run>/ctranslate2); an earlier export there is "
+    p.add_argument("--out", type=cli.output_folder, help="export folder (default: <run>/ctranslate2); an earlier export there is "
                    "replaced as a whole")
     p.add_argument("--limit", type=cli.integer(1), help="check only the first N test sentences")
     p.add_argument("--beam", type=cli.integer(1), help="beam size of the agreement check (default: the run's, "

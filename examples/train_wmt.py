@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, data, decoding, distributed, files, nn
+from minitransformer import backend, cli, data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
@@ -130,9 +130,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
     p.add_argument("--data-dir", help="corpus folder, downloaded there if files are missing (default: "
                    "data/<corpus>)")
-    p.add_argument("--out-dir", help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
+    p.add_argument("--out-dir", type=cli.output_folder, help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
                    "holds it (a lock file) until it ends")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
                         "dynamic loss scaling (meant for GPUs)")
@@ -359,10 +359,6 @@ def interrupted(args, argv) -> str | bool:
 
 def train_and_evaluate(args) -> dict:
     preset = PRESETS[args.preset]
-    try:
-        mt.backend.check_device(args.device)
-    except RuntimeError as e:
-        raise SetupError(f"--device {args.device}: {e}") from e
     world = distributed.init(args.device)
     step_tokens(args, preset, world)  # a bad --max-tokens is refused before anything is read or written
     if args.resume and not os.path.isdir(args.out_dir):

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from minitransformer import cli, data, decoding, files, nn
+from minitransformer import backend, cli, data, decoding, files, nn
 from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from minitransformer.decoding import translate
 
@@ -52,6 +52,7 @@ def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
         raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {name} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
+    ckpt.require_finite(name)
     model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
     model.load_state_dict(ckpt.model)
     return model.to(device, dtype=dtype).eval()
@@ -104,9 +105,9 @@ def build_parser() -> cli.ArgumentParser:
                    "model configuration)")
     p.add_argument("--tokenizer", help="sentencepiece .model file (overrides --run's)")
     p.add_argument("--input", help="one sentence a line: a file, or a pipe (default: stdin)")
-    p.add_argument("--output", help="where to write translations (default: stdout); written whole at the end, "
+    p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
                    "a stopped run leaves what it finished in OUTPUT.partial")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")

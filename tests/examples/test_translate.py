@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from minitransformer import data, decoding
@@ -237,3 +238,18 @@ def test_a_truncated_checkpoint_is_one_line(run, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr.decode()
     line = result.stderr.decode().strip().splitlines()[-1]
     assert line.startswith(f"error: {ckpt}") and "truncated" in line
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_path):
+    weights = dict(np.load(run / "averaged.npz"))
+    name = sorted(k for k in weights if k.startswith("model/") and weights[k].ndim == 2)[0]
+    weights[name] = weights[name].copy()
+    weights[name].flat[3] = np.nan
+    with open(tmp_path / "nan.npz", "wb") as f:
+        np.savez(f, **weights)
+    result = cli(run, b"A dog runs.\n", "--checkpoint", str(tmp_path / "nan.npz"))
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err and result.stdout == b""
+    assert err.strip().splitlines()[-1] == (f"error: {tmp_path / 'nan.npz'}: the weight {name.removeprefix('model/')} "
+                                            f"is not finite (1 of {weights[name].size} values NaN or infinite); "
+                                            f"refusing to use it")
