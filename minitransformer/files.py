@@ -6,7 +6,8 @@ the previous file or the new one, never a torn mix (checkpoints, tokenizers, log
 results). A crash can leave the temporary file itself behind; ``remove_unfinished_writes``
 deletes those of a folder, as training does when it starts. A long write that is worth keeping
 in part (translations, written as they are made) names a ``partial`` file: a failure leaves
-what was written there, and the target untouched.
+what was written there, and the target untouched. ``atomic_folder`` does the same for a folder
+of files (an export): filled beside its place, moved in only when it is complete.
 
 ``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
 ``--out-dir``): a second process is refused, naming the first.
@@ -18,6 +19,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -67,6 +69,33 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         os.fsync(folder_fd)
     finally:
         os.close(folder_fd)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike):
+    """``with atomic_folder(path) as tmp:`` a new, empty folder beside ``path`` to fill; when the
+    block ends without an exception it takes ``path``'s place (an earlier folder there is
+    replaced as a whole), and otherwise (an interrupt too) it is deleted and ``path`` is as it
+    was. The folder gets the usual permissions (0777 less the umask), as its subfolders do."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700 folders
+        yield tmp
+        if os.path.isdir(path):
+            old = tmp + "-old"
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
