@@ -47,7 +47,7 @@ from minitransformer.functional.matmul import Linear  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
 from minitransformer.checkpoint import CheckpointError  # noqa: E402
 from train_wmt import bleu  # noqa: E402
-from translate import find_run_files, load_model  # noqa: E402
+from translate import find_run_files, load_model, refuse_wide_beams  # noqa: E402
 
 
 def engines(model, tok, folder: str, threads: int, beam: int, alpha: float) -> dict:
@@ -98,6 +98,7 @@ def main(argv=None) -> dict:
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
+    refuse_wide_beams(p, [args.beam], tok)
     model = load_model(checkpoint, "cpu", tokenizer=tok)
     test = data.load_multi30k(args.data_dir, "test_2016_flickr")
     n = min(args.limit, len(test))

@@ -35,7 +35,7 @@ from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
 from train_wmt import bleu
-from translate import beam_and_alpha, find_run_files, model_from
+from translate import beam_and_alpha, find_run_files, model_from, refuse_wide_beams
 
 NEAR_TIE = 1e-4
 
@@ -145,6 +145,7 @@ def main(argv=None) -> dict:
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)  # refuses non-finite weights
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
+    refuse_wide_beams(p, [beam], tok)
     test = data.load_multi30k(args.data_dir, "test_2016_flickr")  # a wrong --data-dir is found before the export
     n = min(args.limit or len(test), len(test))
     src = tok.encode(test.src[:n])

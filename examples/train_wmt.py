@@ -181,8 +181,12 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
+    vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
+    if args.beam and args.beam > vocab:
+        p.error(f"--beam {args.beam}: wider than the target vocabulary ({vocab} tokens)")
     return args
 
 

@@ -161,6 +161,7 @@ def main(argv=None) -> None:
         check_same_config(ckpt, checkpoint, run_checkpoint)
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
+    refuse_wide_beams(p, [beam], tok)
     print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
           file=sys.stderr)
     partial, started = f"{args.output}.partial", time.time()
@@ -206,6 +207,14 @@ def beam_and_alpha(ckpt: Checkpoint, beam: int | None, alpha: float | None) -> t
     beam = beam or run_flags.get("beam") or decoding.BEAM
     alpha = run_flags.get("alpha", decoding.ALPHA) if alpha is None else alpha
     return beam, alpha
+
+
+def refuse_wide_beams(p: cli.ArgumentParser, beams: list[int], tok: data.Tokenizer) -> None:
+    """A beam wider than the target vocabulary, refused in one line: its beams cannot all
+    differ, and every step would score beam x vocabulary candidates for nothing."""
+    for beam in beams:
+        if beam > tok.vocab_size:
+            p.error(f"--beam {beam}: wider than the target vocabulary ({tok.vocab_size} tokens)")
 
 
 def describe(ckpt: Checkpoint, path: str) -> str:

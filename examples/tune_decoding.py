@@ -36,7 +36,7 @@ import os
 import time
 
 from train_wmt import PRESETS, bleu, bleu_lowercased, checkpoints
-from translate import find_run_files, model_from
+from translate import find_run_files, model_from, refuse_wide_beams
 
 from minitransformer import backend, cli, data
 from minitransformer.checkpoint import CheckpointError, average_checkpoints
@@ -59,14 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     _, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
+    refuse_wide_beams(p, args.beam, tok)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
     split = "val"
     if args.limit_val:

@@ -426,9 +426,15 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+def sentence_parts(text: str, tokenizer) -> list[list[int]]:
+    """Piece ids of ``text`` cut after each . ! or ? (the parts of a text longer than the
+    model's positions)."""
+    return [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+
+
 def _split(text: str, tokenizer, limit: int, line: int) -> list[list[int]]:
     """Piece ids of ``text`` cut after each sentence end, each part at most ``limit`` long."""
-    parts = [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+    parts = sentence_parts(text, tokenizer)
     cut = sum(len(p) > limit for p in parts)
     if len(parts) == 1:
         what = f"truncated to {limit} tokens"

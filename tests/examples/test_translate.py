@@ -253,3 +253,57 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_pa
     assert err.strip().splitlines()[-1] == (f"error: {tmp_path / 'nan.npz'}: the weight {name.removeprefix('model/')} "
                                             f"is not finite (1 of {weights[name].size} values NaN or infinite); "
                                             f"refusing to use it")
+
+
+@pytest.mark.parametrize("program", ["translate", "plot_attention", "tune_decoding", "translate_speed",
+                                     "export_ctranslate2"])
+def test_a_beam_wider_than_the_vocabulary_is_refused_in_one_line(run, program, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    module = __import__(program)
+    argv = {"plot_attention": ["A dog runs."], "tune_decoding": ["--data-dir", "nowhere"]}.get(program, [])
+    with pytest.raises(SystemExit) as e:
+        module.main(["--run", str(run), "--beam", "61", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --beam 61: wider than the target vocabulary (60 tokens) (see --help)")
+
+
+def test_train_wmt_refuses_a_beam_wider_than_its_vocabulary(capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_wmt
+
+    assert train_wmt.parse_args(["--vocab-size", "300", "--beam", "300"]).beam == 300
+    with pytest.raises(SystemExit):
+        train_wmt.parse_args(["--vocab-size", "300", "--beam", "301"])
+    assert "--beam 301: wider than the target vocabulary (300 tokens)" in capsys.readouterr().err
+
+
+def plot(run, sentence: str, out) -> subprocess.CompletedProcess:
+    """plot_attention.py under a 3 GB address-space limit: a text it would blow up on fails
+    here instead of swapping."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "plot_attention.py"), "--run", str(run),
+                           "--out", str(out), "--beam", "1", sentence], capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
+
+
+def test_plot_attention_draws_a_long_text_sentence_by_sentence(run, tmp_path):
+    text = " ".join(["A man runs in the park."] * 3)  # past the 32 positions
+    result = plot(run, text, tmp_path / "maps")
+    assert result.returncode == 0, result.stderr
+    parts = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert parts == ["part-1", "part-2", "part-3"]
+    assert all((tmp_path / "maps" / p / name).is_file() for p in parts
+               for name in ("encoder_self.png", "decoder_self.png", "cross.png"))
+
+
+def test_plot_attention_refuses_a_sentence_longer_than_the_positions_in_one_line(run, tmp_path):
+    result = plot(run, " ".join(["water"] * 500), tmp_path / "maps")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "the sentence has" in line and "more than the model's 32 positions" in line
+    assert not (tmp_path / "maps").exists()
