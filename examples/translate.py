@@ -131,9 +131,7 @@ def check_files(p: cli.ArgumentParser, args) -> None:
             p.error(f"--input {args.input}: no such file")
         if os.path.isdir(args.input):
             p.error(f"--input {args.input}: a folder, not a file")
-    if args.output:
-        if os.path.isdir(args.output):
-            p.error(f"--output {args.output}: a folder, not a file")
+    if args.output:  # a folder there is refused when parsed (cli.output_file)
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
             p.error(f"--output {args.output}: the folder {folder} does not exist")
@@ -147,6 +145,11 @@ def main(argv=None) -> None:
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
     check_files(p, args)
+    with files.lock_output(args.output) if args.output else contextlib.nullcontext():  # one writer at a time
+        translate_into_output(p, args)
+
+
+def translate_into_output(p: cli.ArgumentParser, args) -> None:
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     run_checkpoint = checkpoint
@@ -240,4 +243,4 @@ def check_same_config(ckpt: Checkpoint, path: str, run_checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, user_errors=(data.CorpusError, CheckpointError))
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError, files.FileInUse))

@@ -10,7 +10,8 @@ what was written there, and the target untouched. ``atomic_folder`` does the sam
 of files (an export): filled beside its place, moved in only when it is complete.
 
 ``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
-``--out-dir``): a second process is refused, naming the first.
+``--out-dir``): a second process is refused, naming the first; ``lock_output`` does the same
+for one file (a translation's ``--output``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ class FolderInUse(RuntimeError):
     """The folder is held by another process's ``lock_folder``."""
 
 
+class FileInUse(RuntimeError):
+    """The file is held by another process's ``lock_output``."""
+
+
 @contextlib.contextmanager
 def lock_folder(folder: str | os.PathLike):
     """Hold ``folder`` (created if missing) for this process while the block runs.
@@ -123,14 +128,38 @@ def lock_folder(folder: str | os.PathLike):
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_NAME)
+    with _hold(path, lambda holder: FolderInUse(
+            f"{folder} is in use by another run ({holder}, {path}): wait for it to end, or choose another folder")
+               ) as left:
+        yield left
+
+
+@contextlib.contextmanager
+def lock_output(path: str | os.PathLike):
+    """Hold the file ``path`` for this process's writing while the block runs, as
+    ``lock_folder`` holds a folder: a second writer of the same file is refused (``FileInUse``),
+    a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside it
+    (``path`` itself is replaced whole when it is written, and a lock on the file that was
+    there would not hold the new one)."""
+    path = os.path.abspath(path)
+    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{LOCK_NAME}")
+    with _hold(lock, lambda holder: FileInUse(
+            f"{path} is being written by another process ({holder}): wait for it to end, or write another file")):
+        yield
+
+
+@contextlib.contextmanager
+def _hold(path: str, refusal):
+    """flock ``path`` (created if missing), recording the holder in it; ``refusal(holder)`` is
+    raised when another process holds it. Yields what a holder that ended without releasing
+    left there, or None."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 1024).decode("utf-8", "replace").strip() or "a process"
-            raise FolderInUse(f"{folder} is in use by another run ({holder}, {path}): wait for it to end, "
-                              f"or choose another folder") from None
+            raise refusal(holder) from None
         left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)

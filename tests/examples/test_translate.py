@@ -307,3 +307,27 @@ def test_plot_attention_refuses_a_sentence_longer_than_the_positions_in_one_line
     (line,) = result.stderr.strip().splitlines()
     assert "the sentence has" in line and "more than the model's 32 positions" in line
     assert not (tmp_path / "maps").exists()
+
+
+def test_a_second_translation_into_the_same_output_is_refused_in_one_line(run, tmp_path):
+    out = tmp_path / "out.de"
+    first = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run),
+                              "--output", str(out)], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        lock = tmp_path / ".out.de.lock"
+        for _ in range(600):  # the first holds the output (its lock names it) while it waits for stdin
+            if lock.exists() and lock.read_text().startswith(f"pid {first.pid} "):
+                break
+            assert first.poll() is None, first.stderr.read()
+            select.select([], [], [], 0.05)
+        second = cli(run, b"A dog runs.\n", "--output", str(out))
+        assert second.returncode == 1
+        line = second.stderr.decode().strip().splitlines()[-1]
+        assert line.startswith(f"error: {out} is being written by another process (pid {first.pid} ")
+        other = cli(run, b"A dog runs.\n", "--output", str(tmp_path / "other.de"))  # another file: allowed
+        assert other.returncode == 0 and (tmp_path / "other.de").read_text().count("\n") == 1
+        first.communicate(b"A man sits.\n", timeout=120)
+        assert first.returncode == 0 and out.read_text().count("\n") == 1
+    finally:
+        first.kill()
