@@ -666,7 +666,17 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if differ:
         raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
                          f"--preset and model flags, or start a new run")
+    # Another precision would train on from a loss scale and rounding the run never had.
+    flags = meta.extra.get("args", {})
+    if "precision" in flags and flags["precision"] != args.precision:
+        raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
+                         f"resume with --precision {flags['precision']}, or start a new run")
     return meta.extra
+
+
+def _with(flag: str, value) -> str:
+    """How a run was trained as to ``flag``: "with --x 3", or "without --x" when it was not given."""
+    return f"without {flag}" if value is None else f"with {flag} {value}"
 
 
 def check_same_data(args, saved: dict, train) -> None:
@@ -677,8 +687,8 @@ def check_same_data(args, saved: dict, train) -> None:
     flags = saved.get("args", {})
     for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout")):
         if key in flags and flags[key] != getattr(args, key):
-            raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume "
-                             f"with the run's {flag}, or start a new run")
+            raise SetupError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
+                             f"resume {_with(flag, flags[key])}, or start a new run")
     corpus = saved.get("corpus")
     if corpus is not None and corpus["fingerprint"] != train.fingerprint:
         raise SetupError(f"{path} was trained on other data than {len(train)} pairs of "
