@@ -293,8 +293,12 @@ def time_torch(args, data) -> list[float] | None:
     except ImportError:
         print("torch is not installed: no peer to compare against (pip install 'minitransformer[bench]')")
         return None
-    torch.manual_seed(0)
     dev = "cuda" if args.device == "cuda" else "cpu"
+    if dev == "cuda" and not torch.cuda.is_available():  # a CPU-only build, or the emulated device
+        print(f"torch {torch.__version__} cannot run on cuda here (a CPU-only build, or no GPU): no peer to "
+              f"compare against")
+        return None
+    torch.manual_seed(0)
 
     class Peer(torch.nn.Module):
         def __init__(self):
