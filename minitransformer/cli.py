@@ -35,6 +35,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,21 +157,22 @@ def _writable(text: str, folder: bool) -> str:
     kind = "folder" if folder else "file"
     if path.is_symlink() and not path.exists():
         raise argparse.ArgumentTypeError(f"{text} is a dangling symbolic link, not a {kind}")
-    if path.exists():
-        if folder and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is not a folder")
-        if not folder and path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-        if not os.access(path, os.W_OK):
-            raise argparse.ArgumentTypeError(f"{text} cannot be written (permission denied)")
-        return text
-    parent = path.absolute().parent
-    while not parent.exists() and not parent.is_symlink():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot create {text}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"cannot create {text}: {parent} is not writable")
+    if path.exists() and folder and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if path.exists() and not folder and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    # Where the program will create files: the folder itself, or (a file is written beside its
+    # place, then renamed: files.atomic_write) its folder; the nearest one that exists.
+    place = path.absolute() if folder and path.exists() else path.absolute().parent
+    while not place.exists() and not place.is_symlink():
+        place = place.parent
+    if not place.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {place} is not a folder")
+    try:  # the operating system's own answer (a read-only file system stops root too)
+        with tempfile.TemporaryFile(dir=place):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror or e}: {place}") from None
     return text
 
 
