@@ -102,7 +102,7 @@ def time_all_reduce(comm, buf, iters: int, warmup: int, repeats: int = 5) -> flo
 
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+    ap.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES,
                     help="cpu: MPI over NumPy buffers; cuda: NCCL, one GPU per rank")
     ap.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"),
                     default="float32", help="element type of the buffer")
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--factor", type=cli.integer(2), default=4, help="size multiplier between rows")
     ap.add_argument("--iters", type=cli.integer(1), default=20, help="all-reduces timed together in a group")
     ap.add_argument("--warmup", type=cli.integer(0), default=3, help="untimed all-reduces first")
-    ap.add_argument("--json", help="also write the rows to this file (rank 0)")
+    ap.add_argument("--json", type=cli.output_file, help="also write the rows to this file (rank 0)")
     return ap
 
 

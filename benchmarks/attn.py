@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulated", action="store_true",
                    help="run the GPU path on the emulated device at tiny sizes (a check of this "
                         "script, not a measurement)")
-    p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--json", type=cli.output_file, help="also write the results to this file")
     return p
 
 

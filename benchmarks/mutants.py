@@ -627,9 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only the mutants whose line in --list this regular expression finds")
     parser.add_argument("--files", nargs="+", choices=FILES, default=FILES, metavar="FILE",
                         help=f"which of csrc/ to mutate, in this order: {', '.join(FILES)}")
-    parser.add_argument("--results", type=Path, default=ROOT / "runs" / "mutants" / "results.jsonl",
+    parser.add_argument("--results", type=cli.output_file, default=ROOT / "runs" / "mutants" / "results.jsonl",
                         help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
-    parser.add_argument("--report", type=Path, default=None, help="also write the report (Markdown) here")
+    parser.add_argument("--report", type=cli.output_file, default=None, help="also write the report (Markdown) here")
     parser.add_argument("--record", type=Path, default=RECORD,
                         help="the record of the full run: a run without --sample or --match updates it, "
                              "and a --sample draws from what it shows killed (default: %(default)s)")
@@ -672,7 +672,7 @@ def main(argv=None) -> int:
 
     # A sample or a --match tests again what it draws; a full run takes what the record knows.
     known = known_results(load_record(args.record)) if args.sample is None and args.match is None else {}
-    outcomes = run(mutants, args.results, args.jobs, progress, known, test=not args.report_only)
+    outcomes = run(mutants, Path(args.results), args.jobs, progress, known, test=not args.report_only)
     seconds = sum(o["seconds"] for o in outcomes.values()) / args.jobs if args.report_only else time.time() - begin
     text, unexplained = report(outcomes, entries, survivors, seconds)
     if len(outcomes) < len(mutants):

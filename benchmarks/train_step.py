@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, distributed, nn, train
+from minitransformer import backend, cli, distributed, nn, train
 from minitransformer.amp import PRECISIONS, scaler_for
 from minitransformer.autograd import Function
 from minitransformer.optim import Adam, grad_norm
@@ -293,8 +293,12 @@ def time_torch(args, data) -> list[float] | None:
     except ImportError:
         print("torch is not installed: no peer to compare against (pip install 'minitransformer[bench]')")
         return None
-    torch.manual_seed(0)
     dev = "cuda" if args.device == "cuda" else "cpu"
+    if dev == "cuda" and not torch.cuda.is_available():  # a CPU-only build, or the emulated device
+        print(f"torch {torch.__version__} cannot run on cuda here (a CPU-only build, or no GPU): no peer to "
+              f"compare against")
+        return None
+    torch.manual_seed(0)
 
     class Peer(torch.nn.Module):
         def __init__(self):
@@ -355,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--len", type=cli.integer(1), default=20, help="source and target tokens per sentence")
     p.add_argument("--steps", type=cli.integer(1), default=20, help="timed steps, after --warmup untimed ones")
     p.add_argument("--warmup", type=cli.integer(0), default=3, help="untimed steps first")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both models run")
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where both models run")
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="mixed precision for both models (bf16/fp16 are meant for GPUs)")
     p.add_argument("--base", action="store_true",

@@ -45,8 +45,9 @@ from minitransformer.functional.attention import ScaledDotProductAttention  # no
 from minitransformer.functional.layernorm import LayerNorm  # noqa: E402
 from minitransformer.functional.matmul import Linear  # noqa: E402
 from minitransformer.decoding import beam_search  # noqa: E402
+from minitransformer.checkpoint import CheckpointError  # noqa: E402
 from train_wmt import bleu  # noqa: E402
-from translate import find_run_files, load_model  # noqa: E402
+from translate import find_run_files, load_model, refuse_wide_beams  # noqa: E402
 
 
 def engines(model, tok, folder: str, threads: int, beam: int, alpha: float) -> dict:
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=cli.real(0.0), default=decoding.ALPHA, help="length penalty, for every engine")
     p.add_argument("--max-tokens", type=cli.integer(1), default=2048, help="source tokens per batch, as translate.py")
     p.add_argument("--repeats", type=cli.integer(1), default=3, help="runs of every engine; the figures are medians")
-    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--json", type=cli.output_file, help="write the figures here")
     p.add_argument("--profile", type=cli.integer(1), metavar="N",
                    help="then decode once more, ours alone, under cProfile, and print its N most costly functions")
     p.add_argument("--parts", action="store_true",
@@ -97,6 +98,7 @@ def main(argv=None) -> dict:
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
+    refuse_wide_beams(p, [args.beam], tok)
     model = load_model(checkpoint, "cpu", tokenizer=tok)
     test = data.load_multi30k(args.data_dir, "test_2016_flickr")
     n = min(args.limit, len(test))
@@ -242,4 +244,4 @@ def parts(model, decode, batches, src) -> dict:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

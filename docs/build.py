@@ -25,7 +25,6 @@ Pygments, Jinja2) come with the ``docs`` extra, which ``dev`` includes.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import html
@@ -43,6 +42,8 @@ from mdit_py_plugins.dollarmath import dollarmath_plugin
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_for_filename
+
+from minitransformer import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -277,29 +278,33 @@ def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS,
     pictures unless ``pictures`` names a folder that has them."""
     if pictures is None:
         pictures = os.path.join(out, "pictures")
-        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tour.py"), "--out", pictures],
-                       check=True, stdout=subprocess.DEVNULL)
+        tour = [sys.executable, os.path.join(ROOT, "examples", "tour.py"), "--out", pictures]
+        run = subprocess.run(tour, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if run.returncode:  # the tour's own one line says why
+            last = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
+            raise BuildError(f"examples/tour.py --out {pictures}: {last}")
     site = Site(out, pictures, pages)
     site.build()
     return site
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join(DOCS, "_site"), help="the site's folder (default: docs/_site)")
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=cli.output_folder, default=os.path.join(DOCS, "_site"), help="the site's folder")
     p.add_argument("--pictures", help="a folder where examples/tour.py --out already wrote its pictures "
                    "(default: run the tour into OUT/pictures)")
-    args = p.parse_args(argv)
+    p.add_debug()
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     start = time.perf_counter()
-    try:
-        site = build(args.out, args.pictures)
-    except BuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    site = build(args.out, args.pictures)
     print(f"{len(PAGES)} pages and {len(site.sources)} source files in {time.perf_counter() - start:.1f} s: "
           f"open {os.path.join(args.out, 'index.html')}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, user_errors=(BuildError,)))

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, nn
+from minitransformer import backend, cli, nn
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import train_step
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=cli.integer(1), default=200, help="warmup steps of the schedule")
     p.add_argument("--lr-factor", type=cli.real(0.0, low_open=True), default=1.0,
                    help="scale of the paper's schedule")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model trains")
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model trains")
     p.add_argument("--seed", type=cli.integer(0), default=0, help="seeds the model, the data and the evaluation")
     p.add_argument("--log-every", type=cli.integer(1), default=100, help="print the loss every N steps")
     return p

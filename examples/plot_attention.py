@@ -12,6 +12,7 @@ panels per layer, one column per head.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 import numpy as np
@@ -20,7 +21,9 @@ import minitransformer as mt
 from minitransformer import cli, data, decoding, files
 from minitransformer.checkpoint import CheckpointError
 from minitransformer.decoding import beam_search
-from translate import find_run_files, load_model
+from translate import find_run_files, load_model, refuse_wide_beams
+
+logger = logging.getLogger("plot_attention")
 
 
 def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str) -> None:
@@ -50,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sentence", help="an English sentence")
     p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: <run>/attention)")
+    p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention)")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
     return p
 
@@ -63,9 +66,31 @@ def main(argv=None) -> None:
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
     model = load_model(checkpoint, "cpu", tokenizer=tok)
+    refuse_wide_beams(p, [args.beam], tok)
 
-    batch = data.collate(tok.encode([args.sentence]))
-    hyp = beam_search(model, mt.tensor(batch.src), beam_size=args.beam)[0]
+    # As translate.py does: a text longer than the model's positions is cut at sentence ends,
+    # and each part drawn on its own (in part-<k>/); a part still too long is refused.
+    limit = model.config.max_len - 1  # pieces, EOS not counted
+    (ids,) = tok.encode([args.sentence])
+    parts = [ids] if len(ids) <= limit else decoding.sentence_parts(args.sentence, tok)
+    for k, part in enumerate(parts, 1):
+        if len(part) > limit:
+            p.error(f"{'the sentence' if len(parts) == 1 else f'sentence {k} of the text'} has {len(part)} "
+                    f"tokens, more than the model's {limit + 1} positions: give a shorter one")
+    if tok.knows_nothing_of(ids):
+        logger.warning("the vocabulary knows none of the sentence's characters: the maps are over <unk>")
+    out = args.out or os.path.join(args.run, "attention")
+    for k, part in enumerate(parts, 1):
+        folder = out if len(parts) == 1 else os.path.join(out, f"part-{k}")
+        translation = draw_part(model, tok, part, args.beam, folder)
+        print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
+        print(f"wrote encoder_self.png, decoder_self.png, cross.png to {folder}")
+
+
+def draw_part(model, tok, ids: list[int], beam: int, out: str) -> str:
+    """The three maps of one sentence (piece ids) into ``out``; returns its translation."""
+    batch = data.collate([ids])
+    hyp = beam_search(model, mt.tensor(batch.src), beam_size=beam)[0]
     tgt_in = np.array([[data.BOS_ID] + hyp])
     modules = [m for m in model.modules() if hasattr(m, "keep_weights")]
     for m in modules:
@@ -74,7 +99,6 @@ def main(argv=None) -> None:
 
     src_pieces = tok.id_to_piece(batch.src[0])  # ends with EOS, as the model saw it
     tgt_pieces = tok.id_to_piece(tgt_in[0])
-    out = args.out or os.path.join(args.run, "attention")
     os.makedirs(out, exist_ok=True)
     weights = lambda mods: [m.last_weights.numpy()[0] for m in mods]  # noqa: E731 - (h, T, S) per layer
     enc = [layer.self_attn for layer in model.encoder.layers]
@@ -83,8 +107,7 @@ def main(argv=None) -> None:
     draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"))
     draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"))
     draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"))
-    print(f"translation: {tok.decode([hyp])[0]}")
-    print(f"wrote encoder_self.png, decoder_self.png, cross.png to {out}")
+    return tok.decode([hyp])[0]
 
 
 if __name__ == "__main__":

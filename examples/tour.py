@@ -487,7 +487,7 @@ def tour(out: str, seed: int = 0) -> TourResult:
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join("runs", "tour"), help="folder for the pictures")
+    p.add_argument("--out", type=cli.output_folder, default=os.path.join("runs", "tour"), help="folder for the pictures")
     p.add_argument("--seed", type=cli.integer(0), default=0, help="seeds the models, the data and the inputs")
     return p
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, data, decoding, distributed, files, nn
+from minitransformer import backend, cli, data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
@@ -130,9 +130,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
     p.add_argument("--data-dir", help="corpus folder, downloaded there if files are missing (default: "
                    "data/<corpus>)")
-    p.add_argument("--out-dir", help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
+    p.add_argument("--out-dir", type=cli.output_folder, help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
                    "holds it (a lock file) until it ends")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
                         "dynamic loss scaling (meant for GPUs)")
@@ -181,8 +181,12 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
+    vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
+    if args.beam and args.beam > vocab:
+        p.error(f"--beam {args.beam}: wider than the target vocabulary ({vocab} tokens)")
     return args
 
 
@@ -359,10 +363,6 @@ def interrupted(args, argv) -> str | bool:
 
 def train_and_evaluate(args) -> dict:
     preset = PRESETS[args.preset]
-    try:
-        mt.backend.check_device(args.device)
-    except RuntimeError as e:
-        raise SetupError(f"--device {args.device}: {e}") from e
     world = distributed.init(args.device)
     step_tokens(args, preset, world)  # a bad --max-tokens is refused before anything is read or written
     if args.resume and not os.path.isdir(args.out_dir):
@@ -666,7 +666,17 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if differ:
         raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
                          f"--preset and model flags, or start a new run")
+    # Another precision would train on from a loss scale and rounding the run never had.
+    flags = meta.extra.get("args", {})
+    if "precision" in flags and flags["precision"] != args.precision:
+        raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
+                         f"resume with --precision {flags['precision']}, or start a new run")
     return meta.extra
+
+
+def _with(flag: str, value) -> str:
+    """How a run was trained as to ``flag``: "with --x 3", or "without --x" when it was not given."""
+    return f"without {flag}" if value is None else f"with {flag} {value}"
 
 
 def check_same_data(args, saved: dict, train) -> None:
@@ -677,8 +687,8 @@ def check_same_data(args, saved: dict, train) -> None:
     flags = saved.get("args", {})
     for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout")):
         if key in flags and flags[key] != getattr(args, key):
-            raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume "
-                             f"with the run's {flag}, or start a new run")
+            raise SetupError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
+                             f"resume {_with(flag, flags[key])}, or start a new run")
     corpus = saved.get("corpus")
     if corpus is not None and corpus["fingerprint"] != train.fingerprint:
         raise SetupError(f"{path} was trained on other data than {len(train)} pairs of "

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from minitransformer import cli, data, decoding, files, nn
+from minitransformer import backend, cli, data, decoding, files, nn
 from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from minitransformer.decoding import translate
 
@@ -52,6 +52,7 @@ def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
         raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {name} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
+    ckpt.require_finite(name)
     model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
     model.load_state_dict(ckpt.model)
     return model.to(device, dtype=dtype).eval()
@@ -104,9 +105,9 @@ def build_parser() -> cli.ArgumentParser:
                    "model configuration)")
     p.add_argument("--tokenizer", help="sentencepiece .model file (overrides --run's)")
     p.add_argument("--input", help="one sentence a line: a file, or a pipe (default: stdin)")
-    p.add_argument("--output", help="where to write translations (default: stdout); written whole at the end, "
+    p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
                    "a stopped run leaves what it finished in OUTPUT.partial")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")
@@ -130,9 +131,7 @@ def check_files(p: cli.ArgumentParser, args) -> None:
             p.error(f"--input {args.input}: no such file")
         if os.path.isdir(args.input):
             p.error(f"--input {args.input}: a folder, not a file")
-    if args.output:
-        if os.path.isdir(args.output):
-            p.error(f"--output {args.output}: a folder, not a file")
+    if args.output:  # a folder there is refused when parsed (cli.output_file)
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
             p.error(f"--output {args.output}: the folder {folder} does not exist")
@@ -146,6 +145,11 @@ def main(argv=None) -> None:
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
     check_files(p, args)
+    with files.lock_output(args.output) if args.output else contextlib.nullcontext():  # one writer at a time
+        translate_into_output(p, args)
+
+
+def translate_into_output(p: cli.ArgumentParser, args) -> None:
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     checkpoint, tokenizer = find_run_files(args.run) if args.run else (None, None)
     run_checkpoint = checkpoint
@@ -160,6 +164,7 @@ def main(argv=None) -> None:
         check_same_config(ckpt, checkpoint, run_checkpoint)
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
+    refuse_wide_beams(p, [beam], tok)
     print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
           file=sys.stderr)
     partial, started = f"{args.output}.partial", time.time()
@@ -207,6 +212,14 @@ def beam_and_alpha(ckpt: Checkpoint, beam: int | None, alpha: float | None) -> t
     return beam, alpha
 
 
+def refuse_wide_beams(p: cli.ArgumentParser, beams: list[int], tok: data.Tokenizer) -> None:
+    """A beam wider than the target vocabulary, refused in one line: its beams cannot all
+    differ, and every step would score beam x vocabulary candidates for nothing."""
+    for beam in beams:
+        if beam > tok.vocab_size:
+            p.error(f"--beam {beam}: wider than the target vocabulary ({tok.vocab_size} tokens)")
+
+
 def describe(ckpt: Checkpoint, path: str) -> str:
     """What the checkpoint holds, for the line that says which model translates."""
     extra = ckpt.extra
@@ -230,4 +243,4 @@ def check_same_config(ckpt: Checkpoint, path: str, run_checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, user_errors=(data.CorpusError, CheckpointError))
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError, files.FileInUse))

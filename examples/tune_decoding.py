@@ -36,9 +36,9 @@ import os
 import time
 
 from train_wmt import PRESETS, bleu, bleu_lowercased, checkpoints
-from translate import find_run_files, model_from
+from translate import find_run_files, model_from, refuse_wide_beams
 
-from minitransformer import cli, data
+from minitransformer import backend, cli, data
 from minitransformer.checkpoint import CheckpointError, average_checkpoints
 from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
@@ -55,18 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=cli.comma_list(cli.real(0.0)), default=[0.6],
                    help="length penalties, comma-separated")
     p.add_argument("--limit-val", type=cli.integer(1), help="only the first N validation pairs (none: all)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model decodes")
+    p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model decodes")
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     _, tokenizer = find_run_files(args.run)
     tok = data.Tokenizer(tokenizer)
+    refuse_wide_beams(p, args.beam, tok)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
     split = "val"
     if args.limit_val:

@@ -72,17 +72,22 @@ def is_emulated(device: str) -> bool:
     return device == "cuda" and getattr(_cupy, "EMULATED", False)
 
 
+class DeviceUnavailable(RuntimeError):
+    """The device asked for cannot be used here (no CuPy, no GPU): an ordinary failure, which
+    the programs tell in one line (cli.run)."""
+
+
 def check_device(device: str) -> str:
     """Validate a device name and return it; "cuda" also checks that a GPU is usable."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
     if device == "cuda" and not has_cuda():
         if _cupy is None:
-            raise RuntimeError(
+            raise DeviceUnavailable(
                 "device 'cuda' needs CuPy, which is not installed "
                 "(pip install 'minitransformer[cuda]')"
             )
-        raise RuntimeError("device 'cuda' requested, but CuPy finds no usable CUDA device")
+        raise DeviceUnavailable("device 'cuda' requested, but CuPy finds no usable CUDA device")
     return device
 
 

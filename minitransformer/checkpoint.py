@@ -49,6 +49,16 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)
     scaler: dict | None = None
 
+    def require_finite(self, name: str) -> None:
+        """Refuse a model with a NaN or infinite weight (``name``: the checkpoint, for the
+        message): it decodes to garbage with finite scores, and an export would deploy it.
+        Training never saves one (train.py's guards); a damaged or foreign file can hold one."""
+        for key, value in self.model.items():
+            bad = np.size(value) - int(np.isfinite(value).sum())
+            if bad:
+                raise CheckpointError(f"{name}: the weight {key} is not finite ({bad} of {np.size(value)} "
+                                      f"values NaN or infinite); refusing to use it")
+
 
 def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict | None = None,
                     scaler=None) -> None:

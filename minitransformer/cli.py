@@ -12,6 +12,10 @@ options and try each at 0, -1, nan and inf.
     p.add_argument("--beam", type=cli.integer(1), help="beam size")
     p.add_argument("--alpha", type=cli.real(0.0), help="length penalty")
 
+Devices and outputs. ``device`` (for ``--device``) refuses a device that cannot be used here,
+and ``output_file`` / ``output_folder`` a place that cannot be written, when the options are
+parsed: before a program reads, computes or writes anything.
+
 ``ArgumentParser`` is argparse's, with two changes: a bad option is one line (the program, the
 option, what is wrong, and "see --help") instead of a page of usage; and the help shows
 defaults.
@@ -19,8 +23,9 @@ defaults.
 Ordinary failures. ``run(main, argv, ...)`` calls ``main`` and turns what a user meets in
 normal use into one line on stderr and a non-zero status: an interrupt (Ctrl-C: status 130,
 with the command that continues, when the program can say it), an ``OSError`` on a file (a
-full disk, a read-only folder, a missing one: the file and the reason), and the program's own
-``user_errors`` (a bad corpus, a bad checkpoint). ``--debug`` (or ``MT_DEBUG=1``) lets the
+full disk, a read-only folder, a missing one: the file and the reason), sizes that do not fit
+in memory, a device that cannot be used, and the program's own ``user_errors`` (a bad corpus,
+a bad checkpoint). ``--debug`` (or ``MT_DEBUG=1``) lets the
 traceback through instead. Anything else is a bug, and keeps its traceback.
 """
 
@@ -30,7 +35,11 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
+
+from minitransformer import backend
 
 DEBUG_ENV = "MT_DEBUG"
 INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
@@ -133,6 +142,53 @@ def comma_list(element):
     return parse
 
 
+def device(text: str) -> str:
+    """An argparse type for ``--device``: "cpu", or "cuda" where it can be used (CuPy and a GPU,
+    or the emulated device), so that a program asked for a device it cannot have says so
+    before it reads or writes anything."""
+    try:
+        return backend.check_device(text)
+    except (ValueError, backend.DeviceUnavailable) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _writable(text: str, folder: bool) -> str:
+    path = Path(text)
+    kind = "folder" if folder else "file"
+    if path.is_symlink() and not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} is a dangling symbolic link, not a {kind}")
+    if path.exists() and folder and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if path.exists() and not folder and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    # Where the program will create files: the folder itself, or (a file is written beside its
+    # place, then renamed: files.atomic_write) its folder; the nearest one that exists.
+    place = path.absolute() if folder and path.exists() else path.absolute().parent
+    while not place.exists() and not place.is_symlink():
+        place = place.parent
+    if not place.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {place} is not a folder")
+    try:  # the operating system's own answer (a read-only file system stops root too)
+        with tempfile.TemporaryFile(dir=place):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror or e}: {place}") from None
+    return text
+
+
+def output_file(text: str) -> str:
+    """An argparse type for a file the program will write: refused when parsed if it cannot
+    be, a folder, or inside something that is not a folder or not writable, so that no
+    run computes for an hour before it finds out. The path is returned as given."""
+    return _writable(text, folder=False)
+
+
+def output_folder(text: str) -> str:
+    """``output_file`` for a folder the program writes into (created if missing): a file or a
+    dangling symbolic link there is refused as not a folder."""
+    return _writable(text, folder=True)
+
+
 def os_error_line(e: OSError) -> str:
     """One line for an OSError: its reason and the file it concerns. A full disk raises while
     the file is written and again while it is cleaned up; the first error with a file name in
@@ -159,9 +215,11 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
     try:
         return main(argv)
-    except (KeyboardInterrupt, OSError, *user_errors) as e:
+    except (KeyboardInterrupt, OSError, MemoryError, backend.DeviceUnavailable, *user_errors) as e:
         if debug:
             raise
+        if isinstance(e, MemoryError):  # sizes the machine cannot hold (NumPy names them)
+            raise SystemExit(f"error: out of memory{f': {e}' if str(e) else ''}") from None
         if not isinstance(e, KeyboardInterrupt):
             raise SystemExit(f"error: {os_error_line(e) if isinstance(e, OSError) else e}") from None
         hint = on_interrupt() if on_interrupt is not None else None

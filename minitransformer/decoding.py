@@ -104,6 +104,8 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     src, lengths, src_mask, memory = _prepare(model, src)
     xp = backend.array_module_of(src.data)
     n = src.shape[0]
+    if n == 0:  # nothing to decode (and max_out.max() has no value)
+        return []
     max_out = _max_out(model, lengths, max_len_extra)
     cache, project = model.new_cache(), model.projector()
     out = [[] for _ in range(n)]
@@ -172,6 +174,8 @@ def beam_search(model, src, beam_size: int = BEAM, alpha: float = ALPHA, max_len
 def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -> list[tuple[list[int], float]]:
     eos = model.config.eos_id
     src, lengths, src_mask, memory = _prepare(model, src)
+    if len(lengths) == 0:  # nothing to decode (and max_out.max() has no value)
+        return []
     xp = backend.array_module_of(src.data)
     max_out = _max_out(model, lengths, max_len_extra)
     cache, project = model.new_cache(), model.projector()
@@ -422,9 +426,15 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+def sentence_parts(text: str, tokenizer) -> list[list[int]]:
+    """Piece ids of ``text`` cut after each . ! or ? (the parts of a text longer than the
+    model's positions)."""
+    return [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+
+
 def _split(text: str, tokenizer, limit: int, line: int) -> list[list[int]]:
     """Piece ids of ``text`` cut after each sentence end, each part at most ``limit`` long."""
-    parts = [p for p in tokenizer.encode(_SENTENCE_END.split(text)) if p]
+    parts = sentence_parts(text, tokenizer)
     cut = sum(len(p) > limit for p in parts)
     if len(parts) == 1:
         what = f"truncated to {limit} tokens"

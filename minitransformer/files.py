@@ -6,10 +6,12 @@ the previous file or the new one, never a torn mix (checkpoints, tokenizers, log
 results). A crash can leave the temporary file itself behind; ``remove_unfinished_writes``
 deletes those of a folder, as training does when it starts. A long write that is worth keeping
 in part (translations, written as they are made) names a ``partial`` file: a failure leaves
-what was written there, and the target untouched.
+what was written there, and the target untouched. ``atomic_folder`` does the same for a folder
+of files (an export): filled beside its place, moved in only when it is complete.
 
 ``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
-``--out-dir``): a second process is refused, naming the first.
+``--out-dir``): a second process is refused, naming the first; ``lock_output`` does the same
+for one file (a translation's ``--output``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -69,6 +72,33 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         os.close(folder_fd)
 
 
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike):
+    """``with atomic_folder(path) as tmp:`` a new, empty folder beside ``path`` to fill; when the
+    block ends without an exception it takes ``path``'s place (an earlier folder there is
+    replaced as a whole), and otherwise (an interrupt too) it is deleted and ``path`` is as it
+    was. The folder gets the usual permissions (0777 less the umask), as its subfolders do."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700 folders
+        yield tmp
+        if os.path.isdir(path):
+            old = tmp + "-old"
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
     """Delete the temporary files that a killed ``atomic_write`` left in ``folder`` (nothing
     reads them, and they would stay forever); returns their names."""
@@ -80,6 +110,10 @@ def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
 
 class FolderInUse(RuntimeError):
     """The folder is held by another process's ``lock_folder``."""
+
+
+class FileInUse(RuntimeError):
+    """The file is held by another process's ``lock_output``."""
 
 
 @contextlib.contextmanager
@@ -94,14 +128,38 @@ def lock_folder(folder: str | os.PathLike):
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_NAME)
+    with _hold(path, lambda holder: FolderInUse(
+            f"{folder} is in use by another run ({holder}, {path}): wait for it to end, or choose another folder")
+               ) as left:
+        yield left
+
+
+@contextlib.contextmanager
+def lock_output(path: str | os.PathLike):
+    """Hold the file ``path`` for this process's writing while the block runs, as
+    ``lock_folder`` holds a folder: a second writer of the same file is refused (``FileInUse``),
+    a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside it
+    (``path`` itself is replaced whole when it is written, and a lock on the file that was
+    there would not hold the new one)."""
+    path = os.path.abspath(path)
+    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{LOCK_NAME}")
+    with _hold(lock, lambda holder: FileInUse(
+            f"{path} is being written by another process ({holder}): wait for it to end, or write another file")):
+        yield
+
+
+@contextlib.contextmanager
+def _hold(path: str, refusal):
+    """flock ``path`` (created if missing), recording the holder in it; ``refusal(holder)`` is
+    raised when another process holds it. Yields what a holder that ended without releasing
+    left there, or None."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 1024).decode("utf-8", "replace").strip() or "a process"
-            raise FolderInUse(f"{folder} is in use by another run ({holder}, {path}): wait for it to end, "
-                              f"or choose another folder") from None
+            raise refusal(holder) from None
         left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)

@@ -7,27 +7,84 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import pathlib
+import resource
+import subprocess
 import sys
 
 import pytest
 
-from minitransformer import cli
+from minitransformer import backend, cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-for folder in ("examples", "benchmarks"):
+FOLDERS = ("examples", "benchmarks", "docs")
+for folder in FOLDERS:
     sys.path.insert(0, str(ROOT / folder))
 
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants",
-            "minitransformer.data.download"]
+            "build", "minitransformer.data.download"]
 
 
 def test_every_program_has_a_parser_to_read():
-    """Every script of examples/ and benchmarks/ that parses options is in PROGRAMS."""
-    scripts = {p.stem for folder in ("examples", "benchmarks") for p in (ROOT / folder).glob("*.py")
-               if "add_argument(" in p.read_text()}
+    """Every script of examples/, benchmarks/ and docs/ that parses options is in PROGRAMS."""
+    scripts = {p.stem for folder in FOLDERS for p in (ROOT / folder).glob("*.py") if "add_argument(" in p.read_text()}
     assert scripts <= set(PROGRAMS), scripts - set(PROGRAMS)
+
+
+def options_of(program: str, kind) -> list[str]:
+    """The options of ``program`` whose values ``kind`` (a cli type) reads."""
+    parser = importlib.import_module(program).build_parser()
+    return [a.option_strings[0] for a in parser._actions if a.type is kind]
+
+
+def one_line_parse_error(program: str, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(program).build_parser().parse_args(argv)
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_every_device_option_and_output_is_checked_when_parsed():
+    """No program takes --device, or a path it writes, without the cli type that checks it."""
+    for program in PROGRAMS:
+        for action in importlib.import_module(program).build_parser()._actions:
+            name = action.option_strings[0] if action.option_strings else action.dest
+            if name == "--device":
+                assert action.type is cli.device, program
+            if name in ("--out", "--out-dir", "--output", "--json", "--report", "--results", "--dest"):
+                assert action.type in (cli.output_file, cli.output_folder), (program, name)
+
+
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if options_of(p, cli.device)])
+def test_a_device_that_cannot_be_used_is_refused_in_one_line(program, monkeypatch, capsys):
+    monkeypatch.setattr(backend, "_cupy", None)  # as on a machine without CuPy
+    line = one_line_parse_error(program, ["--device", "cuda"], capsys)
+    assert "--device" in line and "needs CuPy" in line and line.endswith("(see --help)")
+
+
+@pytest.mark.parametrize("program, option, kind", [
+    (p, option, kind) for p in PROGRAMS for kind in (cli.output_file, cli.output_folder) for option in options_of(p, kind)])
+def test_an_output_that_cannot_be_written_is_refused_in_one_line(program, option, kind, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    refused = {tmp_path / "a-file" / "x": "is not a folder", tmp_path / "dangling": "dangling symbolic link"}
+    refused[tmp_path / ("a-file" if kind is cli.output_folder else "a-folder")] = (
+        "is not a folder" if kind is cli.output_folder else "is a folder")
+    for path, why in refused.items():
+        line = one_line_parse_error(program, [option, str(path)], capsys)
+        assert option in line and str(path) in line and why in line, line
+
+
+def test_output_types_take_what_can_be_written(tmp_path):
+    assert cli.output_file(str(tmp_path / "new" / "deeper" / "x.json")) == str(tmp_path / "new" / "deeper" / "x.json")
+    assert cli.output_folder(str(tmp_path)) == str(tmp_path)
+    (tmp_path / "old.txt").write_text("kept")
+    assert cli.output_file(str(tmp_path / "old.txt")) == str(tmp_path / "old.txt")
+    assert (tmp_path / "old.txt").read_text() == "kept" and not (tmp_path / "new").exists()  # nothing made
 
 
 def accepts(parse, text: str) -> bool:
@@ -63,7 +120,7 @@ def test_every_numeric_option_is_checked_when_parsed(program):
         for value in (0, -1):
             assert accepts(action.type, wrap(str(value))) == in_range(kind, value), \
                 f"{program} {action.option_strings} at {value}"
-    assert numeric or program == "plot_attention"
+    assert numeric or program in ("plot_attention", "build")  # neither takes a number
 
 
 @pytest.mark.parametrize("program, argv", [
@@ -132,3 +189,25 @@ def test_run_tells_ordinary_failures_in_one_line(capsys, tmp_path):
         cli.run(fails_with(BadCorpus("line 3 is bad")), ["--debug"], user_errors=(BadCorpus,))
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         cli.run(fails_with(ZeroDivisionError()), [])
+
+
+@pytest.mark.parametrize("script, argv", [("benchmarks/train_step.py", ["--vocab", "100000000", "--steps", "1"]),
+                                          ("examples/copy_task.py", ["--vocab", "100000000"])])
+def test_sizes_that_cannot_be_allocated_end_in_one_line(script, argv):
+    """Under a 4 GB address-space limit, so that the test fails rather than swaps if a program
+    ever tries to fill what it asks for."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    run = subprocess.run([sys.executable, str(ROOT / script), *argv], capture_output=True, text=True, timeout=120,
+                         preexec_fn=limit, env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
+    assert run.returncode == 1, run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert run.stderr.startswith("error: out of memory: Unable to allocate") and "(100000000," in run.stderr
+
+
+def test_run_tells_memory_and_device_failures_in_one_line():
+    with pytest.raises(SystemExit, match="^error: out of memory$"):
+        cli.run(fails_with(MemoryError()), [])
+    with pytest.raises(SystemExit, match="^error: device 'cuda' needs CuPy"):
+        cli.run(fails_with(backend.DeviceUnavailable("device 'cuda' needs CuPy")), [])

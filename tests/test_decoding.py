@@ -139,6 +139,11 @@ def test_translate_of_no_sentences_is_empty():
     assert translate(None, None, []) == []
 
 
+@pytest.mark.parametrize("search", [greedy_decode, beam_search, lambda m, src: beam_search(m, src, return_scores=True)])
+def test_a_batch_of_no_sentences_decodes_to_nothing(search):
+    assert search(model(), np.zeros((0, 5), np.int64)) == []
+
+
 @settings(max_examples=150, deadline=None)
 @given(slots=st.integers(1, 5), width=st.integers(1, 4), vocab=st.integers(2, 60), m=st.integers(1, 10),
        group=st.integers(1, 4), coarse=st.booleans(), forced=st.floats(0, 1), dead=st.floats(0, 1),

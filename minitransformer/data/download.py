@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                "the base URL. Checksum provenance is recorded in DEST/MANIFEST.json.",
     )
     parser.add_argument("dataset", choices=sorted(DATASETS), help="the data set to fetch")
-    parser.add_argument("--dest", required=True, type=Path, help="directory for the files")
+    parser.add_argument("--dest", required=True, type=cli.output_folder, help="directory for the files")
     parser.add_argument("--base-url", help="fetch from here instead of the official source")
     parser.add_argument("--retries", type=cli.integer(0), default=3,
                         help="resume attempts in a row without progress (0: none, the first "

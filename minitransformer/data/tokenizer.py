@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ import sentencepiece as spm
 
 from ..files import atomic_write
 from .bpe_dropout import BPEDropout
-from .corpus import ParallelCorpus
+from .corpus import CorpusError, ParallelCorpus
 
 logger = logging.getLogger(__name__)
 
@@ -180,9 +181,12 @@ def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
             num_threads=os.cpu_count() or 1, minloglevel=2,
         )
     except RuntimeError as e:
-        raise ValueError(
+        # sentencepiece's reason without its source location: "Vocabulary size too high (8000).
+        # Please set it to a value <= 1083." for a corpus too small for the vocabulary
+        reason = re.sub(r"^.*?\] ", "", str(e))
+        raise CorpusError(
             f"sentencepiece could not train a {config.vocab_size}-piece BPE vocabulary on "
-            f"{counted.count} sentences: {e}"
+            f"{counted.count} sentences: {reason}"
         ) from None
     with atomic_write(model_path, "wb") as f:
         f.write(proto.getvalue())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,24 @@ def test_the_script_prints_the_floor_and_the_ratio():
     assert "GEMM floor" in proc.stdout and "step / floor" in proc.stdout
     ratio = float(proc.stdout.split("step / floor")[1].split()[0])
     assert ratio > 0
+
+
+def test_a_torch_that_cannot_run_on_cuda_is_skipped_in_one_line(tmp_path):
+    """PyTorch's CPU build is common on a machine without a GPU: on the (emulated) cuda device
+    the peer is left out with one line saying why, and the rest of the benchmark runs. The
+    CPU-only torch here is a stand-in package that answers what the script asks before it
+    builds the peer: its version, and that CUDA is not available."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        '__version__ = "2.5.1+cpu"\n\n\nclass cuda:\n    @staticmethod\n    def is_available():\n        return False\n')
+    env = {**os.environ, "MT_EMULATE_CUDA": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SCRIPT.parents[1])])}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--d-model", "32", "--d-ff", "64",
+                           "--heads", "2", "--layers", "1", "--vocab", "64", "--batch", "4", "--len", "8", "--steps",
+                           "1", "--warmup", "1"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch 2.5.1+cpu cannot run on cuda here (a CPU-only build, or no GPU): no peer to compare against" \
+        in proc.stdout.splitlines()
+    assert "GEMM floor" in proc.stdout
 
 
 @needs_multi30k

@@ -5,7 +5,7 @@ import pytest
 import sentencepiece as spm
 
 from minitransformer.data import (
-    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ParallelCorpus, Tokenizer, TokenizerConfig,
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, Tokenizer, TokenizerConfig,
     load_or_train, train_tokenizer,
 )
 from minitransformer.data import tokenizer as tokenizer_module
@@ -123,10 +123,11 @@ def test_foreign_model_with_other_special_ids_is_refused(sample_pairs, tmp_path)
 
 
 def test_vocabulary_too_large_for_the_text(tmp_path):
-    with pytest.raises(ValueError, match="5000-piece") as err:
+    with pytest.raises(CorpusError, match="5000-piece") as err:  # a user error: one line (cli.run)
         train_tokenizer(["a tiny corpus", "with few characters"], tmp_path / "x.model",
                         TokenizerConfig(vocab_size=5000))
-    assert "2 sentences" in str(err.value)
+    assert "2 sentences" in str(err.value) and "Please set it to a value <=" in str(err.value)
+    assert "\n" not in str(err.value) and ".cc(" not in str(err.value)  # not sentencepiece's source line
     assert not (tmp_path / "x.model").exists()
     with pytest.raises(ValueError, match="vocab_size"):
         TokenizerConfig(vocab_size=4)

@@ -298,5 +298,10 @@ def test_bpe_dropout_trains_and_resumes_exactly_across_epochs(tmp_path):
     assert losses(split) == losses(straight) and result["steps"] == 10
     rows = [json.loads(line) for line in open(straight / "train.jsonl") if '"train"' in line]
     assert rows[-1]["epoch"] >= 1  # the resumed part crossed into a new segmentation
-    with pytest.raises(SystemExit, match="--bpe-dropout 0.1, not 0.2"):
+    with pytest.raises(SystemExit, match="trained with --bpe-dropout 0.1, not with --bpe-dropout 0.2: resume with"):
         train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--bpe-dropout", "0.2"])
+    without = [a for i, a in enumerate(args) if "--bpe-dropout" not in args[max(i - 1, 0):i + 1]]
+    with pytest.raises(SystemExit, match="trained with --bpe-dropout 0.1, not without --bpe-dropout: resume with"):
+        train_wmt.main(without + ["--out-dir", str(split), "--max-steps", "12", "--resume"])
+    with pytest.raises(SystemExit, match="trained with --precision fp32, not fp16: resume with --precision fp32"):
+        train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--precision", "fp16"])

@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from minitransformer import data, decoding
@@ -237,3 +238,96 @@ def test_a_truncated_checkpoint_is_one_line(run, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr.decode()
     line = result.stderr.decode().strip().splitlines()[-1]
     assert line.startswith(f"error: {ckpt}") and "truncated" in line
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_path):
+    weights = dict(np.load(run / "averaged.npz"))
+    name = sorted(k for k in weights if k.startswith("model/") and weights[k].ndim == 2)[0]
+    weights[name] = weights[name].copy()
+    weights[name].flat[3] = np.nan
+    with open(tmp_path / "nan.npz", "wb") as f:
+        np.savez(f, **weights)
+    result = cli(run, b"A dog runs.\n", "--checkpoint", str(tmp_path / "nan.npz"))
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err and result.stdout == b""
+    assert err.strip().splitlines()[-1] == (f"error: {tmp_path / 'nan.npz'}: the weight {name.removeprefix('model/')} "
+                                            f"is not finite (1 of {weights[name].size} values NaN or infinite); "
+                                            f"refusing to use it")
+
+
+@pytest.mark.parametrize("program", ["translate", "plot_attention", "tune_decoding", "translate_speed",
+                                     "export_ctranslate2"])
+def test_a_beam_wider_than_the_vocabulary_is_refused_in_one_line(run, program, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    module = __import__(program)
+    argv = {"plot_attention": ["A dog runs."], "tune_decoding": ["--data-dir", "nowhere"]}.get(program, [])
+    with pytest.raises(SystemExit) as e:
+        module.main(["--run", str(run), "--beam", "61", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --beam 61: wider than the target vocabulary (60 tokens) (see --help)")
+
+
+def test_train_wmt_refuses_a_beam_wider_than_its_vocabulary(capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_wmt
+
+    assert train_wmt.parse_args(["--vocab-size", "300", "--beam", "300"]).beam == 300
+    with pytest.raises(SystemExit):
+        train_wmt.parse_args(["--vocab-size", "300", "--beam", "301"])
+    assert "--beam 301: wider than the target vocabulary (300 tokens)" in capsys.readouterr().err
+
+
+def plot(run, sentence: str, out) -> subprocess.CompletedProcess:
+    """plot_attention.py under a 3 GB address-space limit: a text it would blow up on fails
+    here instead of swapping."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "plot_attention.py"), "--run", str(run),
+                           "--out", str(out), "--beam", "1", sentence], capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
+
+
+def test_plot_attention_draws_a_long_text_sentence_by_sentence(run, tmp_path):
+    text = " ".join(["A man runs in the park."] * 3)  # past the 32 positions
+    result = plot(run, text, tmp_path / "maps")
+    assert result.returncode == 0, result.stderr
+    parts = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert parts == ["part-1", "part-2", "part-3"]
+    assert all((tmp_path / "maps" / p / name).is_file() for p in parts
+               for name in ("encoder_self.png", "decoder_self.png", "cross.png"))
+
+
+def test_plot_attention_refuses_a_sentence_longer_than_the_positions_in_one_line(run, tmp_path):
+    result = plot(run, " ".join(["water"] * 500), tmp_path / "maps")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "the sentence has" in line and "more than the model's 32 positions" in line
+    assert not (tmp_path / "maps").exists()
+
+
+def test_a_second_translation_into_the_same_output_is_refused_in_one_line(run, tmp_path):
+    out = tmp_path / "out.de"
+    first = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run),
+                              "--output", str(out)], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        lock = tmp_path / ".out.de.lock"
+        for _ in range(600):  # the first holds the output (its lock names it) while it waits for stdin
+            if lock.exists() and lock.read_text().startswith(f"pid {first.pid} "):
+                break
+            assert first.poll() is None, first.stderr.read()
+            select.select([], [], [], 0.05)
+        second = cli(run, b"A dog runs.\n", "--output", str(out))
+        assert second.returncode == 1
+        line = second.stderr.decode().strip().splitlines()[-1]
+        assert line.startswith(f"error: {out} is being written by another process (pid {first.pid} ")
+        other = cli(run, b"A dog runs.\n", "--output", str(tmp_path / "other.de"))  # another file: allowed
+        assert other.returncode == 0 and (tmp_path / "other.de").read_text().count("\n") == 1
+        first.communicate(b"A man sits.\n", timeout=120)
+        assert first.returncode == 0 and out.read_text().count("\n") == 1
+    finally:
+        first.kill()
