@@ -169,8 +169,7 @@ def _writable(text: str, folder: bool) -> str:
     if not place.is_dir():
         raise argparse.ArgumentTypeError(f"cannot create {text}: {place} is not a folder")
     try:  # the operating system's own answer (a read-only file system stops root too)
-        with tempfile.TemporaryFile(dir=place):
-            pass
+        tempfile.TemporaryFile(dir=place).close()
     except OSError as e:
         raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror or e}: {place}") from None
     return text

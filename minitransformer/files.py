@@ -29,6 +29,13 @@ PREFIX = ".tmp-"
 LOCK_NAME = ".lock"
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it back at once)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.PathLike | None = None):
     """``with atomic_write(path, "wb") as f:`` a file object; ``path`` gets its content only if
@@ -49,9 +56,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         raise
     try:
         with f:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -83,9 +88,7 @@ def atomic_folder(path: str | os.PathLike):
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700 folders
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders
         yield tmp
         if os.path.isdir(path):
             old = tmp + "-old"
