@@ -21,14 +21,16 @@ replacement, so the mutants come from the sources themselves, not from a hand-wr
     tile         tile sizes, leading dimensions (LDT, LDO, ...) and shared-memory carves +-1
 
 Each mutant is built on the emulator (emulator.compile_variant: only the changed file is
-recompiled, and objects are cached), then put to CI's kernel checks, cheapest first, until one
-fails: the kernel tests of tests/kernels on the mutant (MT_EMULATED_KERNELS), which run every
-launch with poisoned shared memory and shuffled blocks; then the fixed cases of
-tests/kernels/sanitized_run.py under AddressSanitizer/UBSan where the bug's class can reach
-out of bounds, under ThreadSanitizer where it can race (SANITIZERS_FOR). A
-mutant that fails to compile is stillborn and not counted. A mutant that passes every check
-survives, unless benchmarks/mutants_equivalent.toml lists it as equivalent, with the line
-that masks it: the score of a kernel is killed / (all - equivalent).
+recompiled, and objects are cached). One that compiles to the very object files of the sources
+as they are is identical (trivial compiler equivalence) and not counted: no check could see it.
+The others are put to CI's kernel checks, cheapest first, until one fails: the kernel tests
+of tests/kernels on the mutant (MT_EMULATED_KERNELS), which run every launch with poisoned
+shared memory and shuffled blocks; then the fixed cases of tests/kernels/sanitized_run.py under
+AddressSanitizer/UBSan where the bug's class can reach out of bounds, under ThreadSanitizer
+where it can race (SANITIZERS_FOR). A mutant that fails to compile is stillborn and not
+counted. A mutant that passes every check survives, unless benchmarks/mutants_equivalent.toml
+lists it as equivalent, with the line that masks it: the score of a kernel is
+killed / (all - equivalent), where all leaves out the stillborn and the identical.
 
 Results are kept per mutant (keyed by the mutated sources and the checks' own files) in
 --results, so a run that stops resumes where it was, and a rerun after a change retests only
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -47,6 +50,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -413,42 +417,83 @@ def _failure(cmd: list[str], cpu_seconds: int, wall_seconds: int, env: dict, cwd
 
 def test_mutant(mutant: Mutant) -> dict:
     """Build the mutant and put it to the checks until one fails: {"status": "killed" (with
-    "by", the check, and "evidence") | "survived" | "stillborn", "seconds": ...}."""
+    "by", the check, and "evidence") | "survived" | "stillborn" | "identical", "seconds": ...}."""
     begin = time.time()
 
     def result(status, by=None, evidence=""):
         return {"status": status, "by": by, "evidence": _tail(evidence), "seconds": round(time.time() - begin, 1)}
 
     mutation = mutant.mutation()
-    cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
-    # The test stages on the plain build, then the sanitizers of the mutant's class on theirs.
-    checks = [(stage, None, cmd) for stage, cmd in test_stages([mutant.file])]
-    checks += [(f"{sanitize} sanitizer", sanitize, None) for sanitize in SANITIZERS_FOR[mutant.rule]]
-    for name, sanitize, cmd in checks:
-        try:
-            module = emulator.compile_variant(sanitize, [mutation])
-        except RuntimeError as e:
-            return result("stillborn", evidence=str(e))
-        if sanitize is None:
-            env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
-            evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
-        else:
-            chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
-            env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
-            cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
-            evidence = _failure(cmd, SANITIZER_CPU_SECONDS, 3 * SANITIZER_CPU_SECONDS, env, TESTS, pytest=False)
+    try:
+        if same_objects(mutation):
+            return result("identical", "g++ objects")
+        module = emulator.compile_variant(None, [mutation])
+    except RuntimeError as e:
+        return result("stillborn", evidence=str(e))
+    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
+    for stage, cmd in test_stages([mutant.file]):
+        evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
-            return result("killed", name, evidence)
+            return result("killed", stage, evidence)
+    if same_gpu_code(mutation):  # before the sanitizers' minutes
+        return result("identical", "nvcc PTX")
+    cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
+    for sanitize in SANITIZERS_FOR[mutant.rule]:
+        module = emulator.compile_variant(sanitize, [mutation])
+        chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
+        env = dict(os.environ, MT_EMULATE_CUDA="0", PYTHONPATH=str(ROOT), **emulator.sanitizer_environment(sanitize))
+        cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
+        evidence = _failure(cmd, SANITIZER_CPU_SECONDS, 3 * SANITIZER_CPU_SECONDS, env, TESTS, pytest=False)
+        if evidence is not None:
+            return result("killed", f"{sanitize} sanitizer", evidence)
     return result("survived")
 
 
-def _sanitized_cases() -> list[str]:
-    sys.path.insert(0, str(TESTS))
-    try:
-        import sanitized_run
-    finally:
-        sys.path.remove(str(TESTS))
-    return list(sanitized_run.CASES)
+# Trivial compiler equivalence: a mutant that compiles to the very code of the sources as they
+# are is no bug at all (g++ or nvcc folded the change away, as SmemCarver's 128-byte rounding
+# folds a carve one element shorter). It is not counted.
+
+def same_objects(mutation: Mutation) -> bool:
+    """Whether the emulator's build of the mutant (g++ -O2) is the unmutated one, object file
+    for object file: then no check can tell it apart."""
+    plain, mutated = emulator.objects(), emulator.objects(None, [mutation])
+    return all(mutated[name] == plain[name] or mutated[name].read_bytes() == plain[name].read_bytes() for name in plain)
+
+
+def _ptx(sources: dict[str, str], name: str, arch: int) -> str:
+    """nvcc's PTX of csrc/``name`` as ``sources`` (csrc/'s files by name) have it, with
+    setup.py's flags but no line table (whose columns move when a mutation changes a line's
+    length)."""
+    flags = [f for f in emulator.setup_module().NVCC_FLAGS if f != "-lineinfo"]
+    nvcc = str(emulator.cuda_home() / "bin" / "nvcc")
+    with tempfile.TemporaryDirectory() as work:
+        for file, text in sources.items():
+            (Path(work) / file).write_text(text)
+        run = subprocess.run([nvcc, "--ptx", *flags, f"-arch=compute_{arch}", name, "-o", "out.ptx"],
+                             cwd=work, capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"nvcc failed on csrc/{name}:\n{run.stderr[-4000:]}")
+        # The anonymous namespace's mangled name carries a hash of the file's text: not code.
+        return _ANONYMOUS.sub("_GLOBAL__N__", (Path(work) / "out.ptx").read_text())
+
+
+_ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]{8}")
+
+
+@functools.cache
+def _plain_ptx(name: str, arch: int) -> str:
+    return _ptx(csrc_texts(), name, arch)
+
+
+def same_gpu_code(mutation: Mutation) -> bool:
+    """Whether nvcc compiles the mutant to the unmutated PTX for every architecture setup.py
+    builds (False where there is no nvcc: the mutant is then put to the sanitizers)."""
+    if emulator.cuda_home() is None:
+        return False
+    sources = csrc_texts() | {mutation.file: mutation.new}
+    compiled = [mutation.file] if mutation.file.endswith(".cu") else [n for n in sources if n.endswith(".cu")]
+    return all(_ptx(sources, name, arch) == _plain_ptx(name, arch)
+               for arch in emulator.setup_module().DEFAULT_ARCHS for name in compiled)
 
 
 # --------------------------------------------------------------------------- the ledger
@@ -544,15 +589,16 @@ def report(outcomes: dict[str, dict], entries: list[dict], survivors: list[dict]
         elif status == "survived":
             (explained if equivalent_reason(m, survivors) else unexplained).append(m)
         for group in ((KERNEL_OF[m.file], m.rule), (KERNEL_OF[m.file], "all")):
-            counts = rows.setdefault(group, {"killed": 0, "survived": 0, "equivalent": 0, "stillborn": 0})
+            counts = rows.setdefault(group, dict.fromkeys(("killed", "survived", "equivalent", "identical", "stillborn"), 0))
             counts[status] += 1
     out = [f"{len(outcomes)} mutants, {seconds / 60:.0f} min.", "",
-           "| kernel | class | killed | survived | equivalent | stillborn | score |", "|---|---|---|---|---|---|---|"]
+           "| kernel | class | killed | survived | equivalent | identical | stillborn | score |",
+           "|---|---|---|---|---|---|---|---|"]
     for (kernel, rule), c in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "all", kv[0][1])):
         counted = c["killed"] + c["survived"]
         score = f"{c['killed'] / counted:.3f}" if counted else "-"
         name = f"**{kernel}**" if rule == "all" else kernel
-        out.append(f"| {name} | {rule} | {c['killed']} | {c['survived']} | {c['equivalent']} | {c['stillborn']} | {score} |")
+        out.append(f"| {name} | {rule} | {c['killed']} | {c['survived']} | {c['equivalent']} | {c['identical']} | {c['stillborn']} | {score} |")
     for title, group, source in (("Survivors no check kills, unexplained", unexplained, []),
                                  ("Survivors no check kills, explained", explained, survivors),
                                  ("Equivalent", equivalent, entries)):

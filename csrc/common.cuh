@@ -173,14 +173,15 @@ __device__ __forceinline__ MaxSum warp_maxsum(MaxSum v) {
 
 // Reductions over the THREADS threads that share one row: a warp (THREADS == 32, no shared
 // memory, no barrier) or a whole block (THREADS > 32: warp results meet in shared memory).
-// Every thread of the row gets the result.
+// Every thread of the row gets the result. Each kernel makes at most one call of each per
+// block, so none waits for an earlier call's readers of its shared array: a kernel that called
+// one twice would need a __syncthreads() between the calls, as CUB's block reductions do.
 template <int THREADS>
 __device__ __forceinline__ float row_sum(float v) {
     v = warp_sum(v);
     if constexpr (THREADS > 32) {
         __shared__ float part[THREADS / 32];
         int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        __syncthreads();  // the previous use of `part` is finished
         if (lane == 0) part[warp] = v;
         __syncthreads();
         v = lane < THREADS / 32 ? part[lane] : 0.f;
@@ -196,7 +197,6 @@ __device__ __forceinline__ MaxSum row_maxsum(MaxSum v) {
         __shared__ float part_m[THREADS / 32];
         __shared__ float part_s[THREADS / 32];
         int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        __syncthreads();
         if (lane == 0) {
             part_m[warp] = v.m;
             part_s[warp] = v.s;

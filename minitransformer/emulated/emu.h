@@ -23,7 +23,8 @@
 //                        barriers and fences do)
 //   shared memory        dynamic: one heap buffer per launch, which the kernels carve into
 //                        arrays (SmemCarver): each lies in it with a gap after it that belongs
-//                        to no array, and carving past the launch's size aborts; static: one
+//                        to no array, and carving past the launch's size aborts, as does a
+//                        launch asking for more than its blocks carve; static: one
 //                        heap array per declaration (and template instantiation); under TSan
 //                        new ones for every block. All are filled with poison at the start of
 //                        every block, 0xFF bytes (a NaN in every float type) and 0x7B bytes (a
@@ -364,6 +365,7 @@ class SharedMemory {
     explicit SharedMemory(size_t bytes) : bytes_(bytes) {}
     ~SharedMemory() {
         check_gaps();
+        check_extent();
         release(dynamic_);
     }
     SharedMemory(const SharedMemory&) = delete;
@@ -396,6 +398,7 @@ class SharedMemory {
     // where each block has shared memory of its own. The block before is checked first.
     void renew() {
         check_gaps();
+        check_extent();
         carved_.clear();
         poison_ = next_poison();
 #ifdef __SANITIZE_THREAD__
@@ -468,6 +471,21 @@ class SharedMemory {
         }
         if (dynamic_) check(2 * bytes_);
 #endif
+    }
+
+    // A launch asks for no more than its blocks carve: the end of the last array, at most
+    // rounded up to 128 bytes as SmemCarver rounds each one. More is shared memory no array
+    // uses, which on the GPU only lowers how many blocks fit on a multiprocessor.
+    void check_extent() const {
+        Unobserved hidden;
+        if (carved_.empty()) return;  // a block that returned before carving
+        const auto& [offset, bytes] = *carved_.rbegin();
+        const size_t extent = (offset + bytes + 127) / 128 * 128;
+        if (bytes_ > extent) {
+            std::fprintf(stderr, "a launch asked for %zu bytes of dynamic shared memory, but its blocks "
+                         "carve %zu\n", bytes_, offset + bytes);
+            std::abort();
+        }
     }
 
     unsigned char* dynamic_ = nullptr;

@@ -175,8 +175,8 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
         raise RuntimeError(f"emulated build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}")
 
 
-def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
-    """Compile (or reuse) a variant of the emulated extension; returns its module's path."""
+def objects(sanitize: str | None = None, mutations=()) -> dict[str, Path]:
+    """Compile (or reuse) the object files of a variant: {translated source name: object}."""
     import pybind11
 
     sources = _sources(mutations)
@@ -210,7 +210,12 @@ def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
                 (work / f"{name}.o").rename(objects[name])
         finally:
             shutil.rmtree(work)
-    linked = sorted(str(obj) for obj in objects.values())
+    return objects
+
+
+def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
+    """Compile (or reuse) a variant of the emulated extension; returns its module's path."""
+    linked = sorted(str(obj) for obj in objects(sanitize, mutations).values())
     module = CACHE / _digest(*linked, *_FLAGS[sanitize]) / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not module.exists():
         module.parent.mkdir(parents=True, exist_ok=True)
