@@ -425,18 +425,20 @@ def test_mutant(mutant: Mutant) -> dict:
 
     mutation = mutant.mutation()
     try:
-        if same_objects(mutation):
-            return result("identical", "g++ objects")
+        # The emulator's build unchanged: every check would pass, as on the sources as they are.
+        emulated_same = same_objects(mutation)
         module = emulator.compile_variant(None, [mutation])
     except RuntimeError as e:
         return result("stillborn", evidence=str(e))
     env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))
-    for stage, cmd in test_stages([mutant.file]):
+    for stage, cmd in [] if emulated_same else test_stages([mutant.file]):
         evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
             return result("killed", stage, evidence)
-    if same_gpu_code(mutation):  # before the sanitizers' minutes
-        return result("identical", "nvcc PTX")
+    if same_gpu_build(mutation):  # before the sanitizers' minutes
+        return result("identical", "nvcc")
+    if emulated_same:
+        return result("survived", evidence="the emulator's build is the unmutated one; nvcc's is not")
     cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
     for sanitize in SANITIZERS_FOR[mutant.rule]:
         module = emulator.compile_variant(sanitize, [mutation])
@@ -450,50 +452,66 @@ def test_mutant(mutant: Mutant) -> dict:
 
 
 # Trivial compiler equivalence: a mutant that compiles to the very code of the sources as they
-# are is no bug at all (g++ or nvcc folded the change away, as SmemCarver's 128-byte rounding
-# folds a carve one element shorter). It is not counted.
+# are is no bug at all (nvcc folded the change away, as SmemCarver's 128-byte rounding folds a
+# carve one element shorter). It is not counted.
 
 def same_objects(mutation: Mutation) -> bool:
     """Whether the emulator's build of the mutant (g++ -O2) is the unmutated one, object file
-    for object file: then no check can tell it apart."""
+    for object file: then no check can tell it apart, and only the GPU build can."""
     plain, mutated = emulator.objects(), emulator.objects(None, [mutation])
     return all(mutated[name] == plain[name] or mutated[name].read_bytes() == plain[name].read_bytes() for name in plain)
 
 
-def _ptx(sources: dict[str, str], name: str, arch: int) -> str:
-    """nvcc's PTX of csrc/``name`` as ``sources`` (csrc/'s files by name) have it, with
-    setup.py's flags but no line table (whose columns move when a mutation changes a line's
-    length)."""
+# What differs between two compilations of one program: the anonymous namespace's mangled name
+# (a hash of the file's text) and nvcc's temporary file names. Replaced by as many bytes, so
+# that nothing moves in an object file.
+_NAMES = re.compile(rb"_GLOBAL__N__[0-9a-f]{8}|tmpxft_[0-9a-f]{8}_[0-9a-f]{8}")
+
+
+def _nvcc(sources: dict[str, str], name: str, archs: list[int], ptx_only: bool) -> bytes:
+    """csrc/``name`` compiled by nvcc as ``sources`` (csrc/'s files by name) have it, with
+    setup.py's flags, but with PTX for ``archs`` in place of their machine code (ptxas
+    translates PTX alone, so the same PTX is the same machine code) and no line table (whose
+    columns move when a mutation changes a line's length): the PTX of one architecture, or the
+    whole object file, host code included."""
     flags = [f for f in emulator.setup_module().NVCC_FLAGS if f != "-lineinfo"]
-    nvcc = str(emulator.cuda_home() / "bin" / "nvcc")
+    flags += ["-Xcompiler", "-fPIC", "--no-compress", "-frandom-seed=0"]  # the PTX embedded as it is
+    flags += [g for arch in archs for g in ("-gencode", f"arch=compute_{arch},code=compute_{arch}")]
     with tempfile.TemporaryDirectory() as work:
         for file, text in sources.items():
             (Path(work) / file).write_text(text)
-        run = subprocess.run([nvcc, "--ptx", *flags, f"-arch=compute_{arch}", name, "-o", "out.ptx"],
-                             cwd=work, capture_output=True, text=True)
+        cmd = [str(emulator.cuda_home() / "bin" / "nvcc"), "--ptx" if ptx_only else "-c", *flags, name, "-o", "out"]
+        run = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"nvcc failed on csrc/{name}:\n{run.stderr[-4000:]}")
-        # The anonymous namespace's mangled name carries a hash of the file's text: not code.
-        return _ANONYMOUS.sub("_GLOBAL__N__", (Path(work) / "out.ptx").read_text())
-
-
-_ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]{8}")
+        return _NAMES.sub(lambda m: b"x" * len(m.group()), (Path(work) / "out").read_bytes())
 
 
 @functools.cache
-def _plain_ptx(name: str, arch: int) -> str:
-    return _ptx(csrc_texts(), name, arch)
+def _plain_nvcc(name: str, archs: tuple[int, ...], ptx_only: bool) -> bytes:
+    return _nvcc(csrc_texts(), name, list(archs), ptx_only)
 
 
-def same_gpu_code(mutation: Mutation) -> bool:
-    """Whether nvcc compiles the mutant to the unmutated PTX for every architecture setup.py
-    builds (False where there is no nvcc: the mutant is then put to the sanitizers)."""
+def same_gpu_build(mutation: Mutation) -> bool:
+    """Whether nvcc compiles the mutant to the unmutated build: PTX for every architecture
+    setup.py builds, and host code. First the PTX of the last architecture alone (seconds: most
+    mutants differ there). False where there is no nvcc."""
     if emulator.cuda_home() is None:
         return False
     sources = csrc_texts() | {mutation.file: mutation.new}
-    compiled = [mutation.file] if mutation.file.endswith(".cu") else [n for n in sources if n.endswith(".cu")]
-    return all(_ptx(sources, name, arch) == _plain_ptx(name, arch)
-               for arch in emulator.setup_module().DEFAULT_ARCHS for name in compiled)
+    compiled = [mutation.file] if mutation.file.endswith(".cu") else sorted(n for n in sources if n.endswith(".cu"))
+    archs = tuple(emulator.setup_module().DEFAULT_ARCHS)
+    return all(_nvcc(sources, name, list(steps), ptx) == _plain_nvcc(name, steps, ptx)
+               for steps, ptx in ((archs[-1:], True), (archs, False)) for name in compiled)
+
+
+def _sanitized_cases() -> list[str]:
+    sys.path.insert(0, str(TESTS))
+    try:
+        import sanitized_run
+    finally:
+        sys.path.remove(str(TESTS))
+    return list(sanitized_run.CASES)
 
 
 # --------------------------------------------------------------------------- the ledger

@@ -24,8 +24,10 @@
 //   shared memory        dynamic: one heap buffer per launch, which the kernels carve into
 //                        arrays (SmemCarver): each lies in it with a gap after it that belongs
 //                        to no array, and carving past the launch's size aborts, as does a
-//                        launch asking for more than its blocks carve; static: one
-//                        heap array per declaration (and template instantiation); under TSan
+//                        launch asking for more than its blocks carve, or for more than
+//                        48 KiB without cudaFuncSetAttribute's opt-in (as the GPU refuses
+//                        it); static: one heap array per declaration (and template
+//                        instantiation); under TSan
 //                        new ones for every block. All are filled with poison at the start of
 //                        every block, 0xFF bytes (a NaN in every float type) and 0x7B bytes (a
 //                        large finite number in each) in turn, so that a read of shared memory
@@ -946,8 +948,40 @@ struct Launcher {
 #endif
 };
 
+// The GPU launches a kernel with more than 48 KiB of dynamic shared memory only after
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) opted it in
+// for at least that much; so does the emulation.
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;
+
+struct OptIns {
+    std::mutex mutex;
+    std::map<const void*, int> bytes;  // kernel -> the dynamic shared memory it may launch with
+};
+inline OptIns& opt_ins() {
+    static OptIns one;
+    return one;
+}
+
+inline cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attribute, int value) {
+    if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        std::lock_guard lock(opt_ins().mutex);
+        opt_ins().bytes[kernel] = value;
+    }
+    return cudaSuccess;
+}
+
 template <typename... KArgs>
 Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+    if (smem > kDefaultDynamicSmem) {
+        std::lock_guard lock(opt_ins().mutex);
+        const auto granted = opt_ins().bytes.find(reinterpret_cast<const void*>(kernel));
+        const int bytes = granted == opt_ins().bytes.end() ? 0 : granted->second;
+        if (size_t(bytes) < smem) {
+            std::fprintf(stderr, "a launch asks for %zu bytes of dynamic shared memory, over 48 KiB, but "
+                         "cudaFuncSetAttribute opted its kernel in for %d: the GPU refuses it\n", smem, bytes);
+            std::abort();
+        }
+    }
     return {kernel, grid, block, smem};
 }
 
@@ -1008,7 +1042,8 @@ extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_resta
 #define cudaGetLastError() cudaSuccess
 #define cudaGetErrorName(e) "emulated"
 #define cudaGetErrorString(e) "emulated"
-#define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaFuncSetAttribute(kernel, attribute, value) \
+    mt_emu::func_set_attribute(reinterpret_cast<const void*>(kernel), attribute, value)
 #define cudaMemsetAsync(ptr, value, bytes, stream) (std::memset((ptr), (value), (bytes)), cudaSuccess)
 
 inline void __syncthreads() { mt_emu::ts.block->barrier.arrive_and_wait(); }
