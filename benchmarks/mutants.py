@@ -21,9 +21,10 @@ replacement, so the mutants come from the sources themselves, not from a hand-wr
     tile         tile sizes, leading dimensions (LDT, LDO, ...) and shared-memory carves +-1
 
 Each mutant is built on the emulator (emulator.compile_variant: only the changed file is
-recompiled, and objects are cached). One that compiles to the very object files of the sources
-as they are is identical (trivial compiler equivalence) and not counted: no check could see it.
-The others are put to CI's kernel checks, cheapest first, until one fails: the kernel tests
+recompiled, and objects are cached) and put to CI's kernel checks, cheapest first, until one
+fails. A mutant that no test kills and that nvcc compiles to the very build of the sources as
+they are (PTX for every architecture, and host code) is identical (trivial compiler
+equivalence) and not counted: the GPU would run the same code. The checks: the kernel tests
 of tests/kernels on the mutant (MT_EMULATED_KERNELS), which run every launch with poisoned
 shared memory and shuffled blocks; then the fixed cases of tests/kernels/sanitized_run.py under
 AddressSanitizer/UBSan where the bug's class can reach out of bounds, under ThreadSanitizer

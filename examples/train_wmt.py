@@ -12,6 +12,8 @@ the test set with beam search (the preset's beam and alpha) and score it with sa
 references. ``--resume`` continues a stopped run exactly where its last checkpoint left it.
 ``--precision bf16`` (or fp16, with dynamic loss scaling) trains in mixed precision on float32
 master weights (minitransformer.amp); it is meant for GPUs, as NumPy has no fast 16-bit GEMM.
+``--accumulate N`` makes each optimiser step of N batches (gradient accumulation), so that
+fewer GPUs than the paper's 8 still take its 25,000-token steps.
 
 Everything lands in --out-dir (default runs/<preset>): train.jsonl (one line per logged step
 and per validation), checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
@@ -42,7 +44,7 @@ from minitransformer.checkpoint import (
 from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import DivergenceDetector, evaluate_loss, format_ppl, train_step
+from minitransformer.train import DivergenceDetector, accumulated_step, evaluate_loss, format_ppl
 
 log = logging.getLogger("train_wmt")
 
@@ -136,8 +138,12 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                    help="fp32, or mixed precision on float32 master weights: bf16, or fp16 with "
                         "dynamic loss scaling (meant for GPUs)")
-    p.add_argument("--max-tokens", type=cli.integer(1), help="tokens per step and side, padding included, all "
-                   "ranks together: each rank takes a share of every step's sentences (default: the preset's)")
+    p.add_argument("--accumulate", type=cli.integer(1), default=1,
+                   help="micro-batches of --max-tokens per optimiser step, their gradients added before it "
+                        "(fairseq's --update-freq): the paper's 25,000-token steps on fewer than 8 GPUs")
+    p.add_argument("--max-tokens", type=cli.integer(1), help="tokens per batch and side, padding included, all "
+                   "ranks together: each rank takes a share of every batch's sentences, and a step is --accumulate "
+                   "batches (default: the preset's)")
     p.add_argument("--epochs", type=cli.integer(1), help="epochs to train (default: the preset's)")
     p.add_argument("--max-steps", type=cli.integer(1), help="stop after this many optimiser steps (default: the preset's)")
     p.add_argument("--time-budget", type=cli.real(0.0, low_open=True),
@@ -490,7 +496,7 @@ def training_budget(args, preset: Preset, batcher: data.TokenBatcher) -> Budget:
     return Budget(epochs=args.epochs or preset.epochs,
                   max_steps=args.max_steps or preset.max_steps or math.inf,
                   seconds=minutes * 60 if minutes else math.inf,
-                  eval_every=args.eval_every or batcher.steps_per_epoch(0))
+                  eval_every=args.eval_every or math.ceil(batcher.steps_per_epoch(0) / args.accumulate))
 
 
 def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[int, float]:
@@ -521,20 +527,20 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
     near_copy = budget.eval_every // 2  # a checkpoint this close to the one before replaces it
     rate = TokenRate()
     stop_reason, skipped_in_a_row = "epochs", 0
-    for batch in run.batcher:
-        if batch.epoch >= budget.epochs or step >= budget.max_steps:  # also a resumed run that had finished
+    for micro_batches in optimizer_steps(run.batcher, args.accumulate):
+        first, batch = micro_batches[0], micro_batches[-1]
+        if first.epoch >= budget.epochs or step >= budget.max_steps:  # also a resumed run that had finished
             # Not trained on: put it back, so that a checkpoint taken now resumes with it.
-            run.batcher.position = (batch.epoch, batch.step)
+            run.batcher.position = (first.epoch, first.step)
             stop_reason = "max steps" if step >= budget.max_steps else "epochs"
             break
         mt.manual_seed(step_seed(args.seed, step, world.rank))
-        if len(batch):
-            src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (batch.src, batch.tgt_in, batch.tgt_out))
-        else:  # this rank's share of a step of fewer sentences than ranks
-            src = tgt_in = tgt_out = None
-        result = train_step(run.model, run.optimizer, run.schedule, src, tgt_in, tgt_out,
-                            label_smoothing=run.model.config.label_smoothing, ddp=run.ddp,
-                            amp_dtype=run.amp_dtype, scaler=run.scaler)
+        # None: this rank's share of a batch of fewer sentences than ranks.
+        shares = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out)) if len(b) else None
+                  for b in micro_batches]
+        result = accumulated_step(run.model, run.optimizer, run.schedule, shares,
+                                  label_smoothing=run.model.config.label_smoothing, ddp=run.ddp,
+                                  amp_dtype=run.amp_dtype, scaler=run.scaler)
         step += 1
         rate.add(result.num_tokens)
         if result.skipped and world.is_main:
@@ -574,6 +580,19 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
                 seconds = time.perf_counter() - start
             log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
     return step, seconds
+
+
+def optimizer_steps(batcher: data.TokenBatcher, accumulate: int):
+    """The batcher's batches, ``accumulate`` at a time: the micro-batches of each optimiser step.
+    An epoch's last step takes what the epoch has left, so that no step spans two epochs, and
+    after each step ``batcher.position`` is where the next one begins (a checkpoint taken
+    between two steps resumes exactly)."""
+    micro_batches = []
+    for batch in batcher:
+        micro_batches.append(batch)
+        if len(micro_batches) == accumulate or batch.step + 1 == batcher.steps_per_epoch(batch.epoch):
+            yield micro_batches
+            micro_batches = []
 
 
 def stop_diverged(run: Run, step: int, why: str) -> None:
@@ -666,11 +685,15 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if differ:
         raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
                          f"--preset and model flags, or start a new run")
-    # Another precision would train on from a loss scale and rounding the run never had.
+    # Another precision would train on from a loss scale and rounding the run never had, another
+    # --accumulate on steps of another size, and from other batches.
     flags = meta.extra.get("args", {})
     if "precision" in flags and flags["precision"] != args.precision:
         raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
                          f"resume with --precision {flags['precision']}, or start a new run")
+    if flags.get("accumulate", 1) != args.accumulate:
+        raise SetupError(f"{path} was trained with --accumulate {flags.get('accumulate', 1)}, not {args.accumulate}: "
+                         f"resume with --accumulate {flags.get('accumulate', 1)}, or start a new run")
     return meta.extra
 
 

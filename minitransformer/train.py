@@ -11,7 +11,9 @@ The objective is the mean over the step's target tokens. Alone, a process backpr
 summed loss divided by its token count. With data parallelism (``ddp``, a
 ``distributed.DistributedDataParallel``) each rank backpropagates its summed loss and the
 all-reduce divides by the token count of all ranks together, so batches with different
-numbers of tokens are weighted correctly (see ``distributed.ddp``).
+numbers of tokens are weighted correctly (see ``distributed.ddp``). A step may also be of
+several micro-batches, whose gradients add up before the optimiser step (gradient
+accumulation, ``accumulated_step``); the mean is then over all their tokens.
 
 Mixed precision (``amp_dtype`` float16 or bfloat16, see ``amp``): the forward pass runs on
 16-bit copies of the float32 weights, the gradients arrive in float32, and with a ``scaler``
@@ -23,6 +25,7 @@ are tokens: the scaler's first steps back off correspondingly further, then it s
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -32,6 +35,7 @@ from . import functional as F
 from .amp import autocast
 from .autograd import no_grad
 from .optim import clip_grad_norm_, grad_norm
+from .tensor import Tensor
 
 
 @dataclass
@@ -141,32 +145,51 @@ def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=
 
 def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing: float = 0.1,
                clip_norm: float | None = None, ddp=None, amp_dtype=None, scaler=None) -> StepResult:
-    """Forward, backward and (unless a guard trips) one optimiser step.
+    """One step on one batch: ``accumulated_step`` of a single micro-batch (``src=None``: this
+    rank's share of the step is empty)."""
+    batch = None if src is None else (src, tgt_in, tgt_out)
+    return accumulated_step(model, optimizer, schedule, [batch], label_smoothing, clip_norm, ddp, amp_dtype, scaler)
 
-    With ``ddp`` every rank calls ``ddp.reduce_gradients`` even when its own loss was not
-    finite (no rank may be left waiting in an all-reduce); that rank reports a NaN loss, the
-    reduced loss becomes NaN everywhere, and all ranks skip the step together. A rank whose
-    share of the step is empty (a batch of fewer sentences than ranks) passes ``src=None``: it
-    adds nothing to the sums but takes part in the all-reduce.
+
+def accumulated_step(model, optimizer, schedule, micro_batches, label_smoothing: float = 0.1,
+                     clip_norm: float | None = None, ddp=None, amp_dtype=None, scaler=None) -> StepResult:
+    """Forward and backward each micro-batch, then (unless a guard trips) one optimiser step.
+
+    ``micro_batches``: (src, tgt_in, tgt_out) tuples, whose gradients add up before the step
+    (gradient accumulation: a step on more tokens than one forward pass holds), or None for a
+    rank whose share of a micro-batch is empty (a batch of fewer sentences than ranks): it adds
+    nothing but takes part in the all-reduce. The objective is the mean over all the step's
+    target tokens, so a step of micro-batches equals a step on their union. With ``ddp``
+    every backward but the last runs in ``ddp.no_sync()``, and every rank calls
+    ``ddp.reduce_gradients`` once, even when its own loss was not finite (no rank may be left
+    waiting in an all-reduce); that rank reports a NaN loss, the reduced loss becomes NaN
+    everywhere, and all ranks skip the step together. A non-finite loss ends the step's
+    forward passes: it is skipped anyway.
     """
     model.train()
     optimizer.zero_grad()
-    if src is None:
-        if ddp is None:
-            raise ValueError("train_step: src=None (an empty share of the step) needs ddp")
-        loss_sum, nll_sum, n = None, 0.0, 0
-        value = 0.0
-    else:
-        loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing, amp_dtype)
-        value = loss_sum.item()
-    local_ok = math.isfinite(value)
-    if local_ok and loss_sum is not None:
-        objective = loss_sum if ddp is not None else loss_sum / max(n, 1)
-        if scaler is None:
-            objective.backward()
-        else:  # overflow is expected now and then: the scaler handles it, NumPy need not warn
-            with np.errstate(over="ignore", invalid="ignore"):
-                scaler.scale(objective).backward()
+    if ddp is None and not any(b is not None for b in micro_batches):
+        raise ValueError("train_step: no micro-batch with rows (an empty share of the step needs ddp)")
+    pad = model.config.pad_id
+    # Alone, each backward is of its summed loss over the step's tokens; with ddp, of its sum.
+    step_tokens = sum(int((_array(b[2]) != pad).sum()) for b in micro_batches if b is not None)
+    value, nll_sum, n, local_ok = 0.0, 0.0, 0, True
+    for k, batch in enumerate(micro_batches):
+        if batch is None:
+            continue
+        loss_sum, nll_k, n_k = compute_loss(model, *batch, label_smoothing, amp_dtype)
+        value, nll_sum, n = value + loss_sum.item(), nll_sum + nll_k, n + n_k
+        local_ok = math.isfinite(value)
+        if not local_ok:
+            break
+        objective = loss_sum if ddp is not None else loss_sum / max(step_tokens, 1)
+        last = k == len(micro_batches) - 1
+        with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
+            if scaler is None:
+                objective.backward()
+            else:  # overflow is expected now and then: the scaler handles it, NumPy need not warn
+                with np.errstate(over="ignore", invalid="ignore"):
+                    scaler.scale(objective).backward()
     nll = nll_sum / max(n, 1)
     if ddp is not None:
         stats = ddp.reduce_gradients(n, loss_sum=value if local_ok else math.nan)
@@ -194,6 +217,11 @@ def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing
         schedule.step()
     optimizer.step()
     return StepResult(loss, nll, tokens, norm, lr)
+
+
+def _array(x):
+    """A Tensor's array, or ``x`` itself (the model takes both)."""
+    return x.data if isinstance(x, Tensor) else x
 
 
 @no_grad()

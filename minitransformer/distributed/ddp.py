@@ -68,7 +68,8 @@ Agreement between ranks
 - Every rank must call ``reduce_gradients`` once per step, so all take the same number of
   steps: agree on it first with ``world.comm.all_reduce_scalar(len(batches), "min")``.
 - Gradient accumulation: run all but the last backward of a step inside ``with ddp.no_sync():``
-  (the hooks then let gradients accumulate in ``.grad``), then reduce once with the total count.
+  (the hooks then let gradients accumulate in ``.grad``), then reduce once with the total count
+  (``train.accumulated_step`` does).
 """
 
 from __future__ import annotations

@@ -182,3 +182,17 @@ def test_a_seeded_sample_of_the_mutants_is_killed(tmp_path):
     run = run_mutants("--sample", "6", "--quick", "--seed", str(seed), tmp_path=tmp_path)
     assert run.returncode == 0, f"seed {seed}:\n" + run.stdout[-6000:] + run.stderr[-2000:]
     assert f"seed {seed}" in run.stdout
+
+
+@pytest.mark.skipif(emulator.cuda_home() is None and not os.environ.get("MT_REQUIRE_EMULATOR"),
+                    reason="no CUDA toolkit (nvcc) here")
+def test_a_carve_shortened_into_its_last_rows_padding_is_identical_on_the_gpu_and_a_longer_one_is_not(monkeypatch):
+    """Trivial compiler equivalence, on one architecture to keep it short: the float32
+    forward's Q tile carved one float shorter compiles to the very PTX and object file (the
+    carver rounds to 128 bytes, and the float is the last row's padding), one float longer
+    moves every later array."""
+    monkeypatch.setattr(emulator.setup_module(), "DEFAULT_ARCHS", [90])
+    shorter, longer = (next(m for m in mutants.generate() if m.name == f"attention.cu:304:27 tile: BR * L::LDT -> BR * L::LDT {s} 1")
+                       for s in "-+")
+    assert mutants.same_gpu_build(shorter.mutation())
+    assert not mutants.same_gpu_build(longer.mutation())

@@ -18,6 +18,9 @@ Scenarios:
                   the communicator must refuse, on every rank
     raise         rank 1 raises while rank 0 waits in a collective
     exit          rank 1 calls sys.exit (inside distributed.run_main) while rank 0 waits
+    accumulate    one optimiser step of train.accumulated_step over three micro-batches, each
+                  rank on its share of every micro-batch's sentences (none for one of fewer
+                  sentences than ranks): a float64 Transformer without dropout
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import minitransformer as mt
 import minitransformer.functional as F
 from minitransformer import backend, nn
 from minitransformer import distributed as dist
+from minitransformer.optim import Adam
+from minitransformer.train import accumulated_step
 
 PAD = -100  # ignore_index of the padded target positions
 SIZES = (1, 3, 17, 1001, 65537)
@@ -158,6 +163,62 @@ def train(world, seed: int, args) -> dict:
     return out
 
 
+ACCUMULATION_CONFIG = dict(vocab_size=17, d_model=16, d_ff=32, h=2, num_encoder_layers=1,
+                           num_decoder_layers=1, dropout=0.0)
+
+
+def accumulation_model(seed: int, device: str):
+    """(model, Adam): the float64 Transformer of the accumulate scenario, seeded."""
+    mt.manual_seed(seed)
+    model = nn.Transformer(nn.TransformerConfig(**ACCUMULATION_CONFIG))
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64)
+    return model.to(device), Adam(model.parameters(), lr=1e-3)
+
+
+def accumulation_batches(seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Three micro-batches (src, tgt_in, tgt_out) of different lengths and numbers of sentences
+    and of padded target tokens; the last has one sentence."""
+    rng = np.random.default_rng([seed, 11])
+    batches = []
+    for rows, src_len, tgt_len in ((3, 5, 6), (4, 4, 8), (1, 6, 4)):
+        src = rng.integers(4, 17, (rows, src_len))
+        tgt = rng.integers(4, 17, (rows, tgt_len + 1))
+        tgt[:, 0] = 2
+        tgt[0, -2:] = 0
+        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return batches
+
+
+def union(batches) -> tuple[np.ndarray, ...]:
+    """The micro-batches' sentences as one batch, padded to its longest."""
+    def padded(arrays):
+        width = max(a.shape[1] for a in arrays)
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
+    return tuple(padded([b[i] for b in batches]) for i in range(3))
+
+
+def accumulate(world, seed: int) -> dict:
+    model, optimizer = accumulation_model(seed, world.device)
+    ddp = dist.DistributedDataParallel(model, world)
+    shares = []
+    for batch in accumulation_batches(seed):
+        rows = np.array_split(np.arange(len(batch[0])), world.world_size)[world.rank]
+        shares.append(tuple(mt.tensor(a[rows], device=world.device) for a in batch) if len(rows) else None)
+    all_reduces, start_all_reduce = [], world.comm.all_reduce_async  # of the gradients' buckets
+
+    def recording_all_reduce(buf, op="sum"):
+        if any(0 <= address(buf) - address(flat) < flat.nbytes for flat in ddp.flats):
+            all_reduces.append(buf.size)
+        return start_all_reduce(buf, op)
+
+    world.comm.all_reduce_async = recording_all_reduce
+    result = accumulated_step(model, optimizer, None, shares, label_smoothing=0.1, ddp=ddp)
+    out = {f"grad_{i}": p.grad.numpy() for i, p in enumerate(model.parameters())}
+    return out | {"loss": result.loss, "tokens": result.num_tokens, "skipped": str(result.skipped),
+                  "all_reduced": sum(all_reduces), "gradients": sum(f.size for f in ddp.flats)}
+
+
 def address(a) -> int:
     """Where a NumPy or CuPy array's first element is."""
     return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
@@ -199,7 +260,7 @@ def blas_threads(world) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=("collectives", "train", "state", "nccl_ids", "blas_threads", "raise",
-                                               "exit"))
+                                               "exit", "accumulate"))
     ap.add_argument("out_dir")
     ap.add_argument("seed", type=int)
     ap.add_argument("--world-size", type=int, default=2)
@@ -239,6 +300,8 @@ def main() -> None:
         out = nccl_ids(world)
     elif args.scenario == "blas_threads":
         out = blas_threads(world)
+    elif args.scenario == "accumulate":
+        out = accumulate(world, args.seed)
     else:
         out = train(world, args.seed, args)
     np.savez(os.path.join(args.out_dir, f"rank{world.rank}.npz"), **out)

@@ -20,6 +20,7 @@ import pytest
 
 import minitransformer as mt
 from minitransformer import backend
+from minitransformer.train import train_step
 
 # float32 training for a few steps, two ranks: the two orders of summation (per rank then
 # across ranks, versus all tokens at once) differ by a few ulps per step. On "cuda" the loss is
@@ -229,3 +230,20 @@ def test_each_cpu_rank_gets_its_share_of_the_cores(mpirun, tmp_path, monkeypatch
     _, ranks = run_ok(mpirun, tmp_path, "blas_threads")
     assert [out["threads"].tolist() for out in ranks] == [[share + 1], [share + 1]]
     assert [out["alone"].tolist() for out in ranks] == [[share + 1], [share + 1]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_accumulated_step_over_ranks_is_one_step_on_the_union(mpirun, tmp_path, worker, device):
+    """Three micro-batches split between two ranks (the one-sentence one leaves a rank an empty
+    share): every rank's reduced gradient, its loss and token count, are one process's on all
+    the sentences at once. The ranks all-reduce once, after the last micro-batch."""
+    seed, ranks = run_ok(mpirun, tmp_path, "accumulate", device=device, n=2)
+    model, optimizer = worker.accumulation_model(seed, "cpu")
+    whole = train_step(model, optimizer, None, *worker.union(worker.accumulation_batches(seed)), label_smoothing=0.1)
+    for out in ranks:
+        assert str(out["skipped"]) == "None" and int(out["tokens"]) == whole.num_tokens
+        assert out["all_reduced"] == out["gradients"]  # each gradient once a step, not once a micro-batch
+        np.testing.assert_allclose(float(out["loss"]), whole.loss, rtol=1e-12)
+        for i, p in enumerate(model.parameters()):
+            np.testing.assert_allclose(out[f"grad_{i}"], p.grad.numpy(), rtol=1e-9, atol=1e-10)
+            np.testing.assert_array_equal(out[f"grad_{i}"], ranks[0][f"grad_{i}"])

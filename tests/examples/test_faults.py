@@ -60,12 +60,14 @@ def logged_step(out_dir: pathlib.Path) -> int:
 
 
 def test_an_interrupt_at_a_random_step_ends_in_one_line_and_resumes_exactly(tmp_path):
+    """With --accumulate 2, so that the interrupt may come between a step's two micro-batches:
+    the resumed run does that step again from its first."""
     seed = random.randrange(1 << 16)
     at = random.Random(seed).randrange(4, 11)  # past the first checkpoint (step 3), before the end
     why = f"interrupt seed {seed}: SIGINT at step {at}"
     print(why)  # shown with a failure, to replay it
     straight, split = tmp_path / "straight", tmp_path / "split"
-    args = QUICK + ["--max-steps", "12"]
+    args = QUICK + ["--max-steps", "12", "--accumulate", "2"]
     proc = start(args + ["--out-dir", str(split)])
     wait_for(lambda: logged_step(split) >= at, f"step {at}", proc)
     proc.send_signal(signal.SIGINT)  # as Ctrl-C does

@@ -97,9 +97,11 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     assert [resumed[s] for s in (3, 4)] == [expected[s] for s in (3, 4)]
 
 
-def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path):
-    """A run that stops at the end of its epochs resumes with the next epoch's first batch."""
-    args = SMALL + ["--eval-every", "5", "--limit-test", "2", "--limit-val", "20"]
+@pytest.mark.parametrize("accumulate", ["1", "2"])
+def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path, accumulate):
+    """A run that stops at the end of its epochs resumes with the next epoch's first batch;
+    with --accumulate 2, an epoch's last step takes the one batch or two it has left."""
+    args = SMALL + ["--eval-every", "5", "--limit-test", "2", "--limit-val", "20", "--accumulate", accumulate]
     straight, split = tmp_path / "straight", tmp_path / "split"
     train_wmt.main(args + ["--out-dir", str(straight), "--epochs", "2"])
     train_wmt.main(args + ["--out-dir", str(split), "--epochs", "1"])
@@ -114,6 +116,8 @@ def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
         f.write('{"kind": "train", "st')  # a line cut short by a crash
     with pytest.raises(SystemExit, match="--warmup"):
         train_wmt.main(args + ["--max-steps", "6", "--resume", "--warmup", "99"])
+    with pytest.raises(SystemExit, match="trained with --accumulate 1, not 2"):
+        train_wmt.main(args + ["--max-steps", "6", "--resume", "--accumulate", "2"])
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(SystemExit, match="--limit-train 300, not with --limit-train 200") as e:
         train_wmt.main(args + ["--max-steps", "6", "--resume", "--limit-train", "200"])
