@@ -196,3 +196,14 @@ def test_a_carve_shortened_into_its_last_rows_padding_is_identical_on_the_gpu_an
                        for s in "-+")
     assert mutants.same_gpu_build(shorter.mutation())
     assert not mutants.same_gpu_build(longer.mutation())
+
+
+@needs_emulator
+def test_an_index_past_a_local_array_is_killed_though_nvcc_folds_it_away(tmp_path):
+    """store_pack's loop one element past its VEC-element array: undefined behaviour, which
+    nvcc (and g++ -O2) compile to the unmutated code by assuming it never happens. The
+    sanitizers run before the comparison with nvcc's build, and UBSan reports the index."""
+    run = run_mutants("--match", r"^layernorm\.cu:54:23 relational: < -> <=$", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 1 and " killed address sanitizer " in lines[0], "\n".join(lines)
