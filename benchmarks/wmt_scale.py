@@ -1,0 +1,240 @@
+"""The WMT14 pipeline at WMT14's size, without the download: a generated corpus of its shape,
+then every stage the main job runs before its first step, timed, with its peak memory.
+
+    python benchmarks/wmt_scale.py --json runs/wmt_scale/result.json       # 0.5M, 1M, 2M, 4.5M pairs
+    python benchmarks/wmt_scale.py --pairs 20000 40000 --vocab-size 2000   # a smoke test
+
+The corpus (``write_corpus``) is drawn from a seed, so that every run sees the same text. Each
+side draws words from a Zipfian vocabulary of its own, 1,000,000 word types (rank r with
+probability proportional to 1 / r^1.05), each a string of 2 to 14 letters. Sentence lengths
+in words are log-normal, mean about 23 and a long tail (WMT14 EN-DE's training text: 4.5M
+pairs, some 23 words a sentence), at most 250; a German sentence's length is its English
+one's times a factor around 0.95. The --json holds the statistics drawn (mean, median and
+99th percentile of the lengths, word types seen per side).
+
+The stages, each in a process of its own, so that its peak memory (ru_maxrss) is its own and
+includes what the main job holds at that point (the text, then the ids):
+
+    generate    write train.en.gz and train.de.gz
+    read        data.read_parallel: the text into memory
+    tokenizer   sentencepiece BPE at the wmt14 preset's 37,000 pieces, trained on its sample
+                of 4,000,000 sentences (TokenizerConfig.input_sentence_size)
+    encode      encode_packed, both sides
+    plan        TokenBatcher: one epoch's batches (the preset's 25,000 tokens, max_len 256)
+    draw        every batch of that epoch collated
+    checkpoint  the base and big presets' checkpoints written, read, and two averaged (once:
+                they do not grow with the corpus)
+
+and for each stage the growth exponent: the slope of log seconds (and of log peak memory)
+against log pairs, fitted over the sizes run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minitransformer import cli, data, nn
+from minitransformer.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+from minitransformer.files import atomic_write
+
+STAGES = ("generate", "read", "tokenizer", "encode", "plan", "draw")
+WORD_TYPES = 1_000_000
+ZIPF_EXPONENT = 1.05
+MAX_WORDS = 250
+LETTERS = {"en": "abcdefghijklmnopqrstuvwxyz", "de": "abcdefghijklmnopqrstuvwxyzäöüß"}
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+@functools.cache
+def vocabulary(lang: str, seed: int) -> np.ndarray:
+    """WORD_TYPES distinct letter strings of 2 to 14 letters, in rank order."""
+    rng = np.random.default_rng([seed, len(lang), ord(lang[0])])
+    letters = np.array(list(LETTERS[lang]))
+    words: dict[str, None] = {}
+    while len(words) < WORD_TYPES:
+        ends = np.cumsum(np.clip(rng.poisson(5.5, WORD_TYPES), 2, 14))
+        text = "".join(letters[rng.integers(0, len(letters), int(ends[-1]))])
+        words.update(dict.fromkeys(text[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())))
+    return np.array(list(words)[:WORD_TYPES])
+
+
+def sentence_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """English and German lengths in words of ``n`` pairs."""
+    en = np.clip(np.round(rng.lognormal(np.log(19.0), 0.62, n)), 1, MAX_WORDS).astype(np.int64)
+    de = np.clip(np.round(en * rng.lognormal(np.log(0.95), 0.15, n)), 1, MAX_WORDS).astype(np.int64)
+    return en, de
+
+
+def zipf_ranks(count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` word ranks in [0, WORD_TYPES), P(r) proportional to 1 / (r + 1)^ZIPF_EXPONENT."""
+    cdf = np.cumsum(1.0 / np.arange(1, WORD_TYPES + 1) ** ZIPF_EXPONENT)
+    return np.searchsorted(cdf, rng.random(count) * cdf[-1])
+
+
+def write_corpus(folder: Path, pairs: int, seed: int, chunk: int = 200_000) -> dict:
+    """train.en.gz and train.de.gz of ``pairs`` pairs; returns the statistics drawn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stats = {}
+    for lang, side in (("en", 0), ("de", 1)):
+        words = vocabulary(lang, seed)
+        rng = np.random.default_rng([seed, pairs, side])
+        lengths, seen = [], np.zeros(WORD_TYPES, bool)
+        with (atomic_write(folder / f"train.{lang}.gz", "wb") as raw,  # no name or time in the header:
+              gzip.GzipFile("", "wb", compresslevel=1, fileobj=raw, mtime=0) as f):  # the same bytes each time
+            for start in range(0, pairs, chunk):
+                n = min(chunk, pairs - start)
+                en, de = sentence_lengths(n, np.random.default_rng([seed, start]))  # the pair's lengths agree
+                counts = (en, de)[side]
+                ranks = zipf_ranks(int(counts.sum()), rng)
+                seen[ranks] = True
+                text = words[ranks]
+                lines = [" ".join(s) for s in np.split(text, np.cumsum(counts)[:-1])]
+                f.write(("\n".join(lines) + "\n").encode("utf-8"))
+                lengths.append(counts)
+        lengths = np.concatenate(lengths)
+        stats[lang] = {"mean_words": round(float(lengths.mean()), 2), "median_words": float(np.median(lengths)),
+                       "p99_words": round(float(np.percentile(lengths, 99)), 1), "max_words": int(lengths.max()),
+                       "word_types_seen": int(seen.sum())}
+    return stats
+
+
+# --------------------------------------------------------------------------- the stages
+
+
+def run_stage(stage: str, folder: Path, pairs: int, seed: int, vocab_size: int) -> dict:
+    """One stage in this process: {"seconds", "peak_mb", ...}. What it needs of the stages
+    before it is read from their files, or done again, outside the clock."""
+    def done(out: dict, start: float) -> dict:
+        return out | {"seconds": round(time.perf_counter() - start, 2),
+                      "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+    start = time.perf_counter()
+    if stage == "generate":
+        return done({"corpus": write_corpus(folder, pairs, seed)}, start)
+    corpus = data.read_parallel(folder / "train.en.gz", folder / "train.de.gz")
+    if stage == "read":
+        return done({}, start)
+    model = folder / f"spm-{vocab_size}.model"
+    if stage == "tokenizer":
+        config = data.TokenizerConfig(vocab_size=vocab_size, input_sentence_size=data.PRESETS["wmt14"].input_sentence_size)
+        start = time.perf_counter()
+        data.train_tokenizer(itertools.chain(corpus.src, corpus.tgt), model, config)
+        return done({}, start)
+    tok = data.Tokenizer(model)
+    start = time.perf_counter()
+    src, tgt = (data.encode_packed(tok, texts) for texts in (corpus.src, corpus.tgt))
+    if stage == "encode":
+        return done({"pieces": int(len(src.data) + len(tgt.data))}, start)
+    del corpus  # the main job keeps the ids, not the text
+    start = time.perf_counter()
+    batcher = data.TokenBatcher(src, tgt, max_tokens=25_000, max_len=256, seed=seed)
+    steps = batcher.steps_per_epoch(0)
+    if stage == "plan":
+        return done({"steps": steps}, start)
+    start = time.perf_counter()
+    tokens = sum(batch.num_tgt_tokens for batch in batcher.iter_epoch(0))
+    return done({"steps": steps, "target_tokens": tokens}, start)
+
+
+def checkpoints(folder: Path) -> dict:
+    """The base and big presets' checkpoints (37,000-piece vocabulary) written, read and two
+    averaged, in this process."""
+    out = {}
+    for name, kw in (("base", {}), ("big", dict(d_model=1024, d_ff=4096, h=16))):
+        model = nn.Transformer(nn.TransformerConfig(vocab_size=37000, **kw))
+        paths = [str(folder / f"{name}-{i}.npz") for i in range(2)]
+        start = time.perf_counter()
+        for p in paths:
+            save_checkpoint(p, model)
+        written = time.perf_counter()
+        load_checkpoint(paths[0])
+        loaded = time.perf_counter()
+        average_checkpoints(paths)
+        out[name] = {"write_s": round(written - start, 2), "read_s": round(loaded - written, 2),
+                     "average_s": round(time.perf_counter() - loaded, 2),
+                     "megabytes": round(os.path.getsize(paths[0]) / 2**20)}
+        for p in paths:
+            os.remove(p)
+    out["peak_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return out
+
+
+def exponent(sizes, values) -> float | None:
+    """The slope of log value against log size (least squares), or None under two sizes."""
+    if len(sizes) < 2:
+        return None
+    return round(float(np.polyfit(np.log(sizes), np.log(np.maximum(values, 1e-3)), 1)[0]), 2)
+
+
+def in_subprocess(*args: str) -> dict:
+    run = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"wmt_scale.py {' '.join(args)} failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=cli.integer(1000), nargs="+", default=[500_000, 1_000_000, 2_000_000, 4_500_000],
+                        help="corpus sizes to run, in pairs (default: %(default)s)")
+    parser.add_argument("--vocab-size", type=cli.integer(5), default=37_000,
+                        help="BPE pieces (default: the wmt14 preset's %(default)s)")
+    parser.add_argument("--seed", type=cli.integer(0), default=0)
+    parser.add_argument("--work-dir", type=cli.output_folder, default=None,
+                        help="where the corpora are written (default: a temporary folder, removed after)")
+    parser.add_argument("--json", type=cli.output_file, default=None, help="write the results here")
+    parser.add_argument("--stage", choices=[*STAGES, "checkpoint"], help=argparse.SUPPRESS)  # one stage, internal
+    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.stage == "checkpoint":
+        print(json.dumps(checkpoints(args.corpus)))
+        return 0
+    if args.stage:
+        print(json.dumps(run_stage(args.stage, args.corpus, args.pairs[0], args.seed, args.vocab_size)))
+        return 0
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
+        results = {"sizes": {}, "vocab_size": args.vocab_size, "seed": args.seed}
+        for pairs in args.pairs:
+            folder = Path(work) / str(pairs)
+            row = {}
+            for stage in STAGES:
+                row[stage] = in_subprocess("--stage", stage, "--corpus", str(folder), "--pairs", str(pairs),
+                                           "--seed", str(args.seed), "--vocab-size", str(args.vocab_size))
+                print(f"{pairs:>9,} pairs  {stage:<10} {row[stage]['seconds']:8.1f} s  {row[stage]['peak_mb']:6,} MB",
+                      flush=True)
+            results["sizes"][pairs] = row
+            for file in folder.iterdir():
+                file.unlink()
+        results["checkpoint"] = in_subprocess("--stage", "checkpoint", "--corpus", work)
+    sizes = list(results["sizes"])
+    results["exponents"] = {stage: {key: exponent(sizes, [results["sizes"][n][stage][key] for n in sizes])
+                                    for key in ("seconds", "peak_mb")} for stage in STAGES}
+    print(json.dumps(results["exponents"], indent=1))
+    print(json.dumps(results["checkpoint"], indent=1))
+    if args.json:
+        with atomic_write(args.json) as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
