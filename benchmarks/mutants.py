@@ -646,15 +646,17 @@ def known_results(record: dict) -> dict[str, dict]:
 
 
 def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], entries: list[dict]) -> None:
-    """Merge this run's outcomes into the record at ``path``; it is complete when it holds every
-    mutant of the sources as they are."""
+    """Merge this run's outcomes into the record at ``path``, dropping the results of other
+    sources or checks; it is complete when it holds every mutant of the sources as they are."""
     record = load_record(path)
     for name, o in outcomes.items():
         status = "equivalent" if o["status"] == "survived" and equivalent_reason(o["mutant_obj"], entries) else o["status"]
         record["mutants"][name] = {"status": status, "by": o.get("by"), "key": o["key"], "seconds": o["seconds"]}
-    names = {m.name for m in every}
-    record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if n in names}
-    record["complete"] = names <= set(record["mutants"])
+    # Only what holds for the sources and checks as they are: a result of other checks is gone.
+    checks, sources = checks_digest(), csrc_texts()
+    current = {m.name: key(m, checks, sources) for m in every}
+    record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if current.get(n) == r.get("key")}
+    record["complete"] = set(current) <= set(record["mutants"])
     with atomic_write(path) as f:
         json.dump(record, f, indent=1)
         f.write("\n")

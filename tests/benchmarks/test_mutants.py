@@ -207,3 +207,16 @@ def test_an_index_past_a_local_array_is_killed_though_nvcc_folds_it_away(tmp_pat
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("[")]
     assert len(lines) == 1 and " killed address sanitizer " in lines[0], "\n".join(lines)
+
+
+def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp_path):
+    every = mutants.generate()
+    m = every[0]
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"complete": False, "mutants": {
+        every[1].name: {"status": "killed", "by": "kernel tests", "key": "of-other-checks", "seconds": 1.0}}}))
+    current = mutants.key(m, mutants.checks_digest(), mutants.csrc_texts())
+    outcome = {"status": "killed", "by": "kernel tests", "key": current, "seconds": 2.0, "mutant_obj": m}
+    mutants.write_record(path, {m.name: outcome}, every, [])
+    record = json.loads(path.read_text())
+    assert list(record["mutants"]) == [m.name] and not record["complete"]
