@@ -111,3 +111,26 @@ def sources(seed=0, n=4, max_len=6):
         k = rng.integers(2, max_len + 1)
         src[i, :k] = rng.integers(4, 13, k)
     return src
+
+
+def micro_batches(seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Three micro-batches (src, tgt_in, tgt_out) of one step, for gradient accumulation: ids
+    of a 17-token vocabulary, different lengths and numbers of sentences and of padded target
+    tokens; the last has one sentence (a rank's share of it may be empty)."""
+    rng = np.random.default_rng([seed, 11])
+    batches = []
+    for rows, src_len, tgt_len in ((3, 5, 6), (4, 4, 8), (1, 6, 4)):
+        src = rng.integers(4, 17, (rows, src_len))
+        tgt = rng.integers(4, 17, (rows, tgt_len + 1))
+        tgt[:, 0] = 2
+        tgt[0, -2:] = 0
+        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return batches
+
+
+def union(batches) -> tuple[np.ndarray, ...]:
+    """The micro-batches' sentences as one batch, padded to its longest."""
+    def padded(arrays):
+        width = max(a.shape[1] for a in arrays)
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
+    return tuple(padded([b[i] for b in batches]) for i in range(3))

@@ -9,6 +9,7 @@ from minitransformer import backend, nn
 from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import accumulated_step, evaluate_loss, train_step
+from tests.helpers import micro_batches, union
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CFG = dict(vocab_size=17, d_model=16, d_ff=32, h=2, num_encoder_layers=1, num_decoder_layers=1)
@@ -190,25 +191,8 @@ def json_round_trip(obj):
 # --------------------------------------------------------------------------- gradient accumulation
 
 
-def micro_batches(device, seed=0):
-    """Three micro-batches of one step with different numbers of sentences and of padded target
-    tokens, and their union: the same sentences in one batch, padded to its longest."""
-    rng = np.random.default_rng(seed)
-    parts = []
-    for rows, src_len, tgt_len in ((2, 5, 6), (3, 4, 8), (1, 6, 4)):
-        src = rng.integers(4, 17, (rows, src_len))
-        tgt = rng.integers(4, 17, (rows, tgt_len + 1))
-        tgt[:, 0] = 2
-        tgt[0, -2:] = 0
-        parts.append((src, tgt[:, :-1], tgt[:, 1:]))
-
-    def padded(arrays):
-        width = max(a.shape[1] for a in arrays)
-        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
-
-    union = tuple(padded([p[i] for p in parts]) for i in range(3))
-    as_tensors = lambda b: tuple(mt.tensor(a, device=device) for a in b)  # noqa: E731
-    return [as_tensors(p) for p in parts], as_tensors(union)
+def on_device(batches, device):
+    return [tuple(mt.tensor(a, device=device) for a in b) for b in batches]
 
 
 def float64_setup(device):
@@ -229,7 +213,7 @@ def test_an_accumulated_step_is_one_step_on_the_union_batch(device):
     """The objective is the mean over the whole step's tokens: the gradients, the loss and the
     updated weights equal one step on all the micro-batches' sentences at once. One optimiser
     step and one schedule step, whatever the number of micro-batches."""
-    parts, union = micro_batches(device)
+    parts = on_device(micro_batches(0), device)
     model, opt, sched = float64_setup(device)
     accumulated = accumulated_step(model, opt, sched, parts, label_smoothing=0.1)
     grads = [p.grad.numpy().copy() for p in model.parameters()]
@@ -237,7 +221,7 @@ def test_an_accumulated_step_is_one_step_on_the_union_batch(device):
     assert sched.step_count == 1 and opt.step_count == 1
 
     model, opt, sched = float64_setup(device)
-    whole = train_step(model, opt, sched, *union, label_smoothing=0.1)
+    whole = train_step(model, opt, sched, *on_device([union(micro_batches(0))], device)[0], label_smoothing=0.1)
     assert accumulated.num_tokens == whole.num_tokens == sum(int((p[2].numpy() != 0).sum()) for p in parts)
     np.testing.assert_allclose(accumulated.loss, whole.loss, rtol=1e-12)
     np.testing.assert_allclose(accumulated.nll, whole.nll, rtol=1e-12)
@@ -252,7 +236,7 @@ def test_an_accumulated_step_is_one_step_on_the_union_batch(device):
 
 def test_a_non_finite_micro_batch_skips_the_whole_step():
     model, opt, sched = setup()
-    parts, _ = micro_batches("cpu")
+    parts = on_device(micro_batches(0), "cpu")
     model.src_embed.weight.data[int(parts[1][0].numpy()[0, 0])] = np.nan  # a token of the second micro-batch
     before = model.state_dict()
     r = accumulated_step(model, opt, sched, parts)

@@ -37,6 +37,7 @@ from minitransformer import backend, nn
 from minitransformer import distributed as dist
 from minitransformer.optim import Adam
 from minitransformer.train import accumulated_step
+from tests.helpers import micro_batches
 
 PAD = -100  # ignore_index of the padded target positions
 SIZES = (1, 3, 17, 1001, 65537)
@@ -176,33 +177,11 @@ def accumulation_model(seed: int, device: str):
     return model.to(device), Adam(model.parameters(), lr=1e-3)
 
 
-def accumulation_batches(seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Three micro-batches (src, tgt_in, tgt_out) of different lengths and numbers of sentences
-    and of padded target tokens; the last has one sentence."""
-    rng = np.random.default_rng([seed, 11])
-    batches = []
-    for rows, src_len, tgt_len in ((3, 5, 6), (4, 4, 8), (1, 6, 4)):
-        src = rng.integers(4, 17, (rows, src_len))
-        tgt = rng.integers(4, 17, (rows, tgt_len + 1))
-        tgt[:, 0] = 2
-        tgt[0, -2:] = 0
-        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
-    return batches
-
-
-def union(batches) -> tuple[np.ndarray, ...]:
-    """The micro-batches' sentences as one batch, padded to its longest."""
-    def padded(arrays):
-        width = max(a.shape[1] for a in arrays)
-        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
-    return tuple(padded([b[i] for b in batches]) for i in range(3))
-
-
 def accumulate(world, seed: int) -> dict:
     model, optimizer = accumulation_model(seed, world.device)
     ddp = dist.DistributedDataParallel(model, world)
     shares = []
-    for batch in accumulation_batches(seed):
+    for batch in micro_batches(seed):
         rows = np.array_split(np.arange(len(batch[0])), world.world_size)[world.rank]
         shares.append(tuple(mt.tensor(a[rows], device=world.device) for a in batch) if len(rows) else None)
     all_reduces, start_all_reduce = [], world.comm.all_reduce_async  # of the gradients' buckets
