@@ -23,7 +23,7 @@ for folder in FOLDERS:
     sys.path.insert(0, str(ROOT / folder))
 
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
-            "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants",
+            "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
             "build", "minitransformer.data.download"]
 
 
