@@ -430,7 +430,7 @@ def test_mutant(mutant: Mutant) -> dict:
         # are. (Not so the sanitizers' builds, -O1: g++ -O2 may fold away undefined behaviour,
         # an index past a local array, that they report.)
         emulated_same = same_objects(mutation)
-        module = emulator.compile_variant(None, [mutation])
+        module = None if emulated_same else emulator.compile_variant(None, [mutation])
     except RuntimeError as e:
         return result("stillborn", evidence=str(e))
     env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module), PYTHONPATH=str(ROOT))

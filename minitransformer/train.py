@@ -172,7 +172,7 @@ def accumulated_step(model, optimizer, schedule, micro_batches, label_smoothing:
         raise ValueError("train_step: no micro-batch with rows (an empty share of the step needs ddp)")
     pad = model.config.pad_id
     # Alone, each backward is of its summed loss over the step's tokens; with ddp, of its sum.
-    step_tokens = sum(int((_array(b[2]) != pad).sum()) for b in micro_batches if b is not None)
+    step_tokens = None if ddp is not None else sum(int((_array(b[2]) != pad).sum()) for b in micro_batches if b is not None)
     value, nll_sum, n, local_ok = 0.0, 0.0, 0, True
     for k, batch in enumerate(micro_batches):
         if batch is None:
