@@ -337,14 +337,18 @@ def generate(files=FILES) -> list[Mutant]:
 # --------------------------------------------------------------------------- the checks
 
 
-def checks_digest() -> str:
+def checks_paths() -> list[Path]:
     """What a mutant's result depends on besides its sources: the checks its stages run (not
-    the test files test_stages leaves out) and the emulator."""
-    paths = sorted(p for p in TESTS.glob("*.py") if p.name not in NOT_RUN) + [ROOT / "tests" / "conftest.py", ROOT / "tests" / "helpers.py",
-                                         Path(emulator.__file__), emulator.EMU_H]
-    paths += sorted((ROOT / "minitransformer" / "kernels").rglob("*.py"))
+    the test files test_stages leaves out, nor a test module no stage imports: a change there
+    tests nothing again) and the emulator."""
+    paths = sorted(p for p in TESTS.glob("*.py") if p.name not in NOT_RUN)
+    paths += [ROOT / "tests" / "conftest.py", Path(emulator.__file__), emulator.EMU_H]
+    return paths + sorted((ROOT / "minitransformer" / "kernels").rglob("*.py"))
+
+
+def checks_digest() -> str:
     h = hashlib.sha256()
-    for path in paths:
+    for path in checks_paths():
         h.update(path.read_bytes())
     return h.hexdigest()
 

@@ -3,6 +3,7 @@ that once passed all of CI are killed by the kernel checks; every survivor of th
 is explained; and a seeded sample of the mutants that run killed by the tests is killed again
 (the seed is printed: rerun it with MT_MUTANT_SEED=<seed>)."""
 
+import ast
 import json
 import os
 import random
@@ -220,3 +221,21 @@ def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp
     mutants.write_record(path, {m.name: outcome}, every, [])
     record = json.loads(path.read_text())
     assert list(record["mutants"]) == [m.name] and not record["complete"]
+
+
+def test_the_checks_digest_covers_every_test_module_the_stages_import():
+    """A result is kept while its checks are unchanged, so every module of tests/ that the
+    stages' files import must be among the files hashed (and tests/helpers.py, which none
+    imports, is not, so that a change there does not test every mutant again)."""
+    hashed = set(mutants.checks_paths())
+    staged = [p for p in hashed if p.suffix == ".py" and p.is_relative_to(ROOT / "tests")]
+    local = {p.stem: p for d in (mutants.TESTS, ROOT / "tests") for p in d.glob("*.py")}
+    imported = set()
+    for path in staged:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            imported |= {local[n] for n in names if n in local}
+    assert imported and imported <= hashed, sorted(map(str, imported - hashed))
+    assert ROOT / "tests" / "helpers.py" not in hashed
