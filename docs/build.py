@@ -140,6 +140,11 @@ def c_function(text: str, name: str) -> tuple[int, int]:
     return 0, 0
 
 
+def rst_literals(doc: str) -> str:
+    """A docstring's reStructuredText literals (````x````) as Markdown's (```x```)."""
+    return re.sub(r"``(.+?)``", lambda m: f"`{m.group(1)}`" if "`" not in m.group(1) else f"`` {m.group(1)} ``", doc)
+
+
 def src_href(ref: SourceRef) -> str:
     return f"src/{ref.path}.html#L-{ref.first}"  # Pygments' line anchors
 
@@ -155,6 +160,9 @@ class Site:
         self.images: set[str] = set()  # pictures of docs/ the pages show
         self.formatter = HtmlFormatter(cssclass="hl")
         self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
+        # A docstring is Markdown too, with its ``literals`` as code: paragraphs reflow, an
+        # indented block (a table, a command) stays as written. No raw HTML: ``<T>`` is text.
+        self.notes = MarkdownIt("commonmark", {"html": False}).enable("table")
         dollarmath_plugin(self.md, renderer=self.math, allow_space=True, allow_digits=False)
         for rule in ("fence", "link_open", "image"):  # markdown-it binds a rule to its renderer
             self.md.add_render_rule(rule, lambda renderer, *args, method=getattr(self, rule): method(*args))
@@ -221,7 +229,7 @@ class Site:
         if doc and ref.node.body and isinstance(ref.node.body[0], ast.Expr):
             d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
             body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
-            notes = "".join(f"<p>{html.escape(p)}</p>" for p in re.split(r"\n\s*\n", doc))
+            notes = self.notes.render(rst_literals(doc))
         code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
         return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'

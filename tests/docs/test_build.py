@@ -25,7 +25,7 @@ import build  # noqa: E402
 
 # The paper's sections the reading walks through (issue 27): each must have its page.
 SECTIONS = ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "6.1", "6.2"]
-MAIN_PAGES = ["index", "attention", "positional-encoding", "optimizer", "fused-attention"]
+MAIN_PAGES = ["index", "attention", "positional-encoding", "optimizer", "fused-attention", "mixed-precision"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,26 @@ def test_every_link_and_picture_on_every_page_resolves(site):
                     "online-softmax", "copy-attention", "position-dot-products"):
         assert any(f"pictures/{picture}.png" in p.read_text() for p in out.glob("*.html")), \
             f"no page shows {picture}.png"
+
+
+def test_the_pages_tell_no_development_history(site):
+    """A page explains the code as it is: no issue numbers, sessions or attempts, which a
+    reader cannot follow (the notes shown from docstrings included)."""
+    out, _ = site
+    history = re.compile(r"\bissues? #?\d+|#\d+\b|\bsessions?\b|\battempts?\b|\bthis week\b", re.I)
+    for page in build.PAGES:
+        text = html.unescape(re.sub(r"<[^>]+>", " ", (out / f"{page.name}.html").read_text()))
+        found = history.findall(text)
+        assert not found, f"{page.name}.html tells development history: {found}"
+
+
+def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
+    """Notes are Markdown: a docstring's ``literals`` are code, its indented blocks kept."""
+    out, _ = site
+    text = (out / "attention.html").read_text()
+    notes = re.search(r'KeyMask, line \d+</a>(.*?)</div>', text, re.S).group(1)
+    assert "``" not in notes and "<code>model.src_key_mask(src)</code>" in notes
+    assert "<pre>" in notes  # the docstring's indented table, kept as written
 
 
 def test_the_listings_are_the_source_itself(site):
@@ -147,6 +167,8 @@ window.addEventListener("load", () => {
     images: document.images.length,
     broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
     text: document.body.innerText.length,
+    overflowing: [...document.querySelectorAll(".listing .hl")].filter(e => e.scrollWidth > e.clientWidth)
+                 .map(e => e.parentElement.parentElement.querySelector(".where").textContent),
   };
   const out = document.createElement("pre");
   out.id = "probe";
@@ -162,7 +184,8 @@ def test_the_main_pages_render_in_a_browser(site, chromium, tmp_path, name):
     probed = out / f"{name}.probe.html"
     probed.write_text((out / f"{name}.html").read_text().replace("</body>", _PROBE + "</body>"))
     try:
-        dom = _run_chromium(chromium, "--virtual-time-budget=5000", "--dump-dom", probed.as_uri()).stdout
+        dom = _run_chromium(chromium, "--window-size=1280,1000", "--virtual-time-budget=5000", "--dump-dom",
+                            probed.as_uri()).stdout
     finally:
         probed.unlink()
     found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
@@ -174,6 +197,7 @@ def test_the_main_pages_render_in_a_browser(site, chromium, tmp_path, name):
         assert report["maths"] > 0, f"{name}: no equations"
     assert report["mathml"], f"{name}: the browser did not take the equations as MathML"
     assert report["flat_maths"] == 0, f"{name}: {report['flat_maths']} of {report['maths']} equations laid out empty"
+    assert report["overflowing"] == [], f"{name}: at 1280 pixels, listings wider than their column: {report['overflowing']}"
 
     shot = tmp_path / f"{name}.png"
     _run_chromium(chromium, "--window-size=1400,1000", f"--screenshot={shot}", (out / f"{name}.html").as_uri())
