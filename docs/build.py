@@ -1,7 +1,7 @@
 """Build the reading: the paper, page by page in its order, beside the code that implements it.
 
     python docs/build.py                 # writes docs/_site/; open docs/_site/index.html
-    python docs/build.py --out /tmp/site --pictures /tmp/tour   # pictures a tour already wrote
+    python docs/build.py --out /tmp/site --pictures /tmp/tour   # pictures kept elsewhere
 
 Each page is a Markdown file of docs/pages/ (the prose that joins the pieces, written for the
 reading), in the order of PAGES below. The code it explains is taken from the source at build
@@ -18,8 +18,8 @@ as notes beside its code, highlighted, with a link to the line it starts on. An 
 copy of the file that the build writes under src/. A name that no longer exists fails the
 build, with the page and line that named it. ``$...$`` and ``$$...$$`` are LaTeX, typeset to
 MathML here (no script and no network when the page is read); ``![...](pictures/NAME.png)``
-is a picture of ``examples/tour.py``, which the build runs unless ``--pictures`` names a folder
-where it already ran. The libraries (markdown-it-py with mdit-py-plugins, latex2mathml,
+is a picture drawn by ``examples/tour.py`` or by ``docs/figures.py``; the build draws those
+that are missing or older than the code that draws them, so a second build draws nothing. The libraries (markdown-it-py with mdit-py-plugins, latex2mathml,
 Pygments, Jinja2) come with the ``docs`` extra, which ``dev`` includes.
 """
 
@@ -202,7 +202,7 @@ class Site:
         src = token.attrGet("src") or ""
         if src.startswith("pictures/"):
             if not os.path.isfile(os.path.join(self.pictures, src[len("pictures/"):])):
-                raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py write it?)")
+                raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py or docs/figures.py draw it?)")
         elif "://" not in src:  # a picture kept in docs/ (e.g. ablations.png): copied beside the pages
             if not os.path.isfile(os.path.join(DOCS, src)):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture docs/{src}")
@@ -281,16 +281,58 @@ def write(path: str, text: str) -> None:
         f.write(text)
 
 
-def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS, "pages")) -> Site:
-    """Build the site into ``out`` from the Markdown of ``pages``, running the tour for its
-    pictures unless ``pictures`` names a folder that has them."""
-    if pictures is None:
-        pictures = os.path.join(out, "pictures")
-        tour = [sys.executable, os.path.join(ROOT, "examples", "tour.py"), "--out", pictures]
-        run = subprocess.run(tour, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def newest(*paths: str) -> float:
+    """The latest modification time of the files named, and of the .py files under folders."""
+    times = []
+    for path in paths:
+        full = os.path.join(ROOT, path)
+        if os.path.isdir(full):
+            times += [os.path.getmtime(os.path.join(d, f)) for d, _, names in os.walk(full) for f in names
+                      if f.endswith(".py")]
+        else:
+            times.append(os.path.getmtime(full))
+    return max(times)
+
+
+def stale(folder: str, names, code: float) -> list[str]:
+    """The pictures of ``names`` missing from ``folder`` or older than ``code`` (a time)."""
+    return [n for n in names if not os.path.isfile(os.path.join(folder, n))
+            or os.path.getmtime(os.path.join(folder, n)) < code]
+
+
+def tour_pictures() -> list[str]:
+    """The pictures examples/tour.py draws (its PICTURES), read without running it."""
+    tree = ast.parse(open(os.path.join(ROOT, "examples", "tour.py"), encoding="utf-8").read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PICTURES"]:
+            return ast.literal_eval(node.value)
+    raise BuildError("examples/tour.py no longer lists its PICTURES")
+
+
+def draw_pictures(folder: str) -> None:
+    """Draw into ``folder`` the pictures that are missing there or older than the code that
+    draws them: the tour's (one run of examples/tour.py, which draws them all) and those of
+    figures.py, one by one."""
+    import figures  # docs/, beside this file
+
+    if stale(folder, tour_pictures(), newest("examples/tour.py", "examples/copy_task.py", "minitransformer")):
+        tour = os.path.join(ROOT, "examples", "tour.py")
+        run = subprocess.run([sys.executable, tour, "--out", folder], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
         if run.returncode:  # the tour's own one line says why
             last = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
-            raise BuildError(f"examples/tour.py --out {pictures}: {last}")
+            raise BuildError(f"examples/tour.py --out {folder}: {last}")
+    os.makedirs(folder, exist_ok=True)
+    code = newest("docs/figures.py", "minitransformer")
+    for name in stale(folder, [f"{n}.png" for n in figures.FIGURES], code):
+        figures.FIGURES[name[:-len(".png")]](folder)
+
+
+def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS, "pages")) -> Site:
+    """Build the site into ``out`` from the Markdown of ``pages``, with the pictures of
+    ``pictures`` (default: ``out``/pictures), drawn first where missing or out of date."""
+    pictures = pictures or os.path.join(out, "pictures")
+    draw_pictures(pictures)
     site = Site(out, pictures, pages)
     site.build()
     return site
@@ -299,8 +341,8 @@ def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS,
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=cli.output_folder, default=os.path.join(DOCS, "_site"), help="the site's folder")
-    p.add_argument("--pictures", help="a folder where examples/tour.py --out already wrote its pictures "
-                   "(default: run the tour into OUT/pictures)")
+    p.add_argument("--pictures", help="the pictures' folder (default: OUT/pictures); those missing there or "
+                   "older than the code that draws them are drawn first")
     p.add_debug()
     return p
 

@@ -1,0 +1,520 @@
+"""The reading's pictures of ideas, each drawn from the code it explains.
+
+    python docs/figures.py --out /tmp/pictures            # every picture
+    python docs/figures.py --out /tmp/pictures stacks     # one
+
+Where examples/tour.py shows what the code does when it runs (a model trained, a beam
+searched), these show how the pieces fit: Figure 1 from the model's own modules with the shapes
+that pass between them, the heads of multi-head attention, one embedding matrix in three
+places. Each is a function named after the page that shows it, and each takes what it draws
+from the package (a module's parameters, the batcher's batches, the autograd graph of an
+expression, DistributedDataParallel's buckets), so that a picture changes when the code does.
+docs/build.py draws them when they are missing or older than the code.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+# One BLAS thread, as in examples/tour.py: the matrices here are small, and a second thread
+# only waits for the first (on two busy cores, for seconds).
+if not any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import FancyBboxPatch  # noqa: E402
+
+import minitransformer as mt  # noqa: E402
+from minitransformer import backend, cli, files, nn  # noqa: E402
+from minitransformer import functional as F  # noqa: E402
+from minitransformer.data.batching import TokenBatcher  # noqa: E402
+from minitransformer.distributed import ddp as ddp_module  # noqa: E402
+from minitransformer.distributed.comm import LocalCommunicator  # noqa: E402
+from minitransformer.distributed.world import World  # noqa: E402
+
+WIDTH = 8.0  # inches: 800 px at 100 dpi, as the tour's pictures
+plt.rcParams.update({"font.size": 10, "axes.titlesize": 10, "figure.titlesize": 12,
+                     "figure.constrained_layout.use": True})
+INK, MUTED, ENCODER, DECODER, SHARED = "#1d1f23", "#5b6270", "#dbe7f6", "#f8e3cf", "#e3f1dd"
+
+
+def save(fig, out: str, name: str) -> None:
+    with files.atomic_write(os.path.join(out, name), "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+
+
+def box(ax, x: float, y: float, w: float, h: float, text: str, color: str, size: float = 9, **kw) -> None:
+    """A rounded box centred at (x, y) with ``text`` in it."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.12",
+                                facecolor=color, edgecolor=INK, linewidth=0.8, **kw))
+    ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK)
+
+
+def arrow(ax, start, end, text: str = "", color: str = INK) -> None:
+    """An arrow from ``start`` to ``end``, with ``text`` (a shape) beside its middle."""
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=color, lw=0.9,
+                                                          shrinkA=0, shrinkB=0))
+    if text:
+        ax.text((start[0] + end[0]) / 2 + 0.12, (start[1] + end[1]) / 2, text, fontsize=7.5, color=MUTED,
+                va="center", family="monospace")
+
+
+def shape(t) -> str:
+    return "(" + ", ".join(map(str, t.shape)) + ")"
+
+
+def base_model(vocab_size: int = 8000, layers: int = 6) -> nn.Transformer:
+    cfg = nn.TransformerConfig.base(vocab_size, num_encoder_layers=layers, num_decoder_layers=layers)
+    mt.manual_seed(0)
+    return nn.Transformer(cfg).eval()
+
+
+def sublayers(layer) -> list[tuple[str, nn.Module, str]]:
+    """A layer's sublayers in the order its forward runs them, each with the residual block
+    (Add & Norm) that wraps it: its children are the sublayers, then sub1, sub2, ..."""
+    children = list(layer.named_children())
+    inner = [(n, m) for n, m in children if not n.startswith("sub")]
+    residual = [n for n, _ in children if n.startswith("sub")]
+    return [(n, m, r) for (n, m), r in zip(inner, residual)]
+
+
+# --------------------------------------------------------------------------- section 3.1
+
+
+def stacks(out: str) -> None:
+    """Figure 1 of the paper, drawn from nn.Transformer's modules, with the shapes of a real
+    forward pass of the base model (B=2 sentences, S=7 source and T=5 target tokens)."""
+    model = base_model()
+    cfg = model.config
+    rng = np.random.default_rng(0)
+    src = mt.tensor(rng.integers(4, cfg.vocab_size, (2, 7)))
+    tgt = mt.tensor(rng.integers(4, cfg.vocab_size, (2, 5)))
+    mask = model.src_key_mask(src)
+    with mt.no_grad():
+        x = model.encode(src, mask)
+        y = model.decode(tgt, x, mask)
+        logits = model.project(y)
+
+    fig, ax = plt.subplots(figsize=(WIDTH, 8.0))
+    ax.set_xlim(-0.3, 10.3)
+    ax.axis("off")
+
+    def column(x: float, layer, ids: str, embed: str, n: int, color: str, shape_: str, side: int) -> tuple:
+        """One stack, bottom to top: (the y of its top, the y of its cross-attention or None)."""
+        box(ax, x, 0.3, 2.6, 0.45, ids, "white")
+        box(ax, x, 1.25, 3.2, 0.6, f"{embed}: Embedding × √d_model\n+ positions: PositionalEncoding", SHARED, 8)
+        arrow(ax, (x, 0.53), (x, 0.95))
+        parts = sublayers(layer)
+        top = 2.0 + 2.15 * len(parts) + 0.1
+        ax.add_patch(FancyBboxPatch((x - 2.0, 2.0), 4.0, top - 2.0, boxstyle="round,pad=0.05,rounding_size=0.2",
+                                    facecolor=color, edgecolor=INK, linewidth=1.0, alpha=0.6))
+        ax.text(x + side * 2.2, (2.0 + top) / 2, f"N = {n} ×\n{type(layer).__name__}", fontsize=9,
+                ha="left" if side > 0 else "right", va="center")
+        y, below, cross = 2.75, 1.55, None
+        for name, module, residual in parts:
+            label = f"{name}: {type(module).__name__}"
+            if isinstance(module, nn.MultiHeadAttention):
+                label += f"\nh={module.h}, d_k={module.d_k}, d_v={module.d_v}"
+                if name == "self_attn" and side > 0:
+                    label = label.replace("self_attn:", "self_attn (causal):")
+            else:
+                widths = [module.w_1.in_features, module.w_1.out_features, module.w_2.out_features]
+                label += "\n" + " → ".join(map(str, widths))
+            arrow(ax, (x, below), (x, y - 0.3), shape_)
+            box(ax, x, y, 3.2, 0.6, label, "white", 8)
+            if name == "cross_attn":
+                cross = y
+            box(ax, x, y + 0.95, 3.2, 0.4, f"{residual}: Add & Norm", "#f4f4f4", 8)
+            arrow(ax, (x, y + 0.3), (x, y + 0.75))
+            # the residual connection: the sublayer's input, around it, into Add & Norm
+            rx = x - side * 1.8
+            ax.plot([x, rx, rx], [y - 0.5, y - 0.5, y + 0.95], color=MUTED, lw=0.9)
+            arrow(ax, (rx, y + 0.95), (x - side * 1.6, y + 0.95), color=MUTED)
+            below, y = y + 1.15, y + 2.15
+        return top, cross
+
+    top_e, _ = column(2.5, model.encoder.layers[0], "source ids (2, 7)", "src_embed", cfg.num_encoder_layers,
+                      ENCODER, f"(2, 7, {cfg.d_model})", -1)
+    top_d, cross = column(7.5, model.decoder.layers[0], "target ids (2, 5)", "tgt_embed", cfg.num_decoder_layers,
+                          DECODER, f"(2, 5, {cfg.d_model})", 1)
+    # the encoder's output, the memory, gives the keys and values of every cross-attention
+    ax.plot([2.5, 2.5, 4.95, 4.95], [top_e, top_e + 0.45, top_e + 0.45, cross], color=INK, lw=0.9)
+    arrow(ax, (4.95, cross), (5.9, cross))
+    ax.text(2.6, top_e + 0.75, f"memory {shape(x)}:\nK and V of every cross_attn", fontsize=8, color=MUTED)
+    box(ax, 7.5, top_d + 0.75, 3.2, 0.55, "project: y · src_embed.weightᵀ\n(the shared embedding)", SHARED, 8)
+    arrow(ax, (7.5, top_d), (7.5, top_d + 0.47), f"(2, 5, {cfg.d_model})")
+    box(ax, 7.5, top_d + 1.75, 3.2, 0.45, f"logits {shape(logits)} → softmax", "white", 8)
+    arrow(ax, (7.5, top_d + 1.03), (7.5, top_d + 1.52))
+    ax.set_ylim(-0.2, top_d + 2.1)
+    ax.set_title(f"Figure 1, drawn from nn.Transformer: the base model (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "
+                 f"h={cfg.h}, V={cfg.vocab_size:,})\nwith the shapes of one forward pass: B = 2 sentences, "
+                 "S = 7 source and T = 5 target tokens")
+    save(fig, out, "stacks.png")
+
+
+# --------------------------------------------------------------------------- section 3.2.2
+
+
+def multi_head(out: str) -> None:
+    """Multi-head attention's split and concat, on a real forward of MultiHeadAttention(512, 8):
+    the projected queries split into h column blocks of d_k, one attention per head, the
+    heads' outputs concatenated and projected by W^O."""
+    mt.manual_seed(0)
+    mha = nn.MultiHeadAttention(512, 8).eval()
+    mha.keep_weights = True
+    h, d_k, d_v, t = mha.h, mha.d_k, mha.d_v, 10
+    tokens = mt.tensor(np.random.default_rng(0).standard_normal((1, t, 512)).astype(np.float32))
+    x = nn.PositionalEncoding(512)(tokens)  # a sentence's embeddings, with its positions
+    with mt.no_grad():
+        o = mha(x, x, x).numpy()[0]
+        q = mha.q_proj(x).numpy()[0]
+        v = mha.v_proj(x).numpy()[0].reshape(t, h, d_v)
+        w = mha.last_weights.numpy()[0]  # (h, T, T), as the forward computed them
+    concat = np.einsum("hij,jhd->ihd", w, v).reshape(t, h * d_v)  # head_i = w_i V_i, side by side
+    if not np.allclose(mha.out_proj(mt.tensor(concat)).numpy(), o, atol=1e-4):
+        raise AssertionError("Concat(heads) W^O is not the module's output: the picture would lie")
+
+    fig = plt.figure(figsize=(WIDTH, 6.2))
+    grid = fig.add_gridspec(3, h, height_ratios=[1.0, 0.8, 1.0])
+
+    def stripes(ax, m, title):
+        ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-np.abs(m).max(), vmax=np.abs(m).max())
+        for i in range(1, h):
+            ax.axvline(i * d_k - 0.5, color="k", lw=1.2)
+        ax.set_xticks([i * d_k + d_k / 2 for i in range(h)], [f"head {i + 1}" for i in range(h)], fontsize=8)
+        ax.set_yticks([0, t - 1])
+        ax.set_ylabel("position")
+        ax.set_title(title)
+
+    stripes(fig.add_subplot(grid[0, :]), q, f"Q = X W^Q, ({t}, h·d_k = {h}·{d_k}): head i takes its {d_k} columns "
+            "(so do K and V)")
+    for i in range(h):
+        a = fig.add_subplot(grid[1, i])
+        a.imshow(w[i], cmap="Blues", vmin=0, vmax=1)
+        a.set_xticks([])
+        a.set_yticks([])
+        a.set_xlabel(f"head {i + 1}", fontsize=8)
+        if i == 0:
+            a.set_ylabel("softmax(Q_i K_iᵀ/√d_k)", fontsize=8)
+    stripes(fig.add_subplot(grid[2, :]), concat,
+            f"Concat(head_1, …, head_{h}), head_i = softmax(Q_i K_iᵀ/√{d_k}) V_i; then × W^O ({h * d_v}×{mha.d_model})")
+    fig.suptitle(f"nn.MultiHeadAttention({mha.d_model}, {h}) on one sentence of {t} positions\n"
+                 "(random weights: the mechanics, not what a trained head learns)")
+    save(fig, out, "multi-head.png")
+
+
+# --------------------------------------------------------------------------- section 3.2.3
+
+
+def uses_of_attention(out: str) -> None:
+    """The three uses of attention in one model, on a padded batch: where each takes its
+    queries, keys and values, and which keys its mask lets each query see. The weights are
+    the model's own (random), kept by MultiHeadAttention.keep_weights."""
+    cfg = nn.TransformerConfig(vocab_size=50, d_model=64, d_ff=128, h=4, num_encoder_layers=1,
+                               num_decoder_layers=1)
+    mt.manual_seed(0)
+    model = nn.Transformer(cfg).eval()
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, 50, (2, 9))
+    src[1, 6:] = cfg.pad_id  # the second sentence has 6 real tokens and 3 of padding
+    tgt = rng.integers(4, 50, (2, 7))
+    layers = (model.encoder.layers[0].self_attn, model.decoder.layers[0].self_attn,
+              model.decoder.layers[0].cross_attn)
+    for m in layers:
+        m.keep_weights = True
+    with mt.no_grad():
+        model(mt.tensor(src), mt.tensor(tgt))
+    titles = ["encoder self-attention\nQ, K, V: the encoder's states",
+              "decoder self-attention (causal)\nQ, K, V: the decoder's states",
+              "encoder-decoder attention\nQ: decoder; K, V: the encoder's output"]
+    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.3), gridspec_kw={"width_ratios": [9, 7, 9]})
+    for ax, m, title, (rows, cols) in zip(axes, layers, titles, [("source", "source"), ("target", "target"),
+                                                                  ("target", "source")]):
+        w = m.last_weights.numpy()[1].mean(axis=0)  # sentence 2, heads averaged
+        ax.imshow(w, cmap="Blues", vmin=0, vmax=w.max())
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(0, w.shape[1], 2))
+        ax.set_yticks(range(0, w.shape[0], 2))
+        ax.set_xlabel(f"key: {cols} position")
+        ax.set_ylabel(f"query: {rows} position")
+        if cols == "source":
+            ax.axvspan(5.5, 8.5, color="#f3b0a0", alpha=0.35, lw=0)
+            ax.text(7, len(w) / 2 - 0.5, "padding:\nmasked", ha="center", va="center", fontsize=8, color="#a33")
+    fig.suptitle("The three uses of attention in one nn.Transformer (random weights, heads averaged),\n"
+                 "on a sentence of 6 source tokens padded to 9 and 7 target tokens")
+    save(fig, out, "uses-of-attention.png")
+
+
+# --------------------------------------------------------------------------- section 3.3
+
+
+def feed_forward(out: str) -> None:
+    """The feed-forward network's widths in the base and big models (from the modules), and
+    what "position-wise" means: a change at one position moves that position's output only."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH, 3.4), gridspec_kw={"width_ratios": [1.2, 1]})
+    layers = ["x\n(d_model)", "max(0, xW₁+b₁)\n(d_ff)", "FFN(x)\n(d_model)"]
+    for k, (name, cfg, color) in enumerate([("base", nn.TransformerConfig.base(), "#9ab8e0"),
+                                            ("big", nn.TransformerConfig.big(), "#2f5f9f")]):
+        ffn = nn.PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        widths = [ffn.w_1.in_features, ffn.w_1.out_features, ffn.w_2.out_features]
+        bars = left.bar(np.arange(3) + (k - 0.5) * 0.38, widths, width=0.36, color=color,
+                        label=f"{name}: {ffn.num_parameters() / 1e6:.1f}M parameters a layer")
+        left.bar_label(bars, fontsize=8)
+    left.set_xticks(range(3), layers, fontsize=8.5)
+    left.set_ylabel("width (features per position)")
+    left.set_ylim(0, 5000)
+    left.legend(fontsize=8, loc="upper left", frameon=False)
+    left.set_title("Equation (2)'s widths: d_model → d_ff = 4·d_model → d_model")
+
+    mt.manual_seed(0)
+    ffn = nn.PositionwiseFeedForward(512, 2048)
+    x = np.random.default_rng(0).standard_normal((1, 8, 512)).astype(np.float32)
+    moved = x.copy()
+    moved[0, 3] += 1.0  # change position 3 only
+    with mt.no_grad():
+        change = np.abs(ffn(mt.tensor(moved)).numpy() - ffn(mt.tensor(x)).numpy()).max(axis=-1)[0]
+    right.bar(range(8), change, color=["#c0392b" if i == 3 else "#9aa3b0" for i in range(8)])
+    right.set_xlabel("position")
+    right.set_ylabel("max |Δ FFN(x)| at the position")
+    right.set_title("Position-wise: change the input at position 3")
+    save(fig, out, "feed-forward.png")
+
+
+# --------------------------------------------------------------------------- section 3.4
+
+
+def embeddings(out: str) -> None:
+    """One matrix in three places: the model's source embedding, target embedding and
+    pre-softmax projection are one Parameter (checked here on the base model)."""
+    model = base_model(vocab_size=37000, layers=1)
+    cfg = model.config
+    weight = model.src_embed.weight
+    if model.tgt_embed.weight is not weight or model.out_proj is not None:
+        raise AssertionError("the base model no longer shares one embedding matrix: redraw this picture")
+    shared = weight.size
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.5, 4.4)
+    ax.axis("off")
+    box(ax, 5.6, 2.0, 3.3, 1.0, f"src_embed.weight  E\n(V, d_model) = ({cfg.vocab_size:,}, {cfg.d_model})\n"
+        f"{shared / 1e6:.1f}M parameters, stored once", SHARED, 9)
+    for y, text in [(3.4, "encoder input: E[source ids] · √d_model"), (2.0, "decoder input: E[target ids] · √d_model"),
+                    (0.6, "pre-softmax linear: logits = y Eᵀ")]:
+        box(ax, 1.9, y, 3.4, 0.6, text, "white", 8.5)
+        arrow(ax, (3.95, 2.0 + (y - 2.0) * 0.3), (3.65, y))
+    ax.text(5.6, -0.3, f"One gradient sums all three uses. Shared, the base model (N = 1 here) has "
+            f"{model.num_parameters() / 1e6:.1f}M parameters; unshared, {(model.num_parameters() + 2 * shared) / 1e6:.1f}M.",
+            ha="center", fontsize=8.5, color=MUTED)
+    ax.set_title("Section 3.4: one embedding matrix in three places (nn.Transformer's src_embed, tgt_embed and project)")
+    save(fig, out, "embeddings.png")
+
+
+# --------------------------------------------------------------------------- section 5.1
+
+
+def batching(out: str) -> None:
+    """Token batching against fixed-size batches, on sentence lengths like Multi30k's (seeded,
+    log-normal about 13 tokens): the batcher's batches from data.TokenBatcher, padding light."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    src_len = np.clip(np.round(rng.lognormal(np.log(13), 0.35, n)), 3, 60).astype(int)
+    tgt_len = np.clip(np.round(src_len * rng.normal(1.05, 0.12, n)), 3, 60).astype(int)
+    src = [np.ones(k, np.int32) for k in src_len]
+    tgt = [np.ones(k, np.int32) for k in tgt_len]
+    max_tokens = 400
+    token = TokenBatcher(src, tgt, max_tokens=max_tokens, seed=0).epoch_batches(0)
+    per_batch = int(round(n / len(token)))
+    order = rng.permutation(n)
+    fixed = [order[i:i + per_batch] for i in range(0, n, per_batch)]
+
+    def padding(batches) -> float:
+        real = sum(src_len[b].sum() for b in batches)
+        padded = sum(len(b) * src_len[b].max() for b in batches)
+        return 1 - real / padded
+
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.8), sharey=True)
+    for ax, batches, title in [(axes[0], fixed, f"fixed size: {per_batch} random sentences a batch"),
+                               (axes[1], token, f"TokenBatcher: ≤ {max_tokens} tokens a batch, similar lengths")]:
+        y = 0
+        for b in batches[:6]:
+            lengths = src_len[b]
+            width = lengths.max()
+            ax.add_patch(plt.Rectangle((0, y), width, len(b), facecolor="#f3d2c8", edgecolor=INK, lw=0.6))
+            ax.barh(y + np.arange(len(b)) + 0.5, lengths, height=1.0, color="#2f5f9f")
+            y += len(b) + 3
+        ax.set_xlim(0, 45)
+        ax.set_ylim(y, 0)
+        ax.set_xlabel("source tokens (blue: real, pink: padding)")
+        ax.set_title(f"{title}\npadding over the epoch: {padding(batches):.0%} ({len(batches)} batches)", fontsize=9)
+    axes[0].set_ylabel("sentences of the first six batches")
+    fig.suptitle(f"Section 5.1, batches of similar length: {n:,} sentences of Multi30k-like lengths")
+    save(fig, out, "batching.png")
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def autograd(out: str) -> None:
+    """The graph that a small expression records, micrograd-style: one node per op (its
+    Function), arrows from inputs to outputs, and the order in which backward visits them."""
+    from minitransformer import autograd as ag
+
+    x = mt.tensor(np.array([[1.0, -2.0]]), requires_grad=True)
+    w = mt.tensor(np.array([[0.5, -1.0, 2.0], [1.5, 0.5, -0.5]]), requires_grad=True)
+    b = mt.tensor(np.array([0.1, 0.2, -0.3]), requires_grad=True)
+    loss = ((x @ w + b).relu() ** 2).sum()
+    order = ag._topological_order(loss._ctx)  # the backward walk's order, root first
+    names = {id(x): "x (1, 2)", id(w): "w (2, 3)", id(b): "b (3,)"}
+    step = {id(c): i + 1 for i, c in enumerate(order)}
+    depth: dict[int, int] = {}
+
+    def place(ctx) -> int:  # the distance from the leaves
+        if id(ctx) not in depth:
+            depth[id(ctx)] = 1 + max([place(t._ctx) if t is not None and t._ctx is not None else 0
+                                      for t in ctx.inputs] or [0])
+        return depth[id(ctx)]
+
+    place(loss._ctx)
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.2))
+    ax.axis("off")
+    ax.set_xlim(-0.8, max(depth.values()) * 2 + 0.8)
+    ax.set_ylim(-1.3, 1.5)
+    at = {id(c): (depth[id(c)] * 2, 0.0) for c in order}
+    leaves = [(t, names[id(t)]) for c in order for t in c.inputs if t is not None and t._ctx is None]
+    for k, (t, label) in enumerate(leaves):
+        at[id(t)] = (0.0, 0.9 - k * 0.9)
+        box(ax, 0, at[id(t)][1], 1.2, 0.45, label, SHARED, 9)
+    for c in order:
+        cx, cy = at[id(c)]
+        box(ax, cx, cy, 1.3, 0.6, f"{c.fn.__name__}\nbackward #{step[id(c)]}", "white", 9)
+        for t in c.inputs:
+            if t is None:
+                continue
+            sx, sy = at[id(t._ctx) if t._ctx is not None else id(t)]
+            arrow(ax, (sx + 0.62, sy), (cx - 0.66, cy + (sy - cy) * 0.3))
+    lx, ly = at[id(loss._ctx)]
+    ax.text(lx, ly - 0.6, f"loss = {loss.item():.2f}", ha="center", fontsize=9)
+    loss.backward()
+    ax.text(0, -1.25, f"after loss.backward(): x.grad = {np.round(x.grad.numpy(), 2).tolist()}", fontsize=8.5,
+            color=MUTED, ha="left")
+    ax.set_title("loss = ((x @ w + b).relu() ** 2).sum(): the Contexts the forward recorded, and the order "
+                 "backward walks them (root first)", fontsize=9)
+    save(fig, out, "autograd.png")
+
+
+def mixed_precision(out: str) -> None:
+    """The number lines of float16, bfloat16 and float32 (from NumPy's and the backend's finfo),
+    with the gradients of a real backward pass of a small model, before and after the loss
+    scale of amp.GradScaler: float16 loses what falls below its smallest subnormal."""
+    from minitransformer.amp import GradScaler
+
+    cfg = nn.TransformerConfig(vocab_size=200, d_model=64, d_ff=256, h=4, num_encoder_layers=2, num_decoder_layers=2)
+    mt.manual_seed(0)
+    model = nn.Transformer(cfg)
+    rng = np.random.default_rng(0)
+    src, tgt = mt.tensor(rng.integers(4, 200, (8, 12))), rng.integers(4, 200, (8, 13))
+    loss = F.cross_entropy(model(src, mt.tensor(tgt[:, :-1])), mt.tensor(tgt[:, 1:]), 0.1)
+    loss.backward()
+    g = np.abs(np.concatenate([p.grad.numpy().ravel() for p in model.parameters()]))
+    g = g[g > 0]
+    scale = GradScaler().scale_value  # its initial loss scale
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.8))
+    formats = [("float32", np.finfo(np.float32)), ("float16", np.finfo(np.float16))]
+    if backend.bfloat16 is not None:  # from ml_dtypes, which the [dev] extra installs
+        import ml_dtypes
+
+        formats.insert(1, ("bfloat16", ml_dtypes.finfo(backend.bfloat16)))
+    for k, (name, fi) in enumerate(formats):
+        y = 3 + k
+        lo, normal, hi = np.log2(float(fi.smallest_subnormal)), np.log2(float(fi.smallest_normal)), np.log2(float(fi.max))
+        ax.plot([lo, normal], [y, y], color="#9aa3b0", lw=6, solid_capstyle="butt")
+        ax.plot([normal, hi], [y, y], color="#2f5f9f", lw=6, solid_capstyle="butt")
+        ax.text(-152, y, name, va="center", ha="right", fontsize=9)
+    bins = np.arange(-60, 40, 1.0)
+    for values, color, label, y0 in [(g, "#c0392b", "gradients", 0.0), (g * scale, "#27ae60", f"× scale 2^{int(np.log2(scale))}", 1.4)]:
+        hist, edges = np.histogram(np.log2(values), bins)
+        ax.bar(edges[:-1], hist / hist.max() * 1.1, width=1.0, bottom=y0, color=color, align="edge", label=label)
+        lost = (values < float(np.finfo(np.float16).smallest_subnormal) / 2).mean()
+        ax.text(42, y0 + 0.4, f"{label}: {lost:.1%} flush to 0 in float16", fontsize=8.5)
+    ax.axvline(np.log2(float(np.finfo(np.float16).smallest_subnormal)), color="#888", ls=":", lw=0.8)
+    ax.set_xlim(-152, 132)
+    ax.set_yticks([])
+    ax.set_xlabel("log₂ |value|   (grey: subnormal, blue: normal range)")
+    ax.set_title("Mixed precision: each format's range, and a small model's gradients before and after the loss scale")
+    save(fig, out, "mixed-precision.png")
+
+
+def data_parallel(out: str) -> None:
+    """DistributedDataParallel's buckets on a real backward pass of the base model (one rank,
+    CPU): each bucket's gradients arrive as backward walks the layers from the top, and its
+    all-reduce starts the moment its last one is written, while backward goes on below."""
+    from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
+
+    model = base_model()
+    comm = LocalCommunicator()
+    launched = []
+    real_launch = comm.all_reduce_async
+    comm.all_reduce_async = lambda buf, op="sum": (launched.append((time.perf_counter(), buf.size)), real_launch(buf, op))[1]
+    ddp = ddp_module.DistributedDataParallel(model, World(0, 1, 0, "cpu", comm))
+    ready = {}
+    for i, p in enumerate(ddp.params):
+        register_post_accumulate_grad_hook(p, lambda _p, i=i: ready.setdefault(i, time.perf_counter()))
+    rng = np.random.default_rng(0)
+    src, tgt = mt.tensor(rng.integers(4, 8000, (2, 10))), rng.integers(4, 8000, (2, 11))
+    loss = F.cross_entropy(model(src, mt.tensor(tgt[:, :-1])), mt.tensor(tgt[:, 1:]), 0.1)
+    start = time.perf_counter()
+    loss.backward()
+    end = time.perf_counter()
+    ms = lambda t: (t - start) * 1e3  # noqa: E731
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    for k, bucket in enumerate(ddp.buckets):
+        arrivals = [ms(ready[i]) for i in bucket.params if i in ready]
+        ax.plot(arrivals, [k] * len(arrivals), "|", color="#2f5f9f", ms=9)
+        ax.plot([min(arrivals), ms(launched[k][0])], [k, k], color="#2f5f9f", lw=1)
+        ax.plot(ms(launched[k][0]), k, "o", color="#c0392b", ms=6)
+        ax.text(ms(end) * 1.02, k, f"{(bucket.stop - bucket.start) * 4 / 2**20:.0f} MiB", va="center", fontsize=8)
+    ax.axvline(ms(end), color=MUTED, ls="--", lw=0.8)
+    ax.text(ms(end), -0.9, "backward ends", ha="right", fontsize=8, color=MUTED)
+    ax.set_ylim(len(ddp.buckets) - 0.4, -1.2)
+    ax.set_yticks(range(len(ddp.buckets)), [f"bucket {k}" for k in range(len(ddp.buckets))], fontsize=8)
+    ax.set_xlabel("ms into loss.backward() (base model, 2 × 10 tokens, one CPU rank)")
+    ax.set_title(f"DistributedDataParallel, {ddp_module.DEFAULT_BUCKET_BYTES // 2**20} MiB buckets: "
+                 "gradients written (|), all-reduce launched (●)")
+    save(fig, out, "data-parallel.png")
+
+
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=cli.output_folder, required=True, help="folder for the pictures")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"pictures to draw (default: all): {', '.join(FIGURES)}")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in FIGURES]
+    if unknown:
+        parser.error(f"no picture {unknown[0]!r}: choose from {', '.join(FIGURES)}")
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.names or FIGURES:
+        start = time.perf_counter()
+        FIGURES[name](args.out)
+        print(f"{name}.png in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
+FIGURES = {"stacks": stacks, "multi-head": multi_head, "uses-of-attention": uses_of_attention,
+           "feed-forward": feed_forward, "embeddings": embeddings, "batching": batching, "autograd": autograd,
+           "mixed-precision": mixed_precision, "data-parallel": data_parallel}
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
