@@ -182,8 +182,8 @@ class Site:
 
     def fence(self, tokens, idx, options, env):
         token = tokens[idx]
-        if token.info.strip() != "source":
-            return self.code(token.content, token.info.strip() or "text")
+        if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
+            return self.code(token.content, (token.info.split() or ["text"])[0])
         return "".join(self.listing(resolve(line, self.where(token)))
                        for line in token.content.splitlines() if line.strip())
 
