@@ -13,9 +13,12 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
 
 ``backward`` below walks that graph once, from the output to the leaves:
 
-1. An iterative depth-first search puts the contexts in topological order. (A recursive walk
-   would overflow Python's stack on a 10,000-op chain; and a context reached along two paths
-   must be visited once, after every context that feeds gradient into it.)
+1. An iterative search finds the contexts the output depends on, each once (a recursive one
+   would overflow Python's stack on a 10,000-op chain), and orders them newest first. An op is
+   created after the ops that made its inputs, so in that order every context comes after all
+   the contexts that feed gradient into it; and it is the forward pass run backwards, so a
+   layer's gradients are complete before the layer below starts (data parallelism all-reduces
+   them meanwhile).
 2. In reverse order, each context's gradient, summed over all its uses, goes through its
    ``backward``. A gradient whose shape differs from its input's was broadcast in the forward
    pass, so it is summed back to the input's shape here, once for every op.
@@ -31,6 +34,7 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import numpy as np
 
@@ -73,6 +77,9 @@ def enable_grad():
     return _GradMode(True)
 
 
+_created = itertools.count()
+
+
 class Context:
     """What one op remembers between forward and backward; also the graph's node.
 
@@ -81,6 +88,7 @@ class Context:
     """
 
     def __init__(self) -> None:
+        self.sequence = next(_created)  # the order of creation: the walk's order, reversed
         self.fn = None
         self.inputs = ()
         self.saved = ()
@@ -142,23 +150,15 @@ def _raise_device_mismatch(fn, args, i, j):
 
 
 def _topological_order(root: Context) -> list[Context]:
-    """Contexts reachable from ``root``, every context after all the contexts it feeds."""
-    order, visited = [], set()
-    stack = [(root, False)]
+    """Contexts reachable from ``root``, newest first: every context after all the contexts
+    it feeds, since an op's inputs are made before it is."""
+    found, stack = {id(root): root}, [root]
     while stack:
-        node, children_done = stack.pop()
-        if children_done:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for t in node.inputs:
-            if t is not None and t._ctx is not None and id(t._ctx) not in visited:
-                stack.append((t._ctx, False))
-    order.reverse()  # root first
-    return order
+        for t in stack.pop().inputs:
+            if t is not None and t._ctx is not None and id(t._ctx) not in found:
+                found[id(t._ctx)] = t._ctx
+                stack.append(t._ctx)
+    return sorted(found.values(), key=lambda ctx: ctx.sequence, reverse=True)
 
 
 def sum_to_shape(grad, shape: tuple):

@@ -40,6 +40,29 @@ def test_deep_chain_does_not_hit_the_recursion_limit(device):
     np.testing.assert_allclose(x.grad.numpy(), np.full(2, 1.0001**10_000), rtol=1e-9)
 
 
+def test_the_walk_is_the_forward_run_backwards_layer_by_layer():
+    """The walk takes contexts newest first, so a decoder layer's gradients are all complete
+    before the layer below gets any, its cross-attention's included (a depth-first order
+    reached every layer's cross-attention K and V projections only after the whole decoder,
+    which held data parallelism's first buckets back until then)."""
+    from minitransformer import nn
+    from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
+
+    cfg = nn.TransformerConfig(vocab_size=20, d_model=16, d_ff=32, h=2, num_encoder_layers=2, num_decoder_layers=3)
+    mt.manual_seed(0)
+    model = nn.Transformer(cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    done = []
+    for p in model.parameters():
+        register_post_accumulate_grad_hook(p, lambda q: done.append(names[id(q)]))
+    src, tgt = mt.tensor(np.array([[4, 5, 6, 7]])), np.array([[1, 8, 9, 10, 11]])
+    F.cross_entropy(model(src, mt.tensor(tgt[:, :-1])), mt.tensor(tgt[:, 1:])).backward()
+    layer = [int(n.split(".")[2]) for n in done if n.startswith("decoder.layers.")]
+    assert layer == sorted(layer, reverse=True) and len(set(layer)) == 3
+    stacks = [n.split(".")[0] for n in done if n.startswith(("encoder", "decoder"))]
+    assert stacks == sorted(stacks)  # the decoder (all of it) before the encoder
+
+
 def test_gradients_accumulate_across_backward_calls(device):
     x = randn(device, 3, seed=4)
     (x * 2.0).sum().backward()
