@@ -1,4 +1,4 @@
-"""A tour of minitransformer in under a minute on a CPU: each idea of the paper run on the
+"""A tour of minitransformer in 4 seconds on 2 CPU cores: each idea of the paper run on the
 package's own code, told as it happens, and drawn.
 
     python examples/tour.py                      # the pictures go to runs/tour/
