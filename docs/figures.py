@@ -46,9 +46,7 @@ INK, MUTED, ENCODER, DECODER, SHARED = "#1d1f23", "#5b6270", "#dbe7f6", "#f8e3cf
 
 
 def save(fig, out: str, name: str) -> None:
-    with files.atomic_write(os.path.join(out, name), "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    files.save_figure(fig, os.path.join(out, name))
 
 
 def box(ax, x: float, y: float, w: float, h: float, text: str, color: str, size: float = 9, **kw) -> None:

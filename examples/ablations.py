@@ -47,7 +47,7 @@ import train_wmt
 
 from minitransformer import cli, distributed, nn
 from minitransformer.decoding import ALPHA, BEAM, translate
-from minitransformer.files import atomic_write, lock_folder
+from minitransformer.files import atomic_write, lock_folder, save_figure
 from minitransformer.train import evaluate_loss
 
 log = logging.getLogger("ablations")
@@ -341,9 +341,7 @@ def plot(results: list[dict], png_path: str) -> None:
         ax.set_title(f"{title}\ndashed: the base row, {base[key]:.2f}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    with atomic_write(png_path, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, png_path, dpi=120)
 
 
 def interrupted() -> str | bool:

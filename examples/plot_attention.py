@@ -44,9 +44,7 @@ def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, p
             ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    with files.atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    files.save_figure(fig, path, dpi=110)
 
 
 def build_parser() -> argparse.ArgumentParser:

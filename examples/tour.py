@@ -89,9 +89,7 @@ def spell(ids) -> str:
 
 
 def save(fig, out: str, name: str) -> None:
-    with files.atomic_write(os.path.join(out, name), "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    files.save_figure(fig, os.path.join(out, name))
     say(f"    wrote {name}")
 
 

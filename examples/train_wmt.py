@@ -326,9 +326,7 @@ def plot_curves(log_path: str, png_path: str) -> None:
     ax2.set_xlabel("step")
     ax2.set_ylabel(f"BLEU, {val[0]['bleu_sentences'] if val else 0} validation sentences")
     fig.tight_layout()
-    with files.atomic_write(png_path, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    files.save_figure(fig, png_path, dpi=120)
 
 
 class SetupError(Exception):

@@ -78,6 +78,17 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
 
 
 @contextlib.contextmanager
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> None:
+    """Write a pyplot figure to ``path`` as PNG, atomically (a reader never sees half a
+    picture), and close it. Only a caller that drew one has imported matplotlib."""
+    import matplotlib.pyplot as plt
+
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=dpi)
+    plt.close(fig)
+
+
 def atomic_folder(path: str | os.PathLike):
     """``with atomic_folder(path) as tmp:`` a new, empty folder beside ``path`` to fill; when the
     block ends without an exception it takes ``path``'s place (an earlier folder there is

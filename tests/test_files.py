@@ -48,3 +48,17 @@ def test_remove_unfinished_writes_removes_only_the_temporary_files(tmp_path):
     assert files.remove_unfinished_writes(tmp_path) == [".tmp-k1ll3d.npz", ".tmp-last.npz-abc123"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "last.npz", "tmp-not-ours"]
     assert files.remove_unfinished_writes(tmp_path) == []
+
+
+def test_a_figure_is_saved_whole_and_closed(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = tmp_path / "line.png"
+    files.save_figure(fig, path, dpi=50)
+    assert path.read_bytes().startswith(b"\x89PNG") and os.listdir(tmp_path) == ["line.png"]
+    assert not plt.fignum_exists(fig.number)
