@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import html
+import json
 import os
 import re
 import shutil
@@ -152,8 +153,10 @@ def src_href(ref: SourceRef) -> str:
 class Site:
     """One build: the pages rendered, the source files they point into, the pictures they show."""
 
-    def __init__(self, out: str, pictures: str, pages: str = os.path.join(DOCS, "pages")):
+    def __init__(self, out: str, pictures: str, pages: str = os.path.join(DOCS, "pages"),
+                 trained: str = os.path.join(DOCS, "trained")):
         self.out = out
+        self.trained = trained  # the trained model's figures, from docs/trained.py
         self.pictures = pictures
         self.pages = pages
         self.sources: set[str] = set()  # files a page points into, written under src/
@@ -182,6 +185,8 @@ class Site:
 
     def fence(self, tokens, idx, options, env):
         token = tokens[idx]
+        if token.info.strip() == "trained":
+            return self.trained_model(token)
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
         return "".join(self.listing(resolve(line, self.where(token)))
@@ -209,6 +214,25 @@ class Site:
             self.images.add(src)
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
+
+    def trained_model(self, token) -> str:
+        """The trained model's figures (docs/trained/trained.json, from docs/trained.py): its
+        test BLEU with the signatures, validation translations beside their references, and
+        the caption saying which run made them."""
+        path = os.path.join(self.trained, "trained.json")
+        if not os.path.isfile(path):
+            raise BuildError(f"{self.where(token)}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
+        t = json.load(open(path, encoding="utf-8"))
+        e = html.escape
+        rows = "".join(f"<tr><td>{e(x['source'])}</td><td>{e(x['translation'])}</td><td>{e(x['reference'])}</td></tr>"
+                       for x in t["samples"])
+        return (f'<div class="trained"><p>Test BLEU <b>{t["bleu"]:.2f}</b> on {t["test_sentences"]:,} sentences '
+                f'(<code>{e(t["signature"])}</code>); lowercased {t["bleu_lowercased"]:.2f} '
+                f'(<code>{e(t["signature_lowercased"])}</code>).</p>'
+                f'<table><tr><th>validation source</th><th>the model (beam {t["beam"]}, α {t["alpha"]})</th>'
+                f'<th>reference</th></tr>{rows}</table>'
+                f'<p class="caption">The model of <code>{e(t["command"])}</code>, seed {t["seed"]}, at commit '
+                f'{e(t["commit"])}, after {t["steps"]:,} steps (docs/trained.py renders these from its run).</p></div>\n')
 
     def code(self, text: str, language: str) -> str:
         from pygments.lexers import get_lexer_by_name

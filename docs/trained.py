@@ -1,0 +1,78 @@
+"""The trained model on the page: its attention on a real sentence, its translations beside the
+references, and its BLEU, rendered once from a run of the README's main job into docs/trained/.
+
+    python docs/trained.py --run runs/multi30k --trained-at <commit> --seed 1
+
+runs/ is not in git, so what this writes is committed, and the reading shows the committed
+copy: the three attention maps of plot_attention.py for the first validation sentence, and
+trained.json (the run's test BLEU with its sacreBLEU signatures, a few validation sentences
+translated with the run's beam and alpha beside their references, and the caption: the
+command that trained it, its seed and the commit it ran at). Validation sentences only: the
+test set gives the run's one figure and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from minitransformer import cli, data, files
+from minitransformer.checkpoint import CheckpointError, load_checkpoint
+from minitransformer.decoding import translate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import plot_attention  # noqa: E402 - examples/, for its maps
+from translate import beam_and_alpha, find_run_files, load_model  # noqa: E402
+
+COMMAND = "mpiexec -n 2 python examples/train_wmt.py --data-dir ../shared/data/multi30k"  # the README's
+
+
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="the folder of a finished train_wmt.py run (with bleu.json)")
+    p.add_argument("--trained-at", required=True, help="the commit the run was trained at, for the caption")
+    p.add_argument("--seed", type=cli.integer(0), default=1, help="the run's --seed, for the caption")
+    p.add_argument("--command", default=COMMAND, help="the command that trained it, for the caption")
+    p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"),
+                   help="the Multi30k folder, for the validation sentences")
+    p.add_argument("--samples", type=cli.integer(1), default=6, help="validation sentences to show")
+    p.add_argument("--out", type=cli.output_folder, default=os.path.join(ROOT, "docs", "trained"),
+                   help="where to write (default: docs/trained, committed)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    checkpoint, tokenizer = find_run_files(args.run)
+    bleu_path = os.path.join(args.run, "bleu.json")
+    if not os.path.isfile(bleu_path):
+        raise CheckpointError(f"{bleu_path}: no such file; the run has not finished (train_wmt.py writes it last)")
+    bleu = json.load(open(bleu_path, encoding="utf-8"))
+    tok = data.Tokenizer(tokenizer)
+    model = load_model(checkpoint, "cpu", tokenizer=tok)
+    beam, alpha = beam_and_alpha(load_checkpoint(checkpoint, metadata_only=True), None, None)
+    val = data.load_multi30k(args.data_dir, "val")
+    sources, references = val.src[:args.samples], val.tgt[:args.samples]
+    hypotheses = translate(model, tok, sources, "cpu", beam, alpha, progress=False)
+    os.makedirs(args.out, exist_ok=True)
+    (ids,) = tok.encode(sources[:1])
+    plot_attention.draw_part(model, tok, ids, beam, args.out)
+    record = {
+        "command": args.command, "seed": args.seed, "commit": args.trained_at,
+        "steps": bleu["steps"], "beam": beam, "alpha": alpha,
+        "bleu": bleu["bleu"], "signature": bleu["signature"],
+        "bleu_lowercased": bleu["bleu_lowercased"], "signature_lowercased": bleu["signature_lowercased"],
+        "test_sentences": bleu["test_sentences"],
+        "samples": [{"source": s, "translation": h, "reference": r} for s, h, r in zip(sources, hypotheses, references)],
+    }
+    with files.atomic_write(os.path.join(args.out, "trained.json")) as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"wrote the attention maps of {sources[0]!r} and trained.json ({len(sources)} samples) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main, user_errors=(data.CorpusError, CheckpointError)))
