@@ -185,8 +185,8 @@ class Site:
 
     def fence(self, tokens, idx, options, env):
         token = tokens[idx]
-        if token.info.strip() == "trained":
-            return self.trained_model(token)
+        if token.info.split()[:1] == ["trained"]:
+            return self.trained_model(token, (token.info.split() + [""])[1])
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
         return "".join(self.listing(resolve(line, self.where(token)))
@@ -215,15 +215,20 @@ class Site:
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
 
-    def trained_model(self, token) -> str:
-        """The trained model's figures (docs/trained/trained.json, from docs/trained.py): its
-        test BLEU with the signatures, validation translations beside their references, and
-        the caption saying which run made them."""
+    def trained_model(self, token, part: str) -> str:
+        """The trained model's figures (docs/trained/trained.json, from docs/trained.py).
+        ```trained: its test BLEU with the signatures, validation translations beside their
+        references, and the caption saying which run made them; ```trained pieces, batch,
+        beams or bleu: a stage of one sentence's walk from text to BLEU."""
         path = os.path.join(self.trained, "trained.json")
         if not os.path.isfile(path):
             raise BuildError(f"{self.where(token)}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
         t = json.load(open(path, encoding="utf-8"))
         e = html.escape
+        if part:
+            if part not in WALK:
+                raise BuildError(f"{self.where(token)}: no trained block {part!r}: {', '.join(WALK)} or none")
+            return WALK[part](t["walk"], e)
         rows = "".join(f"<tr><td>{e(x['source'])}</td><td>{e(x['translation'])}</td><td>{e(x['reference'])}</td></tr>"
                        for x in t["samples"])
         return (f'<div class="trained"><p>Test BLEU <b>{t["bleu"]:.2f}</b> on {t["test_sentences"]:,} sentences '
@@ -297,6 +302,44 @@ class Site:
             shutil.copyfile(os.path.join(DOCS, image), os.path.join(self.out, image))
         if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
             shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
+
+
+# The stages of one sentence's walk, as ```trained <stage> blocks show them.
+
+def _pieces(w: dict, e) -> str:
+    cells = "".join(f"<td><code>{e(p)}</code><br>{i}</td>" for p, i in zip(w["pieces"], w["ids"]))
+    return f'<div class="trained"><p>{e(w["source"])}</p><table class="pieces"><tr>{cells}</tr></table></div>\n'
+
+
+def _batch(w: dict, e) -> str:
+    rows = "".join("<tr>" + "".join(f'<td class="{"pad" if i == w["pad_id"] else ""}">{i}</td>' for i in row)
+                   + "</tr>" for row in w["batch"])
+    norms = ", ".join(f"{n:g}" for n in w["memory_norms"])
+    return (f'<div class="trained"><table class="pieces">{rows}</table><p>The encoder\'s output for the first '
+            f'row: shape ({", ".join(map(str, w["memory_shape"]))}), one vector per piece; their lengths: '
+            f'{e(norms)}.</p></div>\n')
+
+
+def _beams(w: dict, e) -> str:
+    rows = []
+    for s in w["steps"]:
+        live = "<br>".join(f'{b["log_prob"]:.2f} <code>{e(" ".join(b["pieces"]))}</code>' for b in s["beams"][:4])
+        more = f' <span class="muted">(+{len(s["beams"]) - 4} more)</span>' if len(s["beams"]) > 4 else ""
+        done = "<br>".join(f'{f["score"]:.2f} ({f["log_prob"]:.2f}) <code>{e(" ".join(f["pieces"]))}</code>'
+                           for f in s["finished"])
+        rows.append(f"<tr><td>{s['t']}</td><td>{live}{more}</td><td>{done}</td></tr>")
+    return ('<div class="trained"><table><tr><th>t</th><th>beams kept, best first (log P)</th>'
+            '<th>finished here: score = log P / lp (log P)</th></tr>' + "".join(rows) + "</table></div>\n")
+
+
+def _bleu(w: dict, e) -> str:
+    return (f'<div class="trained"><table><tr><th>pieces</th><td><code>{e(" ".join(w["hypothesis_pieces"]))}</code>'
+            f'</td></tr><tr><th>text</th><td>{e(w["translation"])}</td></tr><tr><th>reference</th>'
+            f'<td>{e(w["reference"])}</td></tr><tr><th>sentence BLEU</th><td>{w["sentence_bleu"]:.1f} '
+            f'(<code>{e(w["sentence_signature"])}</code>)</td></tr></table></div>\n')
+
+
+WALK = {"pieces": _pieces, "batch": _batch, "beams": _beams, "bleu": _bleu}
 
 
 def write(path: str, text: str) -> None:

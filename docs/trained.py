@@ -6,8 +6,8 @@ references, and its BLEU, rendered once from a run of the README's main job into
 runs/ is not in git, so what this writes is committed, and the reading shows the committed
 copy: the three attention maps of plot_attention.py for the first validation sentence, and
 trained.json (the run's test BLEU with its sacreBLEU signatures, a few validation sentences
-translated with the run's beam and alpha beside their references, and the caption: the
-command that trained it, its seed and the commit it ran at). Validation sentences only: the
+translated with the run's beam and alpha beside their references, the first one's walk from
+text to BLEU, and the caption: the command that trained it, its seed and the commit it ran at). Validation sentences only: the
 test set gives the run's one figure and nothing else.
 """
 
@@ -17,9 +17,12 @@ import json
 import os
 import sys
 
+import numpy as np
+
+import minitransformer as mt
 from minitransformer import cli, data, files
 from minitransformer.checkpoint import CheckpointError, load_checkpoint
-from minitransformer.decoding import translate
+from minitransformer.decoding import beam_search, translate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -41,6 +44,42 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--out", type=cli.output_folder, default=os.path.join(ROOT, "docs", "trained"),
                    help="where to write (default: docs/trained, committed)")
     return p
+
+
+def walk(model, tok, source: str, reference: str, other: str, beam: int, alpha: float) -> dict:
+    """One sentence from text to BLEU, each stage as the page shows it: its pieces and ids, a
+    batch with a second sentence (for the padding), the encoder's output, every step of beam
+    search with the beams it keeps, the detokenized translation and its sentence BLEU."""
+    from sacrebleu.metrics import BLEU
+
+    ids, other_ids = tok.encode([source, other])
+    batch = data.collate([ids, other_ids])
+    own = ids + [data.EOS_ID]  # the sentence as the model reads it, alone: no padding
+    src = mt.tensor(np.array([own]))
+    with mt.no_grad():
+        memory = model.encode(src).numpy()[0]
+    steps = []
+
+    def observe(step) -> None:  # one sentence: slot 0, until it finishes
+        kept = zip(step.kept_rows[0], step.kept_words[0], step.kept_scores[0]) if len(step.kept_sentences) else []
+        beams = [{"pieces": tok.id_to_piece([*step.prefixes[row], word]), "log_prob": float(score)}
+                 for row, word, score in kept if score > -float("inf")]
+        ended = [{"pieces": tok.id_to_piece(tokens), "log_prob": float(lp), "score": float(sc)}
+                 for sentence, tokens, lp, sc in step.finished if sentence == 0]
+        steps.append({"t": int(step.t), "beams": beams, "finished": ended})
+
+    (hypothesis,) = beam_search(model, src, beam, alpha, observer=observe)
+    translation = tok.decode([hypothesis])[0]
+    metric = BLEU(effective_order=True)
+    return {
+        "source": source, "reference": reference, "pieces": tok.id_to_piece(own),
+        "ids": own, "batch": batch.src.tolist(), "pad_id": data.PAD_ID,
+        "memory_shape": [1, *memory.shape], "memory_norms": [round(float(n), 2) for n in (memory ** 2).sum(-1) ** 0.5],
+        "steps": steps, "hypothesis_ids": list(map(int, hypothesis)),
+        "hypothesis_pieces": tok.id_to_piece(hypothesis), "translation": translation,
+        "sentence_bleu": metric.sentence_score(translation, [reference]).score,
+        "sentence_signature": str(metric.get_signature()),
+    }
 
 
 def main(argv=None) -> int:
@@ -66,6 +105,7 @@ def main(argv=None) -> int:
         "bleu_lowercased": bleu["bleu_lowercased"], "signature_lowercased": bleu["signature_lowercased"],
         "test_sentences": bleu["test_sentences"],
         "samples": [{"source": s, "translation": h, "reference": r} for s, h, r in zip(sources, hypotheses, references)],
+        "walk": walk(model, tok, sources[0], references[0], sources[1 % len(sources)], beam, alpha),
     }
     with files.atomic_write(os.path.join(args.out, "trained.json")) as f:
         json.dump(record, f, indent=1, ensure_ascii=False)

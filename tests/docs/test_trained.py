@@ -4,6 +4,7 @@ caption), and the build shows them where a page asks for them."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import sys
@@ -46,6 +47,13 @@ def test_the_maps_and_the_record_of_a_run(rendered):
     assert [s["reference"] for s in record["samples"]] == val.tgt[:3]
     assert [s["translation"] for s in record["samples"]] == translate(model, tok, val.src[:3], "cpu",
                                                                         record["beam"], record["alpha"])
+    walk = record["walk"]  # the first sample, stage by stage
+    assert walk["source"] == val.src[0] and walk["translation"] == record["samples"][0]["translation"]
+    assert walk["ids"] == tok.encode([val.src[0]])[0] + [data.EOS_ID] and len(walk["pieces"]) == len(walk["ids"])
+    assert len(walk["batch"]) == 2 and data.PAD_ID in sum(walk["batch"], [])  # two lengths: padding
+    assert walk["hypothesis_pieces"] == tok.id_to_piece(walk["hypothesis_ids"])
+    assert [s["t"] for s in walk["steps"]] == list(range(len(walk["steps"])))
+    assert any(f["pieces"] == walk["hypothesis_pieces"] for s in walk["steps"] for f in s["finished"])
 
 
 def test_the_build_shows_them_and_fails_without_them(rendered, tmp_path):
@@ -53,12 +61,16 @@ def test_the_build_shows_them_and_fails_without_them(rendered, tmp_path):
     pages = tmp_path / "pages"
     pages.mkdir()
     for page in build.PAGES:
-        (pages / f"{page.name}.md").write_text("# A page\n\n```trained\n```\n")
+        (pages / f"{page.name}.md").write_text("# A page\n\n```trained\n```\n\n" + "".join(
+            f"```trained {part}\n```\n\n" for part in build.WALK))
     pictures = tmp_path / "pictures"
     pictures.mkdir()
     site = build.Site(str(tmp_path / "site"), str(pictures), str(pages), trained=str(out))
     site.build()
     text = (tmp_path / "site" / "index.html").read_text()
-    assert "<b>12.50</b>" in text and "case:lc" in text and "abc1234" in text and text.count("<tr>") == 4
+    assert "<b>12.50</b>" in text and "case:lc" in text and "abc1234" in text
+    record = json.loads((out / "trained.json").read_text())
+    assert all(html.escape(s["reference"]) in text for s in record["samples"])
+    assert html.escape(record["walk"]["translation"]) in text and 'class="pad"' in text and "sentence BLEU" in text
     with pytest.raises(build.BuildError, match=r"index\.md:3: no .*trained\.json"):
         build.Site(str(tmp_path / "site2"), str(pictures), str(pages), trained=str(tmp_path / "none")).build()
