@@ -139,16 +139,17 @@ def stacks(out: str) -> None:
             below, y = y + 1.15, y + 2.15
         return top, cross
 
-    top_e, _ = column(2.5, model.encoder.layers[0], "source ids (2, 7)", "src_embed", cfg.num_encoder_layers,
-                      ENCODER, f"(2, 7, {cfg.d_model})", -1)
-    top_d, cross = column(7.5, model.decoder.layers[0], "target ids (2, 5)", "tgt_embed", cfg.num_decoder_layers,
-                          DECODER, f"(2, 5, {cfg.d_model})", 1)
+    # the shapes measured on the forward pass above: every layer keeps its stream's shape
+    top_e, _ = column(2.5, model.encoder.layers[0], f"source ids {shape(src)}", "src_embed", cfg.num_encoder_layers,
+                      ENCODER, shape(x), -1)
+    top_d, cross = column(7.5, model.decoder.layers[0], f"target ids {shape(tgt)}", "tgt_embed",
+                          cfg.num_decoder_layers, DECODER, shape(y), 1)
     # the encoder's output, the memory, gives the keys and values of every cross-attention
     ax.plot([2.5, 2.5, 4.95, 4.95], [top_e, top_e + 0.45, top_e + 0.45, cross], color=INK, lw=0.9)
     arrow(ax, (4.95, cross), (5.9, cross))
     ax.text(2.6, top_e + 0.75, f"memory {shape(x)}:\nK and V of every cross_attn", fontsize=8, color=MUTED)
     box(ax, 7.5, top_d + 0.75, 3.2, 0.55, "project: y · src_embed.weightᵀ\n(the shared embedding)", SHARED, 8)
-    arrow(ax, (7.5, top_d), (7.5, top_d + 0.47), f"(2, 5, {cfg.d_model})")
+    arrow(ax, (7.5, top_d), (7.5, top_d + 0.47), shape(y))
     box(ax, 7.5, top_d + 1.75, 3.2, 0.45, f"logits {shape(logits)} → softmax", "white", 8)
     arrow(ax, (7.5, top_d + 1.03), (7.5, top_d + 1.52))
     ax.set_ylim(-0.2, top_d + 2.1)
