@@ -72,6 +72,7 @@ PAGES = [
     Page("regularization", "Dropout and label smoothing", "5.4"),
     Page("beam-search", "Beam search and checkpoint averaging", "6.1"),
     Page("variations", "Table 3: the variations, at small scale", "6.2"),
+    Page("one-sentence", "One sentence, from text to BLEU", ""),
     Page("autograd", "The engine: a backward walk over the graph", ""),
     Page("fused-attention", "The fused attention kernel and its online softmax", ""),
     Page("mixed-precision", "Mixed precision", ""),
