@@ -77,8 +77,6 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         os.close(folder_fd)
 
 
-@contextlib.contextmanager
-
 def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> None:
     """Write a pyplot figure to ``path`` as PNG, atomically (a reader never sees half a
     picture), and close it. Only a caller that drew one has imported matplotlib."""
@@ -89,6 +87,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> None:
     plt.close(fig)
 
 
+@contextlib.contextmanager
 def atomic_folder(path: str | os.PathLike):
     """``with atomic_folder(path) as tmp:`` a new, empty folder beside ``path`` to fill; when the
     block ends without an exception it takes ``path``'s place (an earlier folder there is
