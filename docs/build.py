@@ -158,6 +158,7 @@ class Site:
                  trained: str = os.path.join(DOCS, "trained")):
         self.out = out
         self.trained = trained  # the trained model's figures, from docs/trained.py
+        self._trained: dict | None = None  # trained.json, once read
         self.pictures = pictures
         self.pages = pages
         self.sources: set[str] = set()  # files a page points into, written under src/
@@ -222,9 +223,11 @@ class Site:
         references, and the caption saying which run made them; ```trained pieces, batch,
         beams or bleu: a stage of one sentence's walk from text to BLEU."""
         path = os.path.join(self.trained, "trained.json")
-        if not os.path.isfile(path):
-            raise BuildError(f"{self.where(token)}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
-        t = json.load(open(path, encoding="utf-8"))
+        if self._trained is None:  # read once: a page may hold several blocks
+            if not os.path.isfile(path):
+                raise BuildError(f"{self.where(token)}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
+            self._trained = json.load(open(path, encoding="utf-8"))
+        t = self._trained
         e = html.escape
         if part:
             if part not in WALK:
