@@ -6,6 +6,9 @@
 On a GPU, for every sequence length (512 ... 8192), head dim (64, 128), causal or not, and
 dtype (bf16, fp32):
     fused   minitransformer.kernels.attention_forward/backward (csrc/attention.cu)
+    naive_cuda  minitransformer.kernels.attention_naive_forward (csrc/attention_naive.cu):
+            scores, softmax and P V as three kernels through the T x T matrix in memory
+            (forward only)
     naive   F.scaled_dot_product_attention with MINITRANSFORMER_KERNELS=0: the CuPy composite
             that materialises the T x T probabilities (bf16 runs it in fp16: CuPy lacks bf16
             arithmetic)
@@ -68,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=cli.integer(1), default=10, help="timed runs of each case (their median)")
     p.add_argument("--warmup", type=cli.integer(0), default=2, help="untimed runs of each case first")
     p.add_argument("--naive-max-seq", type=cli.integer(0), default=8192,
-                   help="skip the naive composite above this length (it stores B h T^2 floats; 0: never run it)")
+                   help="skip the naive composite and the naive kernels above this length (they store B h T^2 "
+                        "floats; 0: never run them)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for gpu_check.sh)")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
@@ -145,8 +149,8 @@ def gpu_attention(args, results):
     sync = cp.cuda.Device().synchronize
     pool = cp.get_default_memory_pool()
     table = Table(["dtype", "causal", "d", "seq", "batch", "pass", "fused_ms", "fused_TF",
-                   "naive_ms", "naive_TF", "torch_ms", "torch_TF", "vs_torch", "fused_MB",
-                   "naive_MB", "torch_MB"])
+                   "naive_cuda_ms", "naive_cuda_TF", "naive_ms", "naive_TF", "torch_ms", "torch_TF",
+                   "vs_torch", "fused_MB", "naive_cuda_MB", "naive_MB", "torch_MB"])
     print("\n== attention (B * T = %d tokens, %d heads) ==" % (args.tokens, args.heads))
     table.header()
     for dtype in args.dtypes:
@@ -172,13 +176,16 @@ def gpu_attention(args, results):
                                 kernels.attention_backward(q, k, v, o, lse, do, causal=causal)
 
                         row["fused_ms"], row["fused_MB"] = _run_cupy(fused, args, sync, pool)
+                        if T <= args.naive_max_seq and not backward:  # forward only
+                            row["naive_cuda_ms"], row["naive_cuda_MB"] = _run_cupy(
+                                lambda: kernels.attention_naive_forward(q, k, v, causal=causal), args, sync, pool)
                         if T <= args.naive_max_seq:
                             row["naive_ms"], row["naive_MB"] = _run_cupy(
                                 _naive_attention(naive_inputs, causal, backward), args, sync, pool)
                         if has_torch:
                             row["torch_ms"], row["torch_MB"] = _run_torch(
                                 torch, host, dtype, causal, backward, args)
-                        for name in ("fused", "naive", "torch"):
+                        for name in ("fused", "naive_cuda", "naive", "torch"):
                             ms = row.get(f"{name}_ms")
                             row[f"{name}_TF"] = flops / ms / 1e9 if isinstance(ms, float) else None
                         if isinstance(row.get("torch_ms"), float) and isinstance(row.get("fused_ms"), float):

@@ -27,7 +27,7 @@
 namespace py = pybind11;
 
 namespace mt {
-// Launchers, defined in attention.cu, layernorm.cu and softmax.cu.
+// Launchers, defined in attention.cu, attention_naive.cu, layernorm.cu and softmax.cu.
 void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
                        const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                        float scale, bool causal, float dropout_p, uint64_t seed,
@@ -37,6 +37,9 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
                         void* dk, void* dv, float* dq_accum, float* delta, int dtype, int B,
                         int H, int T, int S, int D, float scale, bool causal, float dropout_p,
                         uint64_t seed, size_t smem_limit, cudaStream_t stream);
+void attention_naive_forward(const void* q, const void* k, const void* v, void* o, float* p,
+                             const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
+                             float scale, bool causal, cudaStream_t stream);
 void layernorm_forward(const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int dtype, int N, int D, float eps, cudaStream_t stream);
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
@@ -166,6 +169,22 @@ PYBIND11_MODULE(_C, m) {
           py::arg("delta"), py::arg("dtype"), py::arg("B"), py::arg("H"), py::arg("T"),
           py::arg("S"), py::arg("D"), py::arg("scale"), py::arg("causal"), py::arg("dropout_p"),
           py::arg("seed"), py::arg("smem_limit"), py::arg("stream"));
+
+    m.def("attention_naive_forward",
+          [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t p, uintptr_t kv_lens,
+             int dtype, int B, int H, int T, int S, int D, float scale, bool causal, uintptr_t stream) {
+              const char* fn = "attention_naive_forward";
+              check_dtype(dtype, fn);
+              check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}, {"D", D}});
+              mt::attention_naive_forward(pointer(q, fn, "q", true, 16), pointer(k, fn, "k", true, 16),
+                                          pointer(v, fn, "v", true, 16), pointer(o, fn, "o", true, 16),
+                                          pointer<float>(p, fn, "p", true, 16),
+                                          pointer<const int>(kv_lens, fn, "kv_lens", false), dtype, B,
+                                          H, T, S, D, scale, causal, as_stream(stream));
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("p"), py::arg("kv_lens"),
+          py::arg("dtype"), py::arg("B"), py::arg("H"), py::arg("T"), py::arg("S"), py::arg("D"),
+          py::arg("scale"), py::arg("causal"), py::arg("stream"));
 
     m.def("limits",
           []() {

@@ -490,6 +490,53 @@ def data_parallel(out: str) -> None:
     save(fig, out, "data-parallel.png")
 
 
+# --------------------------------------------------------------------------- the kernels
+
+
+def fused_attention(out: str) -> None:
+    """What one forward of attention costs in global memory, per batch element and head, as the
+    sequence grows (T = S), from each twin's forward_bytes: the bytes the kernels read and write
+    (the naive kernels' T x S matrix P goes through memory four times; the fused kernel reads K
+    and V once per tile of queries), beside the least any attention moves (Q, K, V read once, O
+    written once); and the memory each holds besides its inputs and output (P, against lse)."""
+    from minitransformer.kernels.reference import attention as fused
+    from minitransformer.kernels.reference import attention_naive as naive
+
+    D, itemsize, block = 64, 2, 64  # d_k of the base model, 16-bit inputs, the 16-bit kernels' tiles
+    lengths = [2**n for n in range(7, 15)]
+    mib = lambda n: n / 2**20  # noqa: E731
+    naive_mib = [mib(naive.forward_bytes(1, 1, n, n, D, itemsize)) for n in lengths]
+    fused_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block)) for n in lengths]
+    causal_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block, causal=True)) for n in lengths]
+    least_mib = [mib(4 * n * D * itemsize) for n in lengths]
+    fig, (moved, held) = plt.subplots(1, 2, figsize=(WIDTH, 3.9), gridspec_kw={"width_ratios": [3, 2]})
+    for values, color, style, label in [(naive_mib, "#c0392b", "-", "naive kernels"),
+                                        (fused_mib, "#2f5f9f", "-", "fused kernel"),
+                                        (causal_mib, "#2f5f9f", "--", "fused kernel, causal"),
+                                        (least_mib, MUTED, ":", "least possible")]:
+        moved.plot(lengths, values, style, color=color, marker="o", ms=3.5, label=label)
+    for n, a, b in zip(lengths, naive_mib, fused_mib):
+        moved.text(n, a * 1.6, f"{a / b:.1f}×", ha="center", fontsize=7.5, color="#c0392b")
+    moved.set_ylabel("MiB")
+    moved.set_title("read and written (×: naive / fused)")
+    moved.legend(fontsize=8, loc="lower right")
+    held.plot(lengths, [mib(4 * n * n) for n in lengths], "-", color="#c0392b", marker="o", ms=3.5,
+              label="naive: P, float32, T × S")
+    held.plot(lengths, [mib(4 * n) for n in lengths], "-", color="#2f5f9f", marker="o", ms=3.5,
+              label="fused: lse, float32, T")
+    held.set_title("held besides Q, K, V and O")
+    held.legend(fontsize=8, loc="upper left")
+    for ax in (moved, held):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths[::2], [str(n) for n in lengths[::2]])
+        ax.set_xlabel("sequence length T = S")
+    moved.set_ylim(top=naive_mib[-1] * 5)  # room for the ratios
+    fig.suptitle(f"Global memory of one attention forward, per batch element and head (d_k = {D}, "
+                 f"16-bit inputs, tiles of {block})", fontsize=10)
+    save(fig, out, "fused-attention.png")
+
+
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=cli.output_folder, required=True, help="folder for the pictures")
@@ -513,7 +560,7 @@ def main(argv=None) -> int:
 
 FIGURES = {"stacks": stacks, "multi-head": multi_head, "uses-of-attention": uses_of_attention,
            "feed-forward": feed_forward, "embeddings": embeddings, "batching": batching, "autograd": autograd,
-           "mixed-precision": mixed_precision, "data-parallel": data_parallel}
+           "mixed-precision": mixed_precision, "data-parallel": data_parallel, "fused-attention": fused_attention}
 
 if __name__ == "__main__":
     sys.exit(cli.run(main))

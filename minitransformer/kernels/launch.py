@@ -153,8 +153,9 @@ def shared_memory_limit() -> int:
 # --------------------------------------------------------------------------- attention
 
 
-def _attention_shape_problem(q, k, v) -> str | None:
-    """What the attention kernels cannot take about these shapes (csrc/limits.cuh), or None."""
+def _attention_shape_problem(q, k, v, fused: bool = True) -> str | None:
+    """What the attention kernels cannot take about these shapes (csrc/limits.cuh for the
+    fused ones; the naive kernels take any head dim and batch), or None."""
     if q.ndim != 4:
         return f"q must have shape (B, H, T, D), got {q.shape}"
     B, H, T, D = q.shape
@@ -162,6 +163,8 @@ def _attention_shape_problem(q, k, v) -> str | None:
         return f"k {k.shape} and v {v.shape} must both be (B, H, S, D) = ({B}, {H}, S, {D}) for q {q.shape}"
     if 0 in q.shape or 0 in k.shape:
         return f"q {q.shape} or k {k.shape} is empty"
+    if not fused:
+        return None
     lim = limits()
     if D not in lim["attention_head_dims"]:
         return f"head dim {D} is not one the kernels are compiled for {lim['attention_head_dims']}"
@@ -212,10 +215,10 @@ def _smem_limit(asked: int | None) -> int:
     return int(asked)
 
 
-def _attention_inputs(cupy, fn, q, k, v, kv_lens):
+def _attention_inputs(cupy, fn, q, k, v, kv_lens, fused: bool = True):
     q, k, v = (_device_array(cupy, a, fn, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     code = _float_code(fn, q=q, k=k, v=v)
-    problem = _attention_shape_problem(q, k, v)
+    problem = _attention_shape_problem(q, k, v, fused)
     if problem is not None:
         raise ValueError(f"{fn}: {problem}")
     B, H, T, D = q.shape
@@ -275,6 +278,23 @@ def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False
                           bool(causal), float(dropout_p), int(seed) % 2**64,
                           _smem_limit(smem_limit), _stream(cupy))
     return dq, dk, dv
+
+
+def attention_naive_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None):
+    """The naive attention kernels (csrc/attention_naive.cu): scores, softmax and P V as three
+    launches through the (B, H, T, S) float32 matrix P in device memory, which this allocates.
+    Arguments as ``attention_forward``'s, any head dim; forward only, no dropout. Returns o
+    like q. The ladder's rung below the fused kernel, for benchmarks/attn.py and the reading;
+    ``functional`` dispatches to the fused kernel only."""
+    fn = "attention_naive_forward"
+    cupy = _ready(fn)
+    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens, fused=False)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o = cupy.empty_like(q)
+    p = cupy.empty((B, H, T, S), dtype=cupy.float32)
+    _C.attention_naive_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, p.data.ptr, _ptr(lens),
+                               code, B, H, T, S, D, scale, bool(causal), _stream(cupy))
+    return o
 
 
 def key_lengths_from_mask(mask, batch: int, keys: int):

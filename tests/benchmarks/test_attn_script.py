@@ -31,5 +31,6 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     rows = results["attention"]
     assert {(r["dtype"], r["pass"]) for r in rows} == {(d, p) for d in ("bf16", "fp32") for p in ("fwd", "fwd+bwd")}
     assert all(r["fused_ms"] > 0 and r["naive_ms"] > 0 for r in rows)
+    assert all((r["naive_cuda_ms"] > 0) if r["pass"] == "fwd" else ("naive_cuda_ms" not in r) for r in rows)
     kernels = {r["kernel"] for r in results["bandwidth"]}
     assert kernels == {"layernorm_fwd", "layernorm_bwd", "softmax_fwd", "softmax_bwd", "xent_fwd+grad"}

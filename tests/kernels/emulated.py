@@ -173,6 +173,35 @@ def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, 
         check(name, dtype, got, ref, nv, sl)
 
 
+def attention_naive(C, q, k, v, lens, causal, dtype):
+    """The naive kernels' forward: o."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    lens = None if lens is None else device_copy(np.asarray(lens, dtype=np.int32))
+    o, p = device_empty(q.shape, q.dtype), device_empty((B, H, T, S), np.float32)
+    C.attention_naive_forward(ptr(q), ptr(k), ptr(v), ptr(o), ptr(p), ptr(lens), CODE[dtype], B, H, T,
+                              S, D, 1 / math.sqrt(D), causal, 0)
+    return o
+
+
+def check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed, magnitude=1.0):
+    """The naive kernels' output against the formula (16-bit: against twice the error of the
+    same-precision naive implementation); padding rows of k and v hold NaN, which must not be
+    read. ``magnitude`` scales q and k, and the scores by its square."""
+    rng = np.random.default_rng(seed)
+    (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
+    v, v64 = randn(rng, (B, H, S, D), dtype)
+    naive = None
+    if dtype != "float32":
+        zeros = np.zeros((B, H, T, D), np.float32)
+        naive = naive_attention(*(to_f32(a) for a in (q, k, v)), zeros, lens, causal, rounder(dtype))[0]
+    nan = checks.to_kernel(np.full(1, np.nan, np.float32), dtype)[0]
+    for b, n in enumerate([S] * B if lens is None else lens):
+        k[b, :, n:] = v[b, :, n:] = nan
+    o = attention_naive(C, q, k, v, lens, causal, dtype)
+    check("attention", dtype, o, formulas.attention(q64, k64, v64, lens, causal)[0], naive)
+
+
 def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1], spread=1.0, offset=0.0):
     """Forward and backward; x is offset + spread * N(0, 1) (``logits``): spread 0 gives constant
     rows, a small spread over a large offset rows whose variance is tiny beside their mean."""

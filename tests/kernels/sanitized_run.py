@@ -43,6 +43,11 @@ _SHAPES = {
     "attention-dropout": (emulated.check_attention, dict(B=2, H=1, T=40, S=200, D=32,
                                                          lens=[200, 130], causal=True,
                                                          dropout_p=0.2)),
+    # The naive kernels: every count of threads (scores, rows, outputs) short of a whole block
+    # of 256; causal with T > S (the first 10 queries see no key), padded keys (their rows hold
+    # NaN) and a batch entry with none; an odd head dim.
+    "attention_naive-masks": (emulated.check_attention_naive, dict(B=2, H=3, T=25, S=15, D=7,
+                                                                   lens=[11, 0], causal=True)),
     # 13 rows: the last block has idle warps, and the backward's 3 blocks loop twice.
     "layernorm-vector": (emulated.check_layernorm, dict(N=13, D=104, affine=True)),
     "layernorm-scalar": (emulated.check_layernorm, dict(N=6, D=1030, affine=False)),

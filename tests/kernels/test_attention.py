@@ -72,6 +72,16 @@ def test_attention_twin_matches_formula(case, seed):
     np.testing.assert_allclose(dv, dv_ref, **TWIN_TOL)
 
 
+@TWIN_SETTINGS
+@given(st.integers(1, 200), st.integers(1, 200), st.booleans(), st.sampled_from([(64, 64), (16, 32), (32, 8)]))
+def test_forward_bytes_counts_the_rows_of_k_and_v_the_twin_loads(T, S, causal, blocks):
+    loaded = []
+    q, k, v, _ = qkv(1, 1, T, S, 2, seed=0)
+    R.attention_forward(q, k, v, causal=causal, block_q=blocks[0], block_k=blocks[1],
+                        observer=lambda rows, cols, *_: loaded.append(len(cols)))
+    assert R.attention.forward_bytes(1, 1, T, S, 2, 4, *blocks, causal=causal) == (2 * T + 2 * sum(loaded)) * 2 * 4 + 4 * T
+
+
 def test_attention_fully_masked_rows_are_zero_not_nan():
     # Batch 1 has no keys; with T > S and causal, the first T - S queries see nothing either.
     B, H, T, S, D = 2, 2, 50, 30, 8

@@ -14,6 +14,9 @@ A kernel, its twin and its test share a name:
 
     csrc/attention.cu   attention.py       attention_forward / attention_backward, (B, H, T, D)
                                            philox_bits / dropout_factor (the dropout mask)
+    csrc/attention_naive.cu
+                        attention_naive.py attention_naive_forward, (B, H, T, D): attention
+                                           as three plain steps through the T x S matrix
     csrc/layernorm.cu   layernorm.py       layernorm_forward / layernorm_backward, (N, D) rows
     csrc/softmax.cu     softmax.py         softmax_forward / softmax_backward, (N, V) rows
                         cross_entropy.py   cross_entropy_forward, (N, V) logits, (N,) targets
@@ -25,12 +28,13 @@ CPU emulator, the kernel on the device against float64.
 from __future__ import annotations
 
 from .attention import attention_backward, attention_forward, dropout_factor, philox_bits
+from .attention_naive import attention_naive_forward
 from .cross_entropy import cross_entropy_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .softmax import online_max_sum, row_threads, softmax_backward, softmax_forward
 
 __all__ = [
-    "attention_backward", "attention_forward", "cross_entropy_forward", "dropout_factor",
-    "layernorm_backward", "layernorm_forward", "online_max_sum", "philox_bits", "row_threads",
-    "softmax_backward", "softmax_forward",
+    "attention_backward", "attention_forward", "attention_naive_forward", "cross_entropy_forward",
+    "dropout_factor", "layernorm_backward", "layernorm_forward", "online_max_sum", "philox_bits",
+    "row_threads", "softmax_backward", "softmax_forward",
 ]

@@ -128,6 +128,19 @@ def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float 
     return o, lse
 
 
+def forward_bytes(B: int, H: int, T: int, S: int, D: int, itemsize: int, block_q: int = 64,
+                  block_k: int = 64, causal: bool = False) -> int:
+    """Bytes of global memory the forward reads and writes, without padding: Q once; for each
+    tile of ``block_q`` queries, the tiles of K and V rows that the loop above loads (under the
+    causal mask, up to the tile holding its last visible key); O (``itemsize`` bytes an element)
+    and lse (float32) once. No T x S array: the scores stay on chip."""
+    keys = 0
+    for q0 in range(0, T, block_q):
+        k_end = min(S, min(q0 + block_q, T) + (S - T)) if causal else S
+        keys += min(S, math.ceil(max(k_end, 0) / block_k) * block_k)
+    return B * H * ((2 * T + 2 * keys) * D * itemsize + 4 * T)
+
+
 def attention_backward(q, k, v, o, lse, dout, kv_lens=None, causal: bool = False,
                        scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
                        block_q: int = 32, block_k: int = 64):
