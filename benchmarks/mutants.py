@@ -42,6 +42,7 @@ what the change touched.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -338,18 +339,40 @@ def generate(files=FILES) -> list[Mutant]:
 # --------------------------------------------------------------------------- the checks
 
 
-def checks_paths() -> list[Path]:
-    """What a mutant's result depends on besides its sources: the checks its stages run (not
-    the test files test_stages leaves out, nor a test module no stage imports: a change there
-    tests nothing again) and the emulator."""
-    paths = sorted(p for p in TESTS.glob("*.py") if p.name not in NOT_RUN)
-    paths += [ROOT / "tests" / "conftest.py", Path(emulator.__file__), emulator.EMU_H]
-    return paths + sorted((ROOT / "minitransformer" / "kernels").rglob("*.py"))
+def checks_paths(file: str) -> list[Path]:
+    """What the result of a mutant of csrc/``file`` depends on besides csrc/: the test files its
+    stages run (test_stages; sanitized_run.py), every test module they import, the conftest
+    files, the emulator and the kernels' Python side. Not the other kernels' tests, nor a test
+    module none of these imports: a change there tests nothing again."""
+    local = {p.stem: p for d in (ROOT / "tests", TESTS) for p in d.glob("*.py")}  # as the tests import them
+    todo = [Path(a) for _, cmd in test_stages([file]) for a in cmd if a.endswith(".py")]
+    todo.append(TESTS / "sanitized_run.py")
+    seen = set()
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo += [local[name] for name in imported_names(path) if name in local]
+    seen |= {TESTS / "conftest.py", ROOT / "tests" / "conftest.py", Path(emulator.__file__), emulator.EMU_H}
+    return sorted(seen) + sorted((ROOT / "minitransformer" / "kernels").rglob("*.py"))
 
 
-def checks_digest() -> str:
+def imported_names(path: Path) -> set[str]:
+    """The modules a Python file imports (``import a.b``, ``from a import b``: a.b, a)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@functools.cache
+def checks_digest(file: str) -> str:
+    """The digest of checks_paths(file) as they are now (read once per process)."""
     h = hashlib.sha256()
-    for path in checks_paths():
+    for path in checks_paths(file):
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -359,11 +382,11 @@ def csrc_texts() -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(CSRC.iterdir())}
 
 
-def key(mutant: Mutant, checks: str, sources: dict[str, str]) -> str:
+def key(mutant: Mutant, sources: dict[str, str]) -> str:
     """The mutant's identity for the results: its mutated sources (``sources``: csrc_texts())
-    and the checks."""
+    and its checks (checks_digest)."""
     m = mutant.mutation()
-    h = hashlib.sha256(f"{checks}\0{m.file}\0".encode())
+    h = hashlib.sha256(f"{checks_digest(m.file)}\0{m.file}\0".encode())
     for name in sorted(sources):
         h.update((m.new if name == m.file else sources[name]).encode())
     return h.hexdigest()[:24]
@@ -373,20 +396,17 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-NOT_RUN = ("test_sanitizers.py", "test_resources.py")  # in tests/kernels, but no stage of a mutant runs them
-
-
 def test_stages(files) -> list[tuple[str, list[str]]]:
     """The pytest runs a mutant of ``files`` meets, in order. First the emulator sections of
-    the mutated kernels' own test files, which kill most mutants in seconds; then the tests
-    that reach the kernels through the emulated device (F's dispatch, the launchers). The
-    other kernels' emulator sections never call the mutated code."""
+    the mutated kernels' own test files, which kill most mutants in seconds; then the tests of
+    those files and of F's dispatch that reach the kernels through the emulated device (marked
+    ``device``: the launchers, the dispatch). The other kernels' tests never call the mutated
+    code, nor do the twins' tests against the formulas."""
     pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
               "--hypothesis-profile=mutants", "-o", "addopts="]
     own = sorted({TESTS / f"test_{kernel}.py" for file in files for kernel in KERNELS[file]})
     return [("kernel tests", [*pytest, *map(str, own), "-m", "emulator"]),
-            ("device tests", [*pytest, str(TESTS), "-m", "not emulator",
-                              *(f"--ignore={TESTS / name}" for name in NOT_RUN)])]
+            ("device tests", [*pytest, *map(str, own), str(TESTS / "test_dispatch.py"), "-m", "device and not emulator"])]
 
 
 class ChecksFail(Exception):
@@ -575,10 +595,9 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     """Test every mutant not already in results_path or ``known`` (results by key, as the
     record keeps them), appending each result to results_path as it comes. Without ``test``,
     only what is known: the mutants not yet tested are left out."""
-    checks = checks_digest()
     results = known | load_results(results_path)
     sources = csrc_texts()
-    keys = {m: key(m, checks, sources) for m in mutants}
+    keys = {m: key(m, sources) for m in mutants}
     todo = [m for m in mutants if keys[m] not in results] if test else []
     if todo:
         baseline(sorted({m.file for m in todo}))
@@ -595,8 +614,8 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants if keys[m] in results}
 
 
-KERNEL_OF = {"attention.cu": "attention", "layernorm.cu": "layernorm", "softmax.cu": "softmax & cross-entropy",
-             "common.cuh": "common (all kernels)"}
+KERNEL_OF = {"attention.cu": "attention", "attention_naive.cu": "naive attention", "layernorm.cu": "layernorm",
+             "softmax.cu": "softmax & cross-entropy", "common.cuh": "common (all kernels)"}
 
 
 def report(outcomes: dict[str, dict], entries: list[dict], survivors: list[dict],
@@ -658,8 +677,8 @@ def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], ent
         status = "equivalent" if o["status"] == "survived" and equivalent_reason(o["mutant_obj"], entries) else o["status"]
         record["mutants"][name] = {"status": status, "by": o.get("by"), "key": o["key"], "seconds": o["seconds"]}
     # Only what holds for the sources and checks as they are: a result of other checks is gone.
-    checks, sources = checks_digest(), csrc_texts()
-    current = {m.name: key(m, checks, sources) for m in every}
+    sources = csrc_texts()
+    current = {m.name: key(m, sources) for m in every}
     record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if current.get(n) == r.get("key")}
     record["complete"] = set(current) <= set(record["mutants"])
     with atomic_write(path) as f:

@@ -216,26 +216,29 @@ def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp
     path = tmp_path / "record.json"
     path.write_text(json.dumps({"complete": False, "mutants": {
         every[1].name: {"status": "killed", "by": "kernel tests", "key": "of-other-checks", "seconds": 1.0}}}))
-    current = mutants.key(m, mutants.checks_digest(), mutants.csrc_texts())
+    current = mutants.key(m, mutants.csrc_texts())
     outcome = {"status": "killed", "by": "kernel tests", "key": current, "seconds": 2.0, "mutant_obj": m}
     mutants.write_record(path, {m.name: outcome}, every, [])
     record = json.loads(path.read_text())
     assert list(record["mutants"]) == [m.name] and not record["complete"]
 
 
-def test_the_checks_digest_covers_every_test_module_the_stages_import():
-    """A result is kept while its checks are unchanged, so every module of tests/ that the
-    stages' files import must be among the files hashed (and tests/helpers.py, which none
-    imports, is not, so that a change there does not test every mutant again)."""
-    hashed = set(mutants.checks_paths())
-    staged = [p for p in hashed if p.suffix == ".py" and p.is_relative_to(ROOT / "tests")]
-    local = {p.stem: p for d in (mutants.TESTS, ROOT / "tests") for p in d.glob("*.py")}
-    imported = set()
-    for path in staged:
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            imported |= {local[n] for n in names if n in local}
-    assert imported and imported <= hashed, sorted(map(str, imported - hashed))
-    assert ROOT / "tests" / "helpers.py" not in hashed
+def test_a_mutants_checks_are_its_stages_files_and_what_they_import():
+    """A result is kept while its checks are unchanged, so every test module that a mutant's
+    stages run or import is among the files hashed for it; another kernel's tests, and
+    tests/helpers.py, which no stage imports, are not, so that a change there tests nothing
+    again."""
+    local = {p.stem: p for d in (ROOT / "tests", mutants.TESTS) for p in d.glob("*.py")}
+    for file in mutants.FILES:
+        hashed = set(mutants.checks_paths(file))
+        staged = {Path(a) for _, cmd in mutants.test_stages([file]) for a in cmd if a.endswith(".py")}
+        staged.add(mutants.TESTS / "sanitized_run.py")
+        assert staged <= hashed, (file, staged - hashed)
+        for path in staged:  # and what they import, parsed here on its own
+            tree = ast.parse(path.read_text())
+            names = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+            names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+            assert {local[n] for n in names if n in local} <= hashed, (file, path)
+        assert ROOT / "tests" / "helpers.py" not in hashed
+    assert mutants.TESTS / "test_attention.py" not in mutants.checks_paths("layernorm.cu")
+    assert mutants.TESTS / "test_layernorm.py" in mutants.checks_paths("common.cuh")

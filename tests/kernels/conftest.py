@@ -4,6 +4,7 @@ import pytest
 from hypothesis import Phase, settings
 
 import emulated
+from device import on_device
 from minitransformer.emulated import emulator
 
 # No shrinking, so that a failing GPU test reports its (unshrunk) example at once instead of
@@ -21,11 +22,16 @@ def C():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "emulator: runs csrc/ in the CPU emulator (takes C)")
+    config.addinivalue_line("markers", "device: runs the kernels on the device, a GPU or the emulated one "
+                                       "(marked on_device)")
 
 
 def pytest_collection_modifyitems(items):
     """Mark the tests that take C ``emulator``, so that gpu_check.sh can leave them out on a GPU
-    machine (-m "not emulator")."""
+    machine (-m "not emulator"); and those marked ``on_device`` ``device``, so that a mutant's
+    checks (benchmarks/mutants.py) run only the tests that reach a kernel, not the twins'."""
     for item in items:
         if "C" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.emulator)
+        if any(mark == on_device.mark for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.device)
