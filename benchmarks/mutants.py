@@ -81,9 +81,13 @@ SANITIZER_CPU_SECONDS = 900
 # The sanitizers a survivor of the kernel tests meets, by class: AddressSanitizer/UBSan where a
 # bug reads or writes out of bounds, ThreadSanitizer (minutes on attention) where it races. A
 # mutant not given a sanitizer that would have caught it counts as a survivor: the score can
-# only come out low, never high.
+# only come out low, never high. Tile mutants change shared-memory layouts, and in every build,
+# the kernel tests' too, the emulator finds a write past a carved array and turns a read past
+# one into NaN (emu.h, SharedMemory): AddressSanitizer, half a minute a mutant, killed none of
+# the 66 that reached it in the third full run (benchmarks/RESULTS.md). One reading past an
+# array without changing a result would survive, and be explained or fixed.
 SANITIZERS_FOR = {"relational": ["address"], "off-by-one": ["address"], "min-max": ["address"],
-                  "tile": ["address"], "barrier": ["thread"], "atomic": ["thread"],
+                  "tile": [], "barrier": ["thread"], "atomic": ["thread"],
                   "pipeline": ["address", "thread"], "online-max": []}
 
 
