@@ -101,6 +101,7 @@ def add_point(args) -> dict:
         point = score_validation(run, result, args.data_dir, not args.no_progress)
     point.update(steps=result["steps"], target_tokens=round(target_tokens(run, result["steps"])),
                  beam=result["beam"], alpha=result["alpha"], averaged=result["averaged"], run=str(run),
+                 parts=result.get("parts", []),  # each part's command, commit and start (train_wmt.py)
                  date=datetime.date.today().isoformat(), scored_at=commit(), note=args.note)
     return point
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import glob
 import json
 import logging
 import math
 import os
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -189,6 +191,7 @@ def build_parser() -> cli.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+    args.argv = argv  # None: sys.argv's; for train.jsonl's start lines (command_line)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
     vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
     if args.beam and args.beam > vocab:
@@ -346,6 +349,30 @@ def main(argv=None) -> dict:
                    on_interrupt=lambda: interrupted(args, argv))
 
 
+def command_line(argv: list[str] | None, world) -> list[str]:
+    """The command that started this process as a user types it: mpiexec and its ranks, the
+    script (called in-process, by its path from here if that is shorter) and its arguments."""
+    script = sys.argv[0] if argv is None else min(os.path.relpath(__file__), os.path.abspath(__file__), key=len)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ranks = ["mpiexec", "-n", str(world.world_size)] if world is not None and world.world_size > 1 else []
+    return ranks + ["python", script] + argv
+
+
+def code_commit() -> str | None:
+    """The commit of the code that runs, "+" marking uncommitted changes to tracked files; None
+    outside a git checkout (an installed copy)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True)
+    except OSError:  # no git
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 def interrupted(args, argv) -> str | bool:
     """The line an interrupted run ends with: the command that continues it (rank 0 alone
     speaks; the others end quietly)."""
@@ -357,12 +384,8 @@ def interrupted(args, argv) -> str | bool:
         return False
     if not os.path.exists(os.path.join(args.out_dir, "last.npz")):
         return "no checkpoint was written yet, so there is nothing to resume: run the command again to start over"
-    # The script as the user named it; called in-process, by a path from here if it is short.
-    script = sys.argv[0] if argv is None else min(os.path.relpath(__file__), os.path.abspath(__file__), key=len)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ranks = ["mpiexec", "-n", str(world.world_size)] if world is not None and world.world_size > 1 else []
-    command = ranks + ["python", script] + argv + ([] if "--resume" in argv else ["--resume"])
-    return f"continue with: {shlex.join(command)}"
+    command = command_line(argv, world)
+    return f"continue with: {shlex.join(command + ([] if '--resume' in command else ['--resume']))}"
 
 
 def train_and_evaluate(args) -> dict:
@@ -474,6 +497,7 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
             truncate_log(run.log_path, step)
+            log_start(run, step)
             averaged_copy = os.path.join(args.out_dir, f"ckpt-{step}.npz")
             if not os.path.exists(averaged_copy):  # killed between the two writes of validate_and_save
                 save_checkpoint(averaged_copy, run.model, extra=ckpt.extra)
@@ -485,7 +509,17 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         remove_unfinished_writes(args.out_dir)
         if os.path.exists(run.log_path):
             os.remove(run.log_path)  # a fresh run starts a fresh log
+        log_start(run, 0)
     return 0, 0.0
+
+
+def log_start(run: Run, step: int) -> None:
+    """train.jsonl's line for the start of each part of a run (the first, and every --resume):
+    its command, the code's commit, the seed and when, so that a figure from the run says what
+    made it."""
+    append_record(run.log_path, dict(kind="start", step=step, command=shlex.join(command_line(run.args.argv, run.world)),
+                                     commit=code_commit(), seed=run.args.seed,
+                                     time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
 
 
 def training_budget(args, preset: Preset, batcher: data.TokenBatcher) -> Budget:
@@ -839,7 +873,8 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
                   length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
                   decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
                   test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
-                  precision=args.precision)
+                  precision=args.precision,
+                  parts=[r for r in map(json.loads, open(run.log_path)) if r["kind"] == "start"])
     with files.atomic_write(os.path.join(args.out_dir, "bleu.json")) as f:
         json.dump(result, f, indent=2)
     plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))

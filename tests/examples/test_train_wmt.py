@@ -71,6 +71,12 @@ def test_train_resume_average_translate(tmp_path, caplog):
         train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "9", "--resume"])
     assert "training stopped (max steps) after 9 steps" in caplog.text
     assert losses(split) == resumed
+    # Each part of the run says what made it: its command, the code's commit, the seed.
+    parts = json.loads((split / "bleu.json").read_text())["parts"]
+    assert [p["step"] for p in parts] == [0, 6, 9]
+    assert all("train_wmt.py" in p["command"] and p["seed"] == 1 for p in parts)
+    assert "--resume" not in parts[0]["command"] and "--max-steps 9 --resume" in parts[1]["command"]
+    assert all(p["commit"] is None or len(p["commit"].rstrip("+")) >= 7 for p in parts)
 
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(straight)],
                          input="A man is riding a bike.\nTwo dogs play in the snow.\n",
