@@ -123,13 +123,17 @@ def plot(points: list[dict], path: str) -> None:
                 label=f"{split}, lowercased")
         for p, xi in zip(chosen, x):
             ax.annotate(f"{p['bleu_lowercased']:.2f}", (xi, p["bleu_lowercased"]), textcoords="offset points",
-                        xytext=(0, 6), ha="center", fontsize=8, color="#c0392b")
+                        xytext=(-6, 5) if split == "val" else (0, -13), ha="right" if split == "val" else "center",
+                        fontsize=8, color="#c0392b")
     ax.plot([LITERATURE["target_tokens"] / 1e6], [LITERATURE["bleu_lowercased"]], marker="*", ms=12, ls="none",
             color="#444", label="literature's Transformer-tiny, test, lowercased")
+    ax.annotate(f"{LITERATURE['bleu_lowercased']:.2f}", (LITERATURE["target_tokens"] / 1e6, LITERATURE["bleu_lowercased"]),
+                textcoords="offset points", xytext=(10, 0), ha="left", va="center", fontsize=8, color="#444")
     ax.set_xlabel("target tokens seen (millions)")
     ax.set_ylabel("sacreBLEU (13a)")
     ax.set_title("The multi30k preset, one run continued: BLEU against target tokens seen")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlim(left=0, right=max(p["target_tokens"] for p in points) / 1e6 * 1.1)
+    ax.legend(fontsize=8, loc="center right")
     ax.grid(alpha=0.3)
     files.save_figure(fig, path)
     plt.close(fig)
