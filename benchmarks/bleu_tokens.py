@@ -23,13 +23,13 @@ import datetime
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+import train_wmt  # noqa: E402
 from minitransformer import cli, data, files  # noqa: E402
 
 RECORD = HERE / "bleu_tokens.json"
@@ -61,13 +61,7 @@ def target_tokens(run: Path, steps: int) -> float:
     return sum(logged) / len(logged) * steps
 
 
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
-    return out.stdout.strip() or "unknown"
-
-
 def score_validation(run: Path, result: dict, data_dir: str | None, progress: bool) -> dict:
-    import train_wmt
     import translate as translate_cli
 
     from minitransformer.decoding import translate
@@ -102,7 +96,7 @@ def add_point(args) -> dict:
     point.update(steps=result["steps"], target_tokens=round(target_tokens(run, result["steps"])),
                  beam=result["beam"], alpha=result["alpha"], averaged=result["averaged"], run=str(run),
                  parts=result.get("parts", []),  # each part's command, commit and start (train_wmt.py)
-                 date=datetime.date.today().isoformat(), scored_at=commit(), note=args.note)
+                 date=datetime.date.today().isoformat(), scored_at=train_wmt.code_commit(), note=args.note)
     return point
 
 
@@ -136,7 +130,6 @@ def plot(points: list[dict], path: str) -> None:
     ax.legend(fontsize=8, loc="center right")
     ax.grid(alpha=0.3)
     files.save_figure(fig, path)
-    plt.close(fig)
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ from minitransformer.decoding import beam_search, translate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import plot_attention  # noqa: E402 - examples/, for its maps
-from translate import beam_and_alpha, find_run_files, load_model  # noqa: E402
+from translate import beam_and_alpha, find_run_files, model_from  # noqa: E402
 
 COMMAND = "mpiexec -n 2 python examples/train_wmt.py --data-dir ../shared/data/multi30k"  # the README's
 
@@ -90,8 +90,9 @@ def main(argv=None) -> int:
         raise CheckpointError(f"{bleu_path}: no such file; the run has not finished (train_wmt.py writes it last)")
     bleu = json.load(open(bleu_path, encoding="utf-8"))
     tok = data.Tokenizer(tokenizer)
-    model = load_model(checkpoint, "cpu", tokenizer=tok)
-    beam, alpha = beam_and_alpha(load_checkpoint(checkpoint, metadata_only=True), None, None)
+    ckpt = load_checkpoint(checkpoint)
+    model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)
+    beam, alpha = beam_and_alpha(ckpt, None, None)
     val = data.load_multi30k(args.data_dir, "val")
     sources, references = val.src[:args.samples], val.tgt[:args.samples]
     hypotheses = translate(model, tok, sources, "cpu", beam, alpha, progress=False)

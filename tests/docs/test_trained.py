@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import build  # noqa: E402
 import trained  # noqa: E402
+from translate import load_model  # noqa: E402 - examples/, on the path trained.py sets
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_the_maps_and_the_record_of_a_run(rendered):
     assert (record["commit"], record["seed"], record["steps"], record["bleu"]) == ("abc1234", 1, 40, 12.5)
     val = data.load_multi30k(corpus, "val")
     tok = data.Tokenizer(str(next(run.glob("*.model"))))
-    model = trained.load_model(str(run / "averaged.npz"), "cpu", tokenizer=tok)
+    model = load_model(str(run / "averaged.npz"), "cpu", tokenizer=tok)
     assert [s["source"] for s in record["samples"]] == val.src[:3]
     assert [s["reference"] for s in record["samples"]] == val.tgt[:3]
     assert [s["translation"] for s in record["samples"]] == translate(model, tok, val.src[:3], "cpu",

@@ -20,7 +20,7 @@ from minitransformer.kernels import reference as R
 from minitransformer.kernels.reference import formulas
 
 import emulated
-from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, naive_attention, rounder, seeds, to_f32
+from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, naive_attention_output, seeds, to_f32
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
 from emulated import EMULATOR_SETTINGS
 
@@ -109,10 +109,7 @@ def device_check(dtype, B, H, T, S, D, lens, causal, seed):
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64), (v, v64) = (randn(rng, s, dtype) for s in ((B, H, T, D), (B, H, S, D), (B, H, S, D)))
     o = kernels.attention_naive_forward(q, k, v, lens, causal)
-    naive = None
-    if dtype != "float32":
-        zeros = cp.zeros((B, H, T, D), dtype=cp.float32)
-        naive = naive_attention(*(to_f32(a) for a in (q, k, v)), zeros, lens, causal, rounder(dtype))[0]
+    naive = naive_attention_output(q, k, v, lens, causal, dtype)
     check("attention", dtype, o, formulas.attention(q64, k64, v64, lens, causal)[0], naive)
 
 
