@@ -54,30 +54,45 @@ from minitransformer.kernels import reference  # noqa: E402
 # softmax and the loss (positions x vocabulary).
 GPU_SIZES = {"copy": 256 * 2**20, "layernorm": (65536, 1024), "softmax": (8192, 37000)}
 EMULATED_SIZES = {"copy": 2**16, "layernorm": (16, 256), "softmax": (4, 1500)}
+# The attention cases and repeats when not given: a GPU's, fewer repeats with --quick, and tiny
+# ones with --emulated.
+DEFAULTS = dict(seqs=[512, 1024, 2048, 4096, 8192], head_dims=[64, 128], tokens=16384, heads=16, repeats=10, warmup=2)
+QUICK = dict(repeats=5, warmup=1)
+EMULATED = dict(seqs=[40, 130], head_dims=[32, 64], tokens=130, heads=2, repeats=1, warmup=0)
+
+
+def sizes(name: str) -> str:
+    """The defaults of option ``name``, for its --help."""
+    def said(value) -> str:
+        return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    alternatives = [f"--{flag} {said(table[name])}" for flag, table in (("quick", QUICK), ("emulated", EMULATED))
+                    if name in table]
+    return f"(default: {said(DEFAULTS[name])}" + "".join(f"; with {a}" for a in alternatives) + ")"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seqs", type=cli.integer(1), nargs="+", default=[512, 1024, 2048, 4096, 8192],
-                   help="sequence lengths T (= S) of the attention cases")
-    p.add_argument("--head-dims", type=cli.integer(1), nargs="+", default=[64, 128], help="head dims d")
+    p.add_argument("--seqs", type=cli.integer(1), nargs="+",
+                   help=f"sequence lengths T (= S) of the attention cases {sizes('seqs')}")
+    p.add_argument("--head-dims", type=cli.integer(1), nargs="+", help=f"head dims d {sizes('head_dims')}")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
                    help="dtypes of the GPU cases")
     p.add_argument("--causal", nargs="+", default=["no", "yes"], choices=["no", "yes"],
                    help="without and/or with the causal mask")
-    p.add_argument("--tokens", type=cli.integer(1), default=16384,
-                   help="batch * seq, kept constant (the batch is at least 1)")
-    p.add_argument("--heads", type=cli.integer(1), default=16, help="attention heads")
-    p.add_argument("--repeats", type=cli.integer(1), default=10, help="timed runs of each case (their median)")
-    p.add_argument("--warmup", type=cli.integer(0), default=2, help="untimed runs of each case first")
+    p.add_argument("--tokens", type=cli.integer(1),
+                   help=f"batch * seq, kept constant (the batch is at least 1) {sizes('tokens')}")
+    p.add_argument("--heads", type=cli.integer(1), help=f"attention heads {sizes('heads')}")
+    p.add_argument("--repeats", type=cli.integer(1), help=f"timed runs of each case (their median) {sizes('repeats')}")
+    p.add_argument("--warmup", type=cli.integer(0), help=f"untimed runs of each case first {sizes('warmup')}")
     p.add_argument("--naive-max-seq", type=cli.integer(0), default=8192,
                    help="skip the naive composite and the naive kernels above this length (they store B h T^2 "
                         "floats; 0: never run them)")
-    p.add_argument("--quick", action="store_true", help="fewer repeats (for gpu_check.sh)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats by default (for gpu_check.sh)")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
-                   help="run the GPU path on the emulated device at tiny sizes (a check of this "
-                        "script, not a measurement)")
+                   help="run the GPU path on the emulated device, at tiny sizes unless given (a check "
+                        "of this script, not a measurement)")
     p.add_argument("--json", type=cli.output_file, help="also write the results to this file")
     return p
 
@@ -85,12 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    if args.quick:
-        args.repeats, args.warmup = 5, 1
-    args.sizes = GPU_SIZES
-    if args.emulated:
-        args.seqs, args.head_dims, args.tokens, args.heads = [40, 130], [32, 64], 130, 2
-        args.repeats, args.warmup, args.sizes = 1, 0, EMULATED_SIZES
+    defaults = DEFAULTS | (QUICK if args.quick else {}) | (EMULATED if args.emulated else {})
+    for name, value in defaults.items():  # what the command line gave is kept
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.sizes = EMULATED_SIZES if args.emulated else GPU_SIZES
     return args
 
 

@@ -24,9 +24,16 @@ includes what the main job holds at that point (the text, then the ids):
     draw        every batch of that epoch collated
     checkpoint  the base and big presets' checkpoints written, read, and two averaged (once:
                 they do not grow with the corpus)
+    step        one CPU training step (forward, backward, Adam) of the base and the big model
+                at the largest token budget that fits in --memory-gb: the paper's 25,000
+                tokens a step, else half of it, and so on (sentences of 32 tokens a side, a
+                37,000-piece vocabulary); its seconds (median of --steps) and peak memory (once)
 
 and for each stage the growth exponent: the slope of log seconds (and of log peak memory)
 against log pairs, fitted over the sizes run.
+
+With --json the results are written after each size, and a run given the same --json goes on
+from the first size it does not hold.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import itertools
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,15 +54,21 @@ from pathlib import Path
 
 import numpy as np
 
+import minitransformer as mt
 from minitransformer import cli, data, nn
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from minitransformer.files import atomic_write
+from minitransformer.optim import Adam
+from minitransformer.train import train_step
 
 STAGES = ("generate", "read", "tokenizer", "encode", "plan", "draw")
 WORD_TYPES = 1_000_000
 ZIPF_EXPONENT = 1.05
 MAX_WORDS = 250
 LETTERS = {"en": "abcdefghijklmnopqrstuvwxyz", "de": "abcdefghijklmnopqrstuvwxyzäöüß"}
+PRESETS = {"base": nn.TransformerConfig.base, "big": nn.TransformerConfig.big}  # Table 3, 37,000 pieces
+STEP_TOKENS = 25_000  # the paper's batch: about 25,000 source and 25,000 target tokens (section 5.1)
+STEP_LEN = 32
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -155,8 +169,8 @@ def checkpoints(folder: Path) -> dict:
     """The base and big presets' checkpoints (37,000-piece vocabulary) written, read and two
     averaged, in this process."""
     out = {}
-    for name, kw in (("base", {}), ("big", dict(d_model=1024, d_ff=4096, h=16))):
-        model = nn.Transformer(nn.TransformerConfig(vocab_size=37000, **kw))
+    for name in PRESETS:
+        model = nn.Transformer(PRESETS[name]())
         paths = [str(folder / f"{name}-{i}.npz") for i in range(2)]
         start = time.perf_counter()
         for p in paths:
@@ -174,6 +188,42 @@ def checkpoints(folder: Path) -> dict:
     return out
 
 
+def training_step(preset: str, tokens: int, steps: int) -> dict:
+    """``steps`` timed training steps of ``preset`` (after one untimed) on random batches of
+    ``tokens`` target tokens, in this process: {"seconds" (median), "peak_mb"}."""
+    mt.manual_seed(0)
+    model = nn.Transformer(PRESETS[preset]())
+    opt = Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    rng = np.random.default_rng(0)
+    b, vocab = max(1, tokens // STEP_LEN), model.config.vocab_size
+    times = []
+    for _ in range(1 + steps):
+        src = mt.tensor(rng.integers(4, vocab, (b, STEP_LEN)))  # ids 0-3: padding, unknown, BOS, EOS
+        tgt = rng.integers(4, vocab, (b, STEP_LEN + 1))
+        start = time.perf_counter()
+        train_step(model, opt, None, src, mt.tensor(tgt[:, :-1]), mt.tensor(tgt[:, 1:]), label_smoothing=0.1)
+        times.append(time.perf_counter() - start)
+    return {"sentences": b, "tokens": b * STEP_LEN, "seconds": round(float(np.median(times[1:])), 1),
+            "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def largest_step_that_fits(preset: str, memory_gb: float, steps: int) -> dict:
+    """The training step at STEP_TOKENS, halved until it runs in ``memory_gb`` of address space
+    (RLIMIT_AS: a budget past it fails its allocation, and nothing else on the machine is
+    pushed out of memory): its result, and the budgets that did not fit."""
+    tokens, too_large = STEP_TOKENS, []
+    limit = int(memory_gb * 2**30)
+    while tokens >= STEP_LEN:
+        try:
+            row = in_subprocess("--stage", "step", "--preset", preset, "--step-tokens", str(tokens),
+                                "--steps", str(steps), address_space=limit)
+            return row | {"too_large": too_large}
+        except MemoryError:
+            too_large.append(tokens)
+            tokens //= 2
+    raise RuntimeError(f"the {preset} model's training step does not fit in {memory_gb} GB at {STEP_LEN} tokens")
+
+
 def exponent(sizes, values) -> float | None:
     """The slope of log value against log size (least squares), or None under two sizes."""
     if len(sizes) < 2:
@@ -181,8 +231,16 @@ def exponent(sizes, values) -> float | None:
     return round(float(np.polyfit(np.log(sizes), np.log(np.maximum(values, 1e-3)), 1)[0]), 2)
 
 
-def in_subprocess(*args: str) -> dict:
-    run = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+def in_subprocess(*args: str, address_space: int | None = None) -> dict:
+    """This script's --stage ``args`` in a process of its own, with at most ``address_space``
+    bytes of it (MemoryError when they are not enough)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    run = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                         preexec_fn=None if address_space is None else limit)
+    if run.returncode and address_space is not None and "out of memory" in run.stderr:  # cli.run's line
+        raise MemoryError(f"wmt_scale.py {' '.join(args)}: over {address_space / 2**30:.0f} GB")
     if run.returncode:
         raise RuntimeError(f"wmt_scale.py {' '.join(args)} failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -197,23 +255,62 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--seed", type=cli.integer(0), default=0)
     parser.add_argument("--work-dir", type=cli.output_folder, default=None,
                         help="where the corpora are written (default: a temporary folder, removed after)")
-    parser.add_argument("--json", type=cli.output_file, default=None, help="write the results here")
-    parser.add_argument("--stage", choices=[*STAGES, "checkpoint"], help=argparse.SUPPRESS)  # one stage, internal
+    parser.add_argument("--json", type=cli.output_file, default=None,
+                        help="write the results here, after each size; a run given one it wrote goes on from there")
+    parser.add_argument("--memory-gb", type=cli.real(0, low_open=True), default=22.0,
+                        help="the address space a training step may take (default: %(default)s, of 24 GB)")
+    parser.add_argument("--steps", type=cli.integer(1), default=3,
+                        help="timed training steps of each model, after one untimed (default: %(default)s)")
+    parser.add_argument("--no-step", action="store_true", help="leave out the training steps")
+    parser.add_argument("--stage", choices=[*STAGES, "checkpoint", "step"], help=argparse.SUPPRESS)  # internal
     parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--preset", choices=list(PRESETS), help=argparse.SUPPRESS)
+    parser.add_argument("--step-tokens", type=cli.integer(1), help=argparse.SUPPRESS)
     return parser
 
 
+def earlier_results(parser: argparse.ArgumentParser, args) -> dict:
+    """What a run with the same --json, seed and vocabulary already measured, else nothing."""
+    fresh = {"sizes": {}, "vocab_size": args.vocab_size, "seed": args.seed}
+    if args.json is None or not Path(args.json).exists():
+        return fresh
+    try:
+        results = json.loads(Path(args.json).read_text())
+        known = (results["vocab_size"], results["seed"], results["sizes"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        parser.error(f"--json {args.json}: not a result this script wrote ({type(e).__name__}: {e})")
+    if known[:2] != (args.vocab_size, args.seed):
+        parser.error(f"--json {args.json} holds a run at --vocab-size {known[0]} --seed {known[1]}: "
+                     f"give another file to start a new one")
+    return results
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.stage == "checkpoint":
         print(json.dumps(checkpoints(args.corpus)))
+        return 0
+    if args.stage == "step":
+        print(json.dumps(training_step(args.preset, args.step_tokens, args.steps)))
         return 0
     if args.stage:
         print(json.dumps(run_stage(args.stage, args.corpus, args.pairs[0], args.seed, args.vocab_size)))
         return 0
+    results = earlier_results(parser, args)
+
+    def save():
+        if args.json:
+            with atomic_write(args.json) as f:
+                json.dump(results, f, indent=1)
+
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
-        results = {"sizes": {}, "vocab_size": args.vocab_size, "seed": args.seed}
         for pairs in args.pairs:
+            if str(pairs) in results["sizes"]:
+                print(f"{pairs:>9,} pairs  measured already, in {args.json}", flush=True)
+                continue
             folder = Path(work) / str(pairs)
             row = {}
             for stage in STAGES:
@@ -221,18 +318,24 @@ def main(argv=None) -> int:
                                            "--seed", str(args.seed), "--vocab-size", str(args.vocab_size))
                 print(f"{pairs:>9,} pairs  {stage:<10} {row[stage]['seconds']:8.1f} s  {row[stage]['peak_mb']:6,} MB",
                       flush=True)
-            results["sizes"][pairs] = row
-            for file in folder.iterdir():
-                file.unlink()
-        results["checkpoint"] = in_subprocess("--stage", "checkpoint", "--corpus", work)
-    sizes = list(results["sizes"])
-    results["exponents"] = {stage: {key: exponent(sizes, [results["sizes"][n][stage][key] for n in sizes])
+            results["sizes"][str(pairs)] = row
+            save()
+            if folder.exists():  # the next size's corpus needs the disk
+                shutil.rmtree(folder)
+        if "checkpoint" not in results:
+            results["checkpoint"] = in_subprocess("--stage", "checkpoint", "--corpus", work)
+            save()
+    for preset in [] if args.no_step else PRESETS:
+        if preset not in results.setdefault("step", {}):
+            results["step"][preset] = largest_step_that_fits(preset, args.memory_gb, args.steps)
+            print(f"{preset} training step: {results['step'][preset]}", flush=True)
+            save()
+    sizes = sorted(results["sizes"], key=int)
+    results["exponents"] = {stage: {key: exponent([int(n) for n in sizes], [results["sizes"][n][stage][key] for n in sizes])
                                     for key in ("seconds", "peak_mb")} for stage in STAGES}
+    save()
     print(json.dumps(results["exponents"], indent=1))
     print(json.dumps(results["checkpoint"], indent=1))
-    if args.json:
-        with atomic_write(args.json) as f:
-            json.dump(results, f, indent=1)
     return 0
 
 

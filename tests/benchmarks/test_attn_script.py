@@ -30,6 +30,7 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     assert "EMULATED" in results["device"] and "mulated" in results["gpu"]
     rows = results["attention"]
     assert {(r["dtype"], r["pass"]) for r in rows} == {(d, p) for d in ("bf16", "fp32") for p in ("fwd", "fwd+bwd")}
+    assert {(r["d"], r["seq"]) for r in rows} == {(32, 40)}  # the sizes given, not --emulated's defaults
     assert all(r["fused_ms"] > 0 and r["naive_ms"] > 0 for r in rows)
     assert all((r["naive_cuda_ms"] > 0) if r["pass"] == "fwd" else ("naive_cuda_ms" not in r) for r in rows)
     kernels = {r["kernel"] for r in results["bandwidth"]}
