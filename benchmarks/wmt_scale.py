@@ -61,6 +61,9 @@ from minitransformer.files import atomic_write
 from minitransformer.optim import Adam
 from minitransformer.train import train_step
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_step as step_benchmark  # noqa: E402 - benchmarks/train_step.py, for its random batches
+
 STAGES = ("generate", "read", "tokenizer", "encode", "plan", "draw")
 WORD_TYPES = 1_000_000
 ZIPF_EXPONENT = 1.05
@@ -198,10 +201,9 @@ def training_step(preset: str, tokens: int, steps: int) -> dict:
     b, vocab = max(1, tokens // STEP_LEN), model.config.vocab_size
     times = []
     for _ in range(1 + steps):
-        src = mt.tensor(rng.integers(4, vocab, (b, STEP_LEN)))  # ids 0-3: padding, unknown, BOS, EOS
-        tgt = rng.integers(4, vocab, (b, STEP_LEN + 1))
+        src, tgt_in, tgt_out = map(mt.tensor, step_benchmark.batch(rng, b, STEP_LEN, vocab))
         start = time.perf_counter()
-        train_step(model, opt, None, src, mt.tensor(tgt[:, :-1]), mt.tensor(tgt[:, 1:]), label_smoothing=0.1)
+        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1)
         times.append(time.perf_counter() - start)
     return {"sentences": b, "tokens": b * STEP_LEN, "seconds": round(float(np.median(times[1:])), 1),
             "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
