@@ -47,6 +47,7 @@ exactly the batches it would have seen without the interruption.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -301,18 +302,25 @@ class TokenBatcher:
         pairs = self.pairs(epoch)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(pairs.kept) if self.shuffle else pairs.kept
-        # lexsort's last key is the primary one; it is stable, so ties keep the shuffled order.
-        # Sorting on max(S, T) first, the quantity the budget bounds, fills batches best
-        # (Multi30k: 4% padding on either side; sorting on S first pads T by 12%).
-        order = order[np.lexsort((pairs.tgt_len[order], pairs.src_len[order], pairs.longest[order]))]
-        batches, start, longest = [], 0, 0
-        # Python ints: this loop visits every pair, and NumPy scalars are ~10x slower here.
-        for k, n in enumerate(pairs.longest[order].tolist()):
-            longest = max(longest, n)
-            if (k + 1 - start) * longest > self.max_tokens:  # pair k opens the next batch
-                batches.append(order[start:k])
-                start, longest = k, n
-        batches.append(order[start:])
+        # Sorted stably on (longest, S, T), least significant key first, as np.lexsort, so
+        # that ties keep the shuffled order. Sorting on max(S, T) first, the quantity the
+        # budget bounds, fills batches best (Multi30k: 4% padding on either side; sorting on
+        # S first pads T by 12%). Lengths under 2^16 sort as uint16, which NumPy sorts by
+        # radix, in linear time (lexsort's merge sorts took 1.5 s of CPU at 4.5M pairs).
+        for key in (pairs.tgt_len, pairs.src_len, pairs.longest):
+            key = key[order]
+            order = order[np.argsort(key.astype(np.uint16) if key.max() < 2**16 else key, kind="stable")]
+        # The greedy cut: a batch takes pairs in this order while B * longest fits max_tokens.
+        # Lengths ascend, so the last pair's is the batch's longest, and (pairs so far) * (its
+        # length) grows along the run: each batch's end is a binary search, not a visit to
+        # every pair.
+        longest = pairs.longest[order]
+        batches, start = [], 0
+        while start < len(order):
+            end = start + bisect.bisect_right(range(start, len(order)), self.max_tokens,
+                                              key=lambda k: (k + 1 - start) * longest[k])
+            batches.append(order[start:end])
+            start = end
         if self.shuffle:
             batches = [batches[j] for j in rng.permutation(len(batches))]
         return batches

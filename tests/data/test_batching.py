@@ -57,6 +57,50 @@ def test_an_epoch_covers_every_pair_once_within_budget(seed, n, max_len, slack, 
         assert batch.epoch == epoch
 
 
+def plain_plan(src_len, tgt_len, max_tokens, max_len, seed, epoch, shuffle=True):
+    """The epoch's batches as the module docstring states them: the pairs within max_len
+    shuffled, sorted stably by (longer side, source, target) with np.lexsort, cut pair by
+    pair where the next one would take B * longest over max_tokens, the batches shuffled."""
+    src_len, tgt_len = src_len + 1, tgt_len + 1  # EOS, BOS
+    longest = np.maximum(src_len, tgt_len)
+    kept = np.flatnonzero(longest <= max_len) if max_len is not None else np.arange(len(src_len))
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(kept) if shuffle else kept
+    order = order[np.lexsort((tgt_len[order], src_len[order], longest[order]))]
+    batches, start, widest = [], 0, 0
+    for k, i in enumerate(order):
+        widest = max(widest, longest[i])
+        if (k + 1 - start) * widest > max_tokens:
+            batches.append(order[start:k])
+            start, widest = k, longest[i]
+    batches.append(order[start:])
+    return [batches[j] for j in rng.permutation(len(batches))] if shuffle else batches
+
+
+def packed_of_lengths(lengths):
+    return PackedSequences(np.zeros(int(lengths.sum()), np.int32), np.concatenate([[0], np.cumsum(lengths)]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), longest=st.sampled_from([3, 40, 300, 70_000]),
+       slack=st.integers(0, 5), with_max_len=st.booleans(), shuffle=st.booleans(), epoch=st.integers(0, 3))
+def test_the_plan_is_its_plain_formulation(seed, n, longest, slack, with_max_len, shuffle, epoch):
+    # The batcher sorts by radix and finds each batch's end by binary search; the plain
+    # formulation sorts with lexsort and visits every pair. Lengths past 2^16 take the
+    # batcher's other sort; many equal lengths test that ties keep the shuffled order.
+    rng = np.random.default_rng(seed)
+    src_len, tgt_len = rng.integers(0, longest, size=(2, n))
+    max_tokens = (longest + 1) * (1 + slack)
+    max_len = int(rng.integers(1, longest + 2)) if with_max_len else None
+    if max_len is not None and np.all(np.maximum(src_len, tgt_len) + 1 > max_len):
+        max_len = longest + 1
+    batcher = TokenBatcher(packed_of_lengths(src_len), packed_of_lengths(tgt_len), max_tokens=max_tokens,
+                           max_len=max_len, shuffle=shuffle, seed=seed)
+    expected = plain_plan(src_len, tgt_len, max_tokens, max_len, seed, epoch, shuffle)
+    got = batcher.epoch_batches(epoch)
+    assert [b.tolist() for b in got] == [b.tolist() for b in expected]
+
+
 def test_similar_lengths_are_bucketed_together():
     rng = np.random.default_rng()
     # Translations: target lengths follow source lengths, give or take a few tokens.
