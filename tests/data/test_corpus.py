@@ -33,8 +33,9 @@ line_text = st.text(st.characters(blacklist_characters="\n", blacklist_categorie
 
 @settings(max_examples=40, deadline=None)
 @given(lines=st.lists(line_text.filter(lambda s: not s.endswith("\r")), min_size=1, max_size=20),
-       gz=st.booleans(), final_newline=st.booleans())
-def test_read_lines_round_trips_any_text(lines, gz, final_newline):
+       gz=st.booleans(), final_newline=st.booleans(), chunk_bytes=st.sampled_from([1, 2, 3, 7, 64, 1 << 26]))
+def test_read_lines_round_trips_any_text(lines, gz, final_newline, chunk_bytes):
+    # Small chunks cut inside lines and inside characters of several bytes.
     lines[0] = lines[0].lstrip("\ufeff")  # a leading byte-order mark is dropped by design
     text = "\n".join(lines) + ("\n" if final_newline else "")
     if text == "":
@@ -45,13 +46,24 @@ def test_read_lines_round_trips_any_text(lines, gz, final_newline):
         path.write_bytes(gzip.compress(raw) if gz else raw)
         # Without a final "\n", a last empty line is indistinguishable from none.
         expected = lines if (final_newline or lines[-1] != "") else lines[:-1]
-        assert read_lines(path) == expected
+        assert read_lines(path, chunk_bytes) == expected
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_only(tmp_path):
+    path = tmp_path / "x.en"
+    path.write_bytes("\ufeffone\n\ufefftwo\n".encode())
+    for chunk_bytes in (2, 5, 64):
+        assert read_lines(path, chunk_bytes) == ["one", "\ufefftwo"]
+    path.write_bytes("\ufeff".encode())
+    with pytest.raises(CorpusError, match="empty"):
+        read_lines(path)
 
 
 def test_crlf_and_lone_carriage_returns(tmp_path):
     path = tmp_path / "x.en"
-    path.write_bytes(b"one\r\ntwo has a \r inside\r\nthree\n")
-    assert read_lines(path) == ["one", "two has a \r inside", "three"]
+    path.write_bytes(b"one\r\ntwo has a \r inside\r\nthree\n\r")
+    for chunk_bytes in (1, 4, 64):
+        assert read_lines(path, chunk_bytes) == ["one", "two has a \r inside", "three", ""]
 
 
 def test_plain_and_gzip_read_the_same(tmp_path):
@@ -100,10 +112,11 @@ def test_undecodable_bytes_name_file_and_line(tmp_path, gz):
     data = b"\n".join(raw) + b"\n"
     path = tmp_path / ("train.en.gz" if gz else "train.en")
     path.write_bytes(gzip.compress(data) if gz else data)
-    with pytest.raises(CorpusError) as err:
-        read_lines(path)
-    assert str(path) in str(err.value)
-    assert f"line {bad + 1}:" in str(err.value)
+    for chunk_bytes in (int(rng.integers(1, 50)), 1 << 26):  # the line is counted across chunks
+        with pytest.raises(CorpusError) as err:
+            read_lines(path, chunk_bytes)
+        assert str(path) in str(err.value)
+        assert f"line {bad + 1}:" in str(err.value)
 
 
 def test_corrupt_gzip_names_the_file(tmp_path):
