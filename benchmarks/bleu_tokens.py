@@ -61,6 +61,14 @@ def target_tokens(run: Path, steps: int) -> float:
     return sum(logged) / len(logged) * steps
 
 
+def logged_validation_nll(run: Path, steps: int) -> float | None:
+    """The validation NLL that train.jsonl logged last at or before ``steps``: the model of
+    that step, not the average; it varies less between seeds than BLEU does."""
+    logged = [r for r in map(json.loads, (run / "train.jsonl").read_text().splitlines())
+              if r.get("kind") == "val" and r["step"] <= steps]
+    return round(logged[-1]["loss"], 4) if logged else None
+
+
 def score_validation(run: Path, result: dict, data_dir: str | None, progress: bool) -> dict:
     import translate as translate_cli
 
@@ -94,6 +102,7 @@ def add_point(args) -> dict:
     else:
         point = score_validation(run, result, args.data_dir, not args.no_progress)
     point.update(steps=result["steps"], target_tokens=round(target_tokens(run, result["steps"])),
+                 validation_nll=logged_validation_nll(run, result["steps"]),
                  beam=result["beam"], alpha=result["alpha"], averaged=result["averaged"], run=str(run),
                  parts=result.get("parts", []),  # each part's command, commit and start (train_wmt.py)
                  date=datetime.date.today().isoformat(), scored_at=train_wmt.code_commit(), note=args.note)

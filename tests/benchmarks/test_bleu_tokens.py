@@ -28,7 +28,8 @@ def run(tmp_path_factory):
         bleu=12.5, signature="nrefs:1|case:mixed", bleu_lowercased=13.0, signature_lowercased="nrefs:1|case:lc",
         length_ratio=0.9, steps=40, test_sentences=12, beam=2, alpha=0.6, preset="multi30k",
         averaged=["ckpt-40.npz"])))
-    log = [dict(kind="train", step=s, tokens=t) for s, t in ((20, 100), (40, 300))] + [dict(kind="val", step=40)]
+    log = [dict(kind="train", step=s, tokens=t) for s, t in ((20, 100), (40, 300))] + [
+        dict(kind="val", step=s, loss=nll) for s, nll in ((20, 3.25), (40, 2.5), (60, 2.0))]
     (folder / "train.jsonl").write_text("\n".join(map(json.dumps, log)) + "\n")
     return folder
 
@@ -48,6 +49,7 @@ def test_a_validation_point_is_sacrebleu_of_the_runs_decoding(run, tmp_path):
     assert point["bleu"] == train_wmt.bleu(hyps, val.tgt)[0]
     assert point["bleu_lowercased"] == train_wmt.bleu_lowercased(hyps, val.tgt)[0]
     assert point["target_tokens"] == 200 * 40  # the logged steps' mean, times the steps
+    assert point["validation_nll"] == 2.5  # the last logged at or before the point's steps
     assert plot.stat().st_size > 0
     assert bleu_tokens.main(argv) == 0  # the same steps scored again: replaced, not added
     assert len(json.loads(record.read_text())["points"]) == 1

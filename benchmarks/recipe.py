@@ -1,0 +1,120 @@
+"""The multi30k preset against the literature's recipe, one change at a time, on validation:
+each run's BLEU (averaged checkpoints, the preset's beam and alpha) and NLL beside the
+preset's own at the same target tokens seen.
+
+    python benchmarks/bleu_tokens.py --run runs/recipe-dropout03 --record benchmarks/recipe.json \\
+        --plot /tmp/unused.png --data-dir ../shared/data/multi30k      # score a finished run
+    python benchmarks/recipe.py                                         # the table and the chart
+
+The preset's points come from bleu_tokens.py's record (the README's run, validation split);
+a change is named by the options its run's first command adds to the README's. One run a
+change, seed 1: two trainings of one configuration differ by up to a point of validation BLEU
+(RESULTS.md), so a difference smaller than that is not a finding; the NLL varies less.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from minitransformer import cli, files
+
+HERE = Path(__file__).resolve().parent
+RECORD = HERE / "recipe.json"
+BASELINE = HERE / "bleu_tokens.json"
+PLOT = HERE / "recipe.png"
+NOT_A_CHANGE = {"--data-dir", "--out-dir", "--no-progress", "--resume"}  # where, not what
+
+
+def change(point: dict) -> str:
+    """The options the run's first command gives beyond the README's, e.g. "--dropout 0.3"."""
+    words = shlex.split(point["parts"][0]["command"])
+    words = words[words.index("examples/train_wmt.py") + 1:]
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in NOT_A_CHANGE:
+            skip = word in ("--data-dir", "--out-dir")
+        else:
+            kept.append(word)
+    return " ".join(kept) or "the preset"
+
+
+def rows(record: dict, baseline: dict) -> list[dict]:
+    """The preset's validation point nearest in target tokens, then each change."""
+    changes = [p for p in record["points"] if p["split"] == "val"]
+    preset = [p for p in baseline["points"] if p["split"] == "val"]
+    if not changes or not preset:
+        raise SystemExit("no validation points to compare: score the runs with bleu_tokens.py first")
+    tokens = min(p["target_tokens"] for p in changes)
+    reference = min(preset, key=lambda p: abs(p["target_tokens"] - tokens))
+    out = []
+    for p in [reference, *changes]:
+        parts = p.get("parts") or [{}]  # the preset's earliest points predate the record of parts
+        out.append(dict(change="the preset" if p is reference else change(p), steps=p["steps"], target_tokens=p["target_tokens"], bleu=p["bleu"],
+                        bleu_lowercased=p["bleu_lowercased"], length_ratio=p["length_ratio"],
+                        validation_nll=p.get("validation_nll"), run=p["run"], commit=parts[0].get("commit")))
+    for r in out:
+        r["delta_lowercased"] = r["bleu_lowercased"] - out[0]["bleu_lowercased"]
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| change | steps | target tokens | val BLEU | lowercased | Δ lowercased | length ratio | val NLL | run, commit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        nll = f"{r['validation_nll']:.3f}" if r["validation_nll"] is not None else "n/a"
+        lines.append(f"| {r['change']} | {r['steps']:,} | {r['target_tokens'] / 1e6:.1f}M | {r['bleu']:.2f} | "
+                     f"{r['bleu_lowercased']:.2f} | {r['delta_lowercased']:+.2f} | {r['length_ratio']:.3f} | {nll} | "
+                     f"{r['run']}{', ' + r['commit'] if r['commit'] else ''} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(rows)), layout="constrained")
+    names = [r["change"] for r in rows][::-1]
+    values = [r["bleu_lowercased"] for r in rows][::-1]
+    colors = ["#888" if r["change"] == "the preset" else "#2f5f9f" for r in rows][::-1]
+    ax.barh(names, values, color=colors)
+    low = min(values) - 2
+    for y, v in enumerate(values):
+        ax.annotate(f"{v:.2f}", (v, y), textcoords="offset points", xytext=(4, 0), va="center", fontsize=9)
+    ax.axvspan(values[-1] - 1, values[-1] + 1, color="#888", alpha=0.15,
+               label="the preset ± 1 point: two seeds of one configuration differ by up to this")
+    ax.set_xlim(low, max(values) + 1.5)
+    ax.set_xlabel("validation BLEU, lowercased (sacreBLEU 13a), averaged checkpoints, beam 8, alpha 2.0")
+    ax.set_title(f"One change to the multi30k preset at a time, at {rows[0]['target_tokens'] / 1e6:.0f}M target tokens, seed 1")
+    fig.legend(fontsize=8, loc="outside lower center")
+    ax.grid(axis="x", alpha=0.3)
+    files.save_figure(fig, path)
+
+
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--record", type=Path, default=RECORD, help="the changes' points (default: %(default)s)")
+    p.add_argument("--baseline", type=Path, default=BASELINE, help="the preset's points (default: %(default)s)")
+    p.add_argument("--plot", type=cli.output_file, default=str(PLOT), help="the chart (default: %(default)s)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for path in (args.record, args.baseline):
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such record; bleu_tokens.py writes it")
+    comparison = rows(json.loads(args.record.read_text()), json.loads(args.baseline.read_text()))
+    print(table(comparison))
+    plot(comparison, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
