@@ -233,6 +233,22 @@ def exponent(sizes, values) -> float | None:
     return round(float(np.polyfit(np.log(sizes), np.log(np.maximum(values, 1e-3)), 1)[0]), 2)
 
 
+def table(results: dict) -> str:
+    """The results as a Markdown table: each stage's seconds and peak MB at every size, and
+    their growth exponents."""
+    sizes = sorted(results["sizes"], key=int)
+    head = " / ".join(f"{int(n) / 1e6:g}M" for n in sizes)
+    lines = [f"| stage | seconds at {head} pairs | exponent | peak MB at {head} | exponent |",
+             "|---|---|---|---|---|"]
+    for stage in STAGES:
+        cells = [results["sizes"][n][stage] for n in sizes]
+        seconds = " / ".join(f"{c['seconds']:g}" for c in cells)
+        memory = " / ".join(f"{c['peak_mb']:,}" for c in cells)
+        growth = results["exponents"][stage]
+        lines.append(f"| {stage} | {seconds} | {growth['seconds']} | {memory} | {growth['peak_mb']} |")
+    return "\n".join(lines)
+
+
 def in_subprocess(*args: str, address_space: int | None = None) -> dict:
     """This script's --stage ``args`` in a process of its own, with at most ``address_space``
     bytes of it (MemoryError when they are not enough)."""
@@ -336,8 +352,8 @@ def main(argv=None) -> int:
     results["exponents"] = {stage: {key: exponent([int(n) for n in sizes], [results["sizes"][n][stage][key] for n in sizes])
                                     for key in ("seconds", "peak_mb")} for stage in STAGES}
     save()
-    print(json.dumps(results["exponents"], indent=1))
-    print(json.dumps(results["checkpoint"], indent=1))
+    print(table(results))
+    print(json.dumps({key: results[key] for key in ("checkpoint", "step") if key in results}, indent=1))
     return 0
 
 

@@ -103,3 +103,14 @@ def test_the_training_step_reports_its_time_and_memory():
     row = wmt_scale.training_step("base", 2 * wmt_scale.STEP_LEN, steps=1)
     assert row["sentences"] == 2 and row["tokens"] == 64 and row["seconds"] > 0
     assert row["peak_mb"] > 4 * 4 * 60e6 / 2**20  # over 60M parameters, their gradients and Adam's two moments
+
+
+def test_the_table_gives_each_stage_its_sizes_and_exponents():
+    row = {"seconds": 1.5, "peak_mb": 1200}
+    results = {"sizes": {"2000000": {s: dict(row, seconds=3.0) for s in wmt_scale.STAGES},
+                         "500000": {s: row for s in wmt_scale.STAGES}},
+               "exponents": {s: {"seconds": 0.5, "peak_mb": 0.0} for s in wmt_scale.STAGES}}
+    lines = wmt_scale.table(results).splitlines()
+    assert lines[0].startswith("| stage | seconds at 0.5M / 2M pairs |")
+    assert "| plan | 1.5 / 3 | 0.5 | 1,200 / 1,200 | 0.0 |" in lines
+    assert len(lines) == 2 + len(wmt_scale.STAGES)
