@@ -53,20 +53,23 @@ def build_parser() -> cli.ArgumentParser:
     return p
 
 
-def target_tokens(run: Path, steps: int) -> float:
-    logged = [r["tokens"] for r in map(json.loads, (run / "train.jsonl").read_text().splitlines())
-              if r.get("kind") == "train" and r["step"] <= steps]
-    if not logged:
-        raise SystemExit(f"{run / 'train.jsonl'} logs no training step")
-    return sum(logged) / len(logged) * steps
+def logged(run: Path, steps: int) -> dict[str, list[dict]]:
+    """What train.jsonl logged at or before ``steps``, by kind ("train", "val")."""
+    out = {"train": [], "val": []}
+    for r in map(json.loads, (run / "train.jsonl").read_text().splitlines()):
+        if r.get("kind") in out and r["step"] <= steps:
+            out[r["kind"]].append(r)
+    return out
 
 
-def logged_validation_nll(run: Path, steps: int) -> float | None:
-    """The validation NLL that train.jsonl logged last at or before ``steps``: the model of
-    that step, not the average; it varies less between seeds than BLEU does."""
-    logged = [r for r in map(json.loads, (run / "train.jsonl").read_text().splitlines())
-              if r.get("kind") == "val" and r["step"] <= steps]
-    return round(logged[-1]["loss"], 4) if logged else None
+def target_tokens(train_log: list[dict], steps: int) -> float:
+    return sum(r["tokens"] for r in train_log) / len(train_log) * steps
+
+
+def validation_nll(val_log: list[dict]) -> float | None:
+    """The last logged validation NLL: the model of that step, not the average; it varies less
+    between seeds than BLEU does."""
+    return round(val_log[-1]["loss"], 4) if val_log else None
 
 
 def score_validation(run: Path, result: dict, data_dir: str | None, progress: bool) -> dict:
@@ -101,8 +104,11 @@ def add_point(args) -> dict:
                      signature_lowercased=result["signature_lowercased"], length_ratio=result["length_ratio"])
     else:
         point = score_validation(run, result, args.data_dir, not args.no_progress)
-    point.update(steps=result["steps"], target_tokens=round(target_tokens(run, result["steps"])),
-                 validation_nll=logged_validation_nll(run, result["steps"]),
+    log = logged(run, result["steps"])
+    if not log["train"]:
+        raise SystemExit(f"{run / 'train.jsonl'} logs no training step")
+    point.update(steps=result["steps"], target_tokens=round(target_tokens(log["train"], result["steps"])),
+                 validation_nll=validation_nll(log["val"]),
                  beam=result["beam"], alpha=result["alpha"], averaged=result["averaged"], run=str(run),
                  parts=result.get("parts", []),  # each part's command, commit and start (train_wmt.py)
                  date=datetime.date.today().isoformat(), scored_at=train_wmt.code_commit(), note=args.note)

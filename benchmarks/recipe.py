@@ -25,20 +25,19 @@ HERE = Path(__file__).resolve().parent
 RECORD = HERE / "recipe.json"
 BASELINE = HERE / "bleu_tokens.json"
 PLOT = HERE / "recipe.png"
-NOT_A_CHANGE = {"--data-dir", "--out-dir", "--no-progress", "--resume"}  # where, not what
+WHERE = {"--data-dir", "--out-dir"}  # where a run reads and writes, not what it trains (each takes a value)
+HOW = {"--no-progress", "--resume"}
 
 
 def change(point: dict) -> str:
     """The options the run's first command gives beyond the README's, e.g. "--dropout 0.3"."""
     words = shlex.split(point["parts"][0]["command"])
     words = words[words.index("examples/train_wmt.py") + 1:]
-    kept, skip = [], False
+    kept, words = [], iter(words)
     for word in words:
-        if skip:
-            skip = False
-        elif word in NOT_A_CHANGE:
-            skip = word in ("--data-dir", "--out-dir")
-        else:
+        if word in WHERE:
+            next(words, None)  # its value
+        elif word not in HOW:
             kept.append(word)
     return " ".join(kept) or "the preset"
 
