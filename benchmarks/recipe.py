@@ -32,7 +32,7 @@ HOW = {"--no-progress", "--resume"}
 def change(point: dict) -> str:
     """The options the run's first command gives beyond the README's, e.g. "--dropout 0.3"."""
     words = shlex.split(point["parts"][0]["command"])
-    words = words[words.index("examples/train_wmt.py") + 1:]
+    words = words[next(i for i, w in enumerate(words) if w.endswith("train_wmt.py")) + 1:]  # any path to it
     kept, words = [], iter(words)
     for word in words:
         if word in WHERE:

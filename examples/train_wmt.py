@@ -486,11 +486,11 @@ def start_or_resume(run: Run) -> tuple[int, float]:
             run.detector.load_state_dict(ckpt.extra["divergence"])
         try:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
-        except ValueError as e:  # --max-tokens, --seed, the data subset or the ranks changed
-            old = "batching" not in ckpt.extra["batcher"]
+        except ValueError as e:  # --max-tokens, --seed, the data subset, the ranks or the code changed
+            old = ckpt.extra["batcher"].get("batching") != data.batching.BATCHING
             raise SetupError(f"{last_path}: {e}; " + (
-                "the run was cut into batches per rank, by code from before the ranks shared each step's "
-                "batch, which this code cannot continue exactly: finish it with that code, or start a new run"
+                "the run's batches were made by an earlier version of the batcher, which this code cannot "
+                "continue exactly: finish it with that version, or start a new run"
                 if old else "resume with the run's --max-tokens, --seed, --limit-train and number of ranks, or "
                 "start a new run")) from e
         step = ckpt.extra["step"]

@@ -26,10 +26,11 @@ The masks are built here, once per batch, and the model expands them for each at
 ``TokenBatcher`` makes an epoch's batches so that B * S <= max_tokens and B * T <= max_tokens
 (padded sizes, which is what memory and compute see):
 
-    1. shuffle the pairs with a generator seeded by (seed, epoch), then sort them stably by
-       (longer side's length, source length, target length): equal lengths end up in a new
-       random order each epoch, so the batches differ from epoch to epoch;
-    2. cut the sorted run greedily into batches within the token budget;
+    1. sort the pairs by (longer side's length, source length, target length), once; then,
+       each epoch, shuffle every run of pairs of equal lengths with a generator seeded by
+       (seed, epoch), so that the batches differ from epoch to epoch;
+    2. cut the sorted pairs greedily into batches within the token budget (the lengths along
+       the sorted pairs are the same every epoch, and so are the cuts);
     3. shuffle the batch order with the same generator;
     4. data parallelism: with W ranks, each batch is one step of all ranks together, and
        rank r takes the r-th of W consecutive slices of its (length-sorted) sentences
@@ -47,7 +48,6 @@ exactly the batches it would have seen without the interruption.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -59,9 +59,11 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
 
-# The way batches are cut and shared, saved in state_dict(): 2 splits each step's batch among
-# the ranks (before it, unsaved, every rank cut batches of its own).
-BATCHING = 2
+# The way batches are made, saved in state_dict(), so that only the code that made a run's
+# batches resumes it. 3 sorts the pairs once and shuffles each run of equal lengths each
+# epoch; 2 shuffled all the pairs, then sorted them (batches of the same kind, but others);
+# from 2 on, each step's batch is split among the ranks; before, unsaved, every rank cut its own.
+BATCHING = 3
 
 
 @dataclass
@@ -181,14 +183,44 @@ def _packed(seqs: PackedSequences | Sequence[Sequence[int]]) -> PackedSequences:
 @dataclass
 class _Pairs:
     """One segmentation of the data set's pairs, their lengths (specials included), and the
-    indices of those the batches may use."""
+    plan that follows from the lengths alone: ``by_length``, the pairs the batches may use,
+    sorted stably by (longest, S, T); ``ties``, the (start, end) of each run of two or more
+    equal lengths in it; ``cuts``, where each batch ends in it."""
 
     src: PackedSequences
     tgt: PackedSequences | None
     src_len: np.ndarray
     tgt_len: np.ndarray
     longest: np.ndarray
-    kept: np.ndarray
+    by_length: np.ndarray
+    ties: list[tuple[int, int]]
+    cuts: np.ndarray
+
+
+def length_rank(src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+    """Each pair's rank among the distinct (max(S, T), S, T) of the data set, ordered
+    lexicographically: a stable sort by it is a stable sort by the three lengths, in one key.
+
+    Sentence lengths are small numbers, so the ranks come from a table over every (S, T)
+    that can occur, with no sort of the pairs; past 1,024 tokens the table would be too
+    large, and the pairs themselves are sorted instead. The rank is a uint16 where it fits,
+    which NumPy sorts by radix, in linear time.
+    """
+    width = int(max(src_len.max(), tgt_len.max())) + 1
+    if width <= 1024:
+        cell = src_len * width + tgt_len
+        present = np.flatnonzero(np.bincount(cell, minlength=width * width))
+        s, t = np.divmod(present, width)
+        table = np.empty(width * width, np.int32)
+        table[present[np.lexsort((t, s, np.maximum(s, t)))]] = np.arange(len(present))
+        rank = table[cell]
+    else:
+        by_key = np.lexsort((tgt_len, src_len, np.maximum(src_len, tgt_len)))
+        new = np.ones(len(by_key), bool)  # where (S, T), and so the key, changes
+        new[1:] = (np.diff(src_len[by_key]) != 0) | (np.diff(tgt_len[by_key]) != 0)
+        rank = np.empty(len(by_key), np.int64)
+        rank[by_key] = np.cumsum(new) - 1
+    return rank.astype(np.uint16) if rank.max() < 2**16 else rank
 
 
 class SampledSegmentation:
@@ -254,15 +286,15 @@ class TokenBatcher:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.num_pairs = len(src)
         self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None, warn=True)
-        self.num_dropped = self.num_pairs - len(self._pairs.kept)
+        self.num_dropped = self.num_pairs - len(self._pairs.by_length)
         self.resegment = resegment
         self._resegmented: tuple[int, _Pairs] | None = None
         self.position = (0, 0)  # (epoch, step) of the next batch the iterator yields
         self._cached: tuple[int, list[np.ndarray]] | None = None
 
     def _measure(self, src: PackedSequences, tgt: PackedSequences | None, warn: bool) -> _Pairs:
-        """The pairs with their lengths, and those kept: within max_len, or (without it) an
-        error naming a pair that cannot fit max_tokens on its own."""
+        """The pairs with their lengths and their plan (``_Pairs``), of those kept: within
+        max_len, or (without it) an error naming a pair that cannot fit max_tokens on its own."""
         src_len = src.lengths + 1                                        # + EOS
         tgt_len = tgt.lengths + 1 if tgt is not None else np.zeros_like(src_len)  # + BOS (or EOS)
         longest = np.maximum(src_len, tgt_len)  # B * max(S, T) <= max_tokens keeps both sides within budget
@@ -284,7 +316,32 @@ class TokenBatcher:
                     f"tokens); raise max_tokens or set max_len to drop them"
                 )
             kept = np.arange(len(src))
-        return _Pairs(src, tgt, src_len, tgt_len, longest, kept)
+        # Sorted on max(S, T) first, the quantity the budget bounds, which fills batches best
+        # (Multi30k: 4% padding on either side; sorting on S first pads T by 12%). int32
+        # indices where they fit: half the bytes to move.
+        rank = length_rank(src_len[kept], tgt_len[kept])
+        by_length = kept[np.argsort(rank, kind="stable")].astype(np.int32 if len(src) < 2**31 else np.int64)
+        runs = itertools.pairwise([0, *np.cumsum(np.bincount(rank)).tolist()])  # equal ranks: equal lengths
+        ties = [(a, b) for a, b in runs if b - a > 1]
+        return _Pairs(src, tgt, src_len, tgt_len, longest, by_length, ties,
+                      self._cuts(np.bincount(longest[kept])))
+
+    def _cuts(self, pairs_of_length: np.ndarray) -> np.ndarray:
+        """Where each batch ends along the pairs sorted by length (``pairs_of_length[L]`` of
+        them have L as their longer side): the greedy cut, a batch taking pairs while
+        B * longest fits max_tokens. The pairs ascend in length, so within the run of length
+        L a batch holds max_tokens // L of them: the cuts come run by run, not pair by pair."""
+        ends, start, first = [], 0, 0  # the batch in progress starts at start, the run at first
+        for length in np.flatnonzero(pairs_of_length).tolist():
+            after = first + int(pairs_of_length[length])
+            fit = self.max_tokens // length
+            end = max(first, start + fit)  # the batch in progress takes this run's pairs while they fit
+            while end < after:
+                ends.append(end)
+                start, end = end, end + fit
+            first = after
+        ends.append(first)
+        return np.array(ends)
 
     def pairs(self, epoch: int) -> _Pairs:
         """The epoch's segmentation of the pairs: the one given, or ``resegment(epoch)``'s."""
@@ -300,42 +357,35 @@ class TokenBatcher:
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches of an epoch (all ranks together), as index arrays, in step order."""
         pairs = self.pairs(epoch)
+        if not self.shuffle:
+            return np.split(pairs.by_length, pairs.cuts[:-1])
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(pairs.kept) if self.shuffle else pairs.kept
-        # Sorted stably on (longest, S, T), least significant key first, as np.lexsort, so
-        # that ties keep the shuffled order. Sorting on max(S, T) first, the quantity the
-        # budget bounds, fills batches best (Multi30k: 4% padding on either side; sorting on
-        # S first pads T by 12%). Lengths under 2^16 sort as uint16, which NumPy sorts by
-        # radix, in linear time (np.lexsort's merge sorts take n log n).
-        for key in (pairs.tgt_len, pairs.src_len, pairs.longest):
-            key = key[order]
-            order = order[np.argsort(key.astype(np.uint16) if key.max() < 2**16 else key, kind="stable")]
-        # The greedy cut: a batch takes pairs in this order while B * longest fits max_tokens.
-        # Lengths ascend, so the last pair's is the batch's longest, and (pairs so far) * (its
-        # length) grows along the run: each batch's end is a binary search, not a visit to
-        # every pair.
-        longest = pairs.longest[order]
-        batches, start = [], 0
-        while start < len(order):
-            end = start + bisect.bisect_right(range(start, len(order)), self.max_tokens,
-                                              key=lambda k: (k + 1 - start) * longest[k])
-            batches.append(order[start:end])
-            start = end
-        if self.shuffle:
-            batches = [batches[j] for j in rng.permutation(len(batches))]
-        return batches
+        order = pairs.by_length.copy()
+        # Pairs of equal lengths in a new order each epoch; the lengths, and so the cuts, stay.
+        # One run at a time: each fits in cache, where one shuffle of all the pairs would not.
+        for start, end in pairs.ties:
+            rng.shuffle(order[start:end])
+        batches = np.split(order, pairs.cuts[:-1])
+        return [batches[j] for j in rng.permutation(len(batches))]
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's share of each step of an epoch: arrays of indices into the input
         sequences (empty where a step has fewer sentences than ranks)."""
         if self._cached is None or self._cached[0] != epoch:
-            shares = [np.array_split(b, self.world_size)[self.rank] for b in self._all_batches(epoch)]
-            self._cached = (epoch, shares)
+            self._cached = (epoch, [self._share(b) for b in self._all_batches(epoch)])
         return self._cached[1]
 
+    def _share(self, batch: np.ndarray) -> np.ndarray:
+        """This rank's slice of a step's batch, ``np.array_split(batch, world_size)[rank]``
+        in a few integer operations (array_split takes 30 times as long: at WMT's size,
+        0.1 s an epoch)."""
+        size, extra = divmod(len(batch), self.world_size)  # the first `extra` ranks take one more
+        start = self.rank * size + min(self.rank, extra)
+        return batch[start:start + size + (self.rank < extra)]
+
     def steps_per_epoch(self, epoch: int) -> int:
-        """How many steps this epoch has (the same on every rank; it may vary by one or two
-        between epochs, as the greedy cut sees a different order)."""
+        """How many steps this epoch has (the same on every rank and every epoch, unless
+        ``resegment`` changes the lengths)."""
         return len(self.epoch_batches(epoch))
 
     def make_batch(self, indices: np.ndarray, epoch: int = 0) -> Batch:

@@ -28,6 +28,8 @@ def test_a_change_is_what_its_command_adds_to_the_readme_run():
     assert recipe.change(point(1, 1, 1, f"{README} --max-tokens 8192 --max-steps 2700 --resume")) == \
         "--max-tokens 8192 --max-steps 2700"
     assert recipe.change(point(1, 1, 1, f"{README} --out-dir 'a folder'")) == "the preset"
+    elsewhere = "mpiexec -n 2 python /work/other/examples/train_wmt.py --data-dir d --dropout 0.3"
+    assert recipe.change(point(1, 1, 1, elsewhere)) == "--dropout 0.3"
 
 
 def test_changes_are_compared_with_the_preset_nearest_in_tokens(tmp_path):

@@ -59,14 +59,21 @@ def test_an_epoch_covers_every_pair_once_within_budget(seed, n, max_len, slack, 
 
 def plain_plan(src_len, tgt_len, max_tokens, max_len, seed, epoch, shuffle=True):
     """The epoch's batches as the module docstring states them: the pairs within max_len
-    shuffled, sorted stably by (longer side, source, target) with np.lexsort, cut pair by
-    pair where the next one would take B * longest over max_tokens, the batches shuffled."""
+    sorted stably by (longer side, source, target) with np.lexsort, each run of equal lengths
+    shuffled in turn, cut pair by pair where the next one would take B * longest over
+    max_tokens, the batches shuffled."""
     src_len, tgt_len = src_len + 1, tgt_len + 1  # EOS, BOS
     longest = np.maximum(src_len, tgt_len)
     kept = np.flatnonzero(longest <= max_len) if max_len is not None else np.arange(len(src_len))
+    order = kept[np.lexsort((tgt_len[kept], src_len[kept], longest[kept]))]
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(kept) if shuffle else kept
-    order = order[np.lexsort((tgt_len[order], src_len[order], longest[order]))]
+    key = list(zip(longest[order], src_len[order], tgt_len[order]))
+    start = 0
+    for k in range(1, len(order) + 1):
+        if k == len(order) or key[k] != key[start]:
+            if shuffle and k - start > 1:
+                rng.shuffle(order[start:k])
+            start = k
     batches, start, widest = [], 0, 0
     for k, i in enumerate(order):
         widest = max(widest, longest[i])
@@ -85,9 +92,10 @@ def packed_of_lengths(lengths):
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), longest=st.sampled_from([3, 40, 300, 70_000]),
        slack=st.integers(0, 5), with_max_len=st.booleans(), shuffle=st.booleans(), epoch=st.integers(0, 3))
 def test_the_plan_is_its_plain_formulation(seed, n, longest, slack, with_max_len, shuffle, epoch):
-    # The batcher sorts by radix and finds each batch's end by binary search; the plain
-    # formulation sorts with lexsort and visits every pair. Lengths past 2^16 take the
-    # batcher's other sort; many equal lengths test that ties keep the shuffled order.
+    # The batcher ranks the lengths through a table, sorts by radix and finds each batch's
+    # end by binary search; the plain formulation sorts with lexsort and visits every pair.
+    # Lengths past 1,024 take the batcher's other ranking; many equal lengths test the
+    # shuffle of ties.
     rng = np.random.default_rng(seed)
     src_len, tgt_len = rng.integers(0, longest, size=(2, n))
     max_tokens = (longest + 1) * (1 + slack)
@@ -99,6 +107,19 @@ def test_the_plan_is_its_plain_formulation(seed, n, longest, slack, with_max_len
     expected = plain_plan(src_len, tgt_len, max_tokens, max_len, seed, epoch, shuffle)
     got = batcher.epoch_batches(epoch)
     assert [b.tolist() for b in got] == [b.tolist() for b in expected]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_plan_is_its_plain_formulation_past_2_16_distinct_lengths(shuffle):
+    # More than 2^16 distinct (S, T): the ranks no longer fit a uint16, and sort another way;
+    # lengths past 1,024 with many equal S take the other ranking.
+    rng = np.random.default_rng(5)
+    src_len, tgt_len = rng.integers(0, 1500, size=(2, 90_000))
+    assert len(set(zip(src_len.tolist(), tgt_len.tolist()))) > 2**16
+    batcher = TokenBatcher(packed_of_lengths(src_len), packed_of_lengths(tgt_len), max_tokens=3000,
+                           shuffle=shuffle, seed=5)
+    expected = plain_plan(src_len, tgt_len, 3000, None, 5, 2, shuffle)
+    assert [b.tolist() for b in batcher.epoch_batches(2)] == [b.tolist() for b in expected]
 
 
 def test_similar_lengths_are_bucketed_together():

@@ -24,6 +24,7 @@ import train_wmt  # noqa: E402
 import translate  # noqa: E402
 
 from minitransformer.checkpoint import load_checkpoint  # noqa: E402
+from minitransformer.data import batching  # noqa: E402
 
 SMALL = ["--data-dir", str(DATA), "--limit-train", "300", "--vocab-size", "400", "--d-model", "32",
          "--layers", "1", "--max-tokens", "600", "--eval-every", "3", "--bleu-sample", "4",
@@ -133,6 +134,16 @@ def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
     assert sorted(losses(tmp_path)) == list(range(1, 7))
     checkpoint, tokenizer = translate.find_run_files(str(tmp_path))
     assert pathlib.Path(tokenizer).name == load_checkpoint(checkpoint, metadata_only=True).extra["tokenizer"]
+
+
+def test_resume_refuses_the_batches_of_an_earlier_batcher(tmp_path, monkeypatch):
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    monkeypatch.setattr(batching, "BATCHING", batching.BATCHING - 1)
+    train_wmt.main(args + ["--max-steps", "2"])
+    monkeypatch.undo()
+    with pytest.raises(SystemExit, match="made by an earlier version of the batcher") as e:
+        train_wmt.main(args + ["--max-steps", "4", "--resume"])
+    one_line_error(e)
 
 
 def one_line_error(excinfo) -> str:
