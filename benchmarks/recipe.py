@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 from minitransformer import cli, files
@@ -78,8 +79,9 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.55 * len(rows)), layout="constrained")
-    names = [r["change"] for r in rows][::-1]
+    names = [textwrap.fill(r["change"], 36, break_on_hyphens=False) for r in rows][::-1]  # several changes at once run long
+    lines = sum(name.count("\n") + 1 for name in names)
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.3 * len(rows) + 0.25 * lines), layout="constrained")
     values = [r["bleu_lowercased"] for r in rows][::-1]
     colors = ["#888" if r["change"] == "the preset" else "#2f5f9f" for r in rows][::-1]
     ax.scatter(values, names, s=80, color=colors, zorder=3)  # dots, not bars: the axis does not start at 0
@@ -91,7 +93,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xlim(low, max(values) + 1.5)
     ax.margins(y=0.3)
     ax.set_xlabel("validation BLEU, lowercased (sacreBLEU 13a); averaged checkpoints, beam 8, α 2.0")
-    ax.set_title(f"One change to the multi30k preset at a time: {rows[0]['target_tokens'] / 1e6:.0f}M target tokens, seed 1")
+    ax.set_title(f"The multi30k preset against the literature's recipe: {rows[0]['target_tokens'] / 1e6:.0f}M target tokens, seed 1")
     fig.legend(fontsize=8, loc="outside lower center")
     ax.grid(axis="x", alpha=0.3)
     files.save_figure(fig, path)
