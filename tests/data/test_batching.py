@@ -92,8 +92,8 @@ def packed_of_lengths(lengths):
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), longest=st.sampled_from([3, 40, 300, 70_000]),
        slack=st.integers(0, 5), with_max_len=st.booleans(), shuffle=st.booleans(), epoch=st.integers(0, 3))
 def test_the_plan_is_its_plain_formulation(seed, n, longest, slack, with_max_len, shuffle, epoch):
-    # The batcher ranks the lengths through a table, sorts by radix and finds each batch's
-    # end by binary search; the plain formulation sorts with lexsort and visits every pair.
+    # The batcher ranks the lengths through a table, sorts by radix and cuts run by run of
+    # equal lengths; the plain formulation sorts with lexsort and visits every pair.
     # Lengths past 1,024 take the batcher's other ranking; many equal lengths test the
     # shuffle of ties.
     rng = np.random.default_rng(seed)
