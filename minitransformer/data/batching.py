@@ -182,16 +182,13 @@ def _packed(seqs: PackedSequences | Sequence[Sequence[int]]) -> PackedSequences:
 
 @dataclass
 class _Pairs:
-    """One segmentation of the data set's pairs, their lengths (specials included), and the
-    plan that follows from the lengths alone: ``by_length``, the pairs the batches may use,
-    sorted stably by (longest, S, T); ``ties``, the (start, end) of each run of two or more
-    equal lengths in it; ``cuts``, where each batch ends in it."""
+    """One segmentation of the data set's pairs and the plan that follows from their lengths
+    alone: ``by_length``, the pairs the batches may use, sorted stably by (longest, S, T);
+    ``ties``, the (start, end) of each run of two or more equal lengths in it; ``cuts``, where
+    each batch ends in it."""
 
     src: PackedSequences
     tgt: PackedSequences | None
-    src_len: np.ndarray
-    tgt_len: np.ndarray
-    longest: np.ndarray
     by_length: np.ndarray
     ties: list[tuple[int, int]]
     cuts: np.ndarray
@@ -323,8 +320,7 @@ class TokenBatcher:
         by_length = kept[np.argsort(rank, kind="stable")].astype(np.int32 if len(src) < 2**31 else np.int64)
         runs = itertools.pairwise([0, *np.cumsum(np.bincount(rank)).tolist()])  # equal ranks: equal lengths
         ties = [(a, b) for a, b in runs if b - a > 1]
-        return _Pairs(src, tgt, src_len, tgt_len, longest, by_length, ties,
-                      self._cuts(np.bincount(longest[kept])))
+        return _Pairs(src, tgt, by_length, ties, self._cuts(np.bincount(longest[kept])))
 
     def _cuts(self, pairs_of_length: np.ndarray) -> np.ndarray:
         """Where each batch ends along the pairs sorted by length (``pairs_of_length[L]`` of
