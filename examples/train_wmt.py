@@ -45,8 +45,8 @@ from minitransformer.checkpoint import (
 )
 from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
-from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import DivergenceDetector, accumulated_step, evaluate_loss, format_ppl
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, noam_lr, schedule_factor
+from minitransformer.train import DivergenceDetector, EarlyStopping, accumulated_step, evaluate_loss, format_ppl
 
 log = logging.getLogger("train_wmt")
 
@@ -67,6 +67,12 @@ class Preset:
     beam: int = decoding.BEAM  # beam search: the paper's unless a preset chose its own
     alpha: float = decoding.ALPHA
     bpe_dropout: float = 0.0  # subword regularization of the training side (0: the paper's fixed BPE)
+    preprocess: str = "raw"  # data.moses.PREPROCESSING: what is done to the text before BPE
+    adam_eps: float = 1e-9  # section 5.3
+    clip_norm: float = 0.0  # the gradients' largest global norm (0: not clipped, as in the paper)
+    patience: int = 0  # stop when the validation loss has not improved for this many validations (0: never)
+    bleu_sample: int = 100  # validation sentences beam-searched for BLEU at each validation (0: loss alone)
+    length_penalty: str = "gnmt"  # decoding.LENGTH_PENALTIES
 
 
 PRESETS = {
@@ -81,6 +87,21 @@ PRESETS = {
                             dropout=0.2, label_smoothing=0.1),
                        max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=100, max_len=100, average_last=5,
                        max_steps=9000, beam=8, alpha=2.0),
+    # Wu et al. (2021)'s Transformer-tiny, the recipe of the figure the README compares with (their
+    # Revisit-MMT repository, a fairseq 0.9 fork: README-baseline.md, transformer_tiny, the fork's
+    # defaults): lowercased Moses tokens; joint BPE of about 9,700 types (sentencepiece's 10,000
+    # pieces come within 2%: benchmarks/RESULTS.md); 4+4 layers, d_ff 256, P_drop 0.3; Adam's
+    # eps 1e-8; fairseq's inverse_sqrt to 0.005 at 2,000 updates (the schedule of section 5.3 with
+    # its factor set by peak_lr); clipping at norm 25; 2 x 4,096 tokens; 8,000 updates at most,
+    # stopped after 10 epochs without a better validation loss; the last 10 epochs averaged; beam 5
+    # with fairseq's length normalization (alpha 1: the score over the length).
+    "multi30k-tiny": Preset("multi30k", "multi30k-tiny",
+                            dict(d_model=128, d_ff=256, h=4, num_encoder_layers=4, num_decoder_layers=4,
+                                 dropout=0.3, label_smoothing=0.1),
+                            max_tokens=8192, warmup=2000, lr_factor=schedule_factor(0.005, 128, 2000),
+                            epochs=10_000, max_len=256, average_last=10, max_steps=8000, beam=5, alpha=1.0,
+                            preprocess="moses-lc", adam_eps=1e-8, clip_norm=25.0, patience=10, bleu_sample=0,
+                            length_penalty="fairseq"),
     # The paper's setups: base and big (Table 3), 25,000 tokens a side per step (section 5.1),
     # about 3,125 per GPU on 8 GPUs.
     "wmt14-base": Preset("wmt14", "wmt14", dict(), max_tokens=25000, warmup=4000, lr_factor=1.0,
@@ -109,6 +130,8 @@ class Run:
     log_path: str
     corpus: dict  # the training data's fingerprint and pairs, kept in checkpoints for --resume
     detector: DivergenceDetector
+    early_stop: EarlyStopping | None  # None: no --patience
+    stop_reason: str = ""  # why training stopped (train_loop), for bleu.json
 
     def autocast(self):
         """The block in which the model computes in ``amp_dtype`` (nothing for fp32)."""
@@ -152,8 +175,12 @@ def build_parser() -> cli.ArgumentParser:
                    help="stop training after this many minutes (default: the preset's; none for multi30k)")
     p.add_argument("--eval-every", type=cli.integer(0), default=0, help="validate and checkpoint every N steps "
                    "(0: every as many steps as epoch 0 has, about once per epoch)")
-    p.add_argument("--bleu-sample", type=cli.integer(1), default=100,
-                   help="validation sentences beam-searched for BLEU")
+    p.add_argument("--bleu-sample", type=cli.integer(0),
+                   help="validation sentences beam-searched for BLEU at each validation (0: the loss alone; "
+                        "default: the preset's)")
+    p.add_argument("--patience", type=cli.integer(0),
+                   help="stop when the label-smoothed validation loss has not improved for N validations in a row, "
+                        "one an epoch unless --eval-every (fairseq's --patience; 0: never; default: the preset's)")
     p.add_argument("--log-every", type=cli.integer(1), default=20,
                    help="write a line of train.jsonl (and the bar's figures) every N steps")
     p.add_argument("--seed", type=cli.integer(0), default=1,
@@ -164,11 +191,21 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
     p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the preset's)")
     p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
-    p.add_argument("--lr-factor", type=cli.real(0.0, low_open=True),
-                   help="scale of the schedule of section 5.3 (default: the preset's)")
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--lr-factor", type=cli.real(0.0, low_open=True),
+                    help="scale of the schedule of section 5.3 (default: the preset's)")
+    lr.add_argument("--peak-lr", type=cli.real(0.0, low_open=True),
+                    help="the schedule's largest rate, reached at the end of --warmup, as fairseq's --lr with "
+                         "inverse_sqrt: sets --lr-factor to peak * sqrt(d_model * warmup)")
+    p.add_argument("--adam-eps", type=cli.real(0.0, low_open=True), help="Adam's epsilon (default: the preset's)")
+    p.add_argument("--clip-norm", type=cli.real(0.0),
+                   help="scale the gradients down to this global norm when above it (0: never; default: the preset's)")
     p.add_argument("--limit-train", type=cli.integer(1), help="use only the first N training pairs (smoke tests)")
     p.add_argument("--limit-val", type=cli.integer(1), help="validate on only the first N validation pairs")
     p.add_argument("--limit-test", type=cli.integer(1), help="translate only the first N test sentences")
+    p.add_argument("--preprocess", choices=data.moses.PREPROCESSING,
+                   help="what is done to the text before BPE: raw (nothing), or moses-lc (lowercased, punctuation "
+                        "normalized and Moses-tokenized, as the Multi30k literature's text; default: the preset's)")
     p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
     p.add_argument("--bpe-dropout", type=cli.real(0.0, 1.0, high_open=True),
                    help="BPE-dropout of the training side: a new segmentation each epoch, each possible merge "
@@ -193,6 +230,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.argv = argv  # None: sys.argv's; for train.jsonl's start lines (command_line)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
+    preset = PRESETS[args.preset]
+    for key in ("preprocess", "adam_eps", "clip_norm", "patience", "bleu_sample"):  # recorded in checkpoints as used
+        if getattr(args, key) is None:
+            setattr(args, key, getattr(preset, key))
     vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
     if args.beam and args.beam > vocab:
         p.error(f"--beam {args.beam}: wider than the target vocabulary ({vocab} tokens)")
@@ -210,7 +251,8 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
 
 def read_data(args, preset: Preset, world, with_test: bool = True):
     """(train, val, test) as --data-dir and the --limit-* flags give them (downloaded first
-    if missing); test is None unless ``with_test``."""
+    if missing), train and val as --preprocess makes them (test stays raw: finish() preprocesses
+    its source and scores against its raw references too); test is None unless ``with_test``."""
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
     with distributed.main_process_alone(world) as main:
         if main:
@@ -221,6 +263,7 @@ def read_data(args, preset: Preset, world, with_test: bool = True):
     val = data.load_corpus(preset.corpus, data_dir, "val")
     if args.limit_val:
         val = val.subset(range(min(args.limit_val, len(val))))
+    train, val = (data.moses.preprocess_corpus(c, args.preprocess) for c in (train, val))
     test = None
     if with_test:
         test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
@@ -318,16 +361,20 @@ def plot_curves(log_path: str, png_path: str) -> None:
     rows = [json.loads(line) for line in open(log_path)]
     train = [r for r in rows if r["kind"] == "train"]
     val = [r for r in rows if r["kind"] == "val"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    scored = [r for r in val if "bleu" in r]  # none with --bleu-sample 0
+    fig, axes = plt.subplots(1, 2 if scored else 1, figsize=(11 if scored else 6, 4), squeeze=False)
+    ax1 = axes[0, 0]
     ax1.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (label-smoothed)", lw=0.8)
     ax1.plot([r["step"] for r in train], [math.log(r["ppl"]) for r in train], label="train NLL", lw=0.8)
     ax1.plot([r["step"] for r in val], [math.log(r["ppl"]) for r in val], "o-", label="validation NLL")
     ax1.set_xlabel("step")
     ax1.set_ylabel("nats per token")
     ax1.legend()
-    ax2.plot([r["step"] for r in val], [r["bleu"] for r in val], "o-", color="C3")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel(f"BLEU, {val[0]['bleu_sentences'] if val else 0} validation sentences")
+    if scored:
+        ax2 = axes[0, 1]
+        ax2.plot([r["step"] for r in scored], [r["bleu"] for r in scored], "o-", color="C3")
+        ax2.set_xlabel("step")
+        ax2.set_ylabel(f"BLEU, {scored[0]['bleu_sentences']} validation sentences")
     fig.tight_layout()
     files.save_figure(fig, png_path, dpi=120)
 
@@ -444,9 +491,10 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     """The model (seeded by ``args.seed``), optimiser, schedule, batches and log of a run."""
     mt.manual_seed(args.seed + world.rank)  # dropout differs per rank; init is broadcast from rank 0
     model = build(args, preset, tok).to(args.device)
-    optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, args.warmup or preset.warmup,
-                                         args.lr_factor or preset.lr_factor)
+    optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=args.adam_eps)
+    warmup = args.warmup or preset.warmup
+    factor = schedule_factor(args.peak_lr, model.config.d_model, warmup) if args.peak_lr else args.lr_factor
+    schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, warmup, factor or preset.lr_factor)
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
@@ -468,7 +516,8 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     return Run(args, world, model, ddp, optimizer, schedule, scaler_for(amp_dtype), amp_dtype, batcher, tok, val,
                val_batches, os.path.join(args.out_dir, "train.jsonl"),
                {"fingerprint": train.fingerprint, "pairs": len(train)},
-               DivergenceDetector(model.config.target_vocab_size))
+               DivergenceDetector(model.config.target_vocab_size),
+               EarlyStopping(args.patience) if args.patience else None)
 
 
 def start_or_resume(run: Run) -> tuple[int, float]:
@@ -484,6 +533,8 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         restore(ckpt, run.model, run.optimizer, run.schedule, scaler=run.scaler)
         if "divergence" in ckpt.extra:  # checkpoints from before the detector have none
             run.detector.load_state_dict(ckpt.extra["divergence"])
+        if run.early_stop is not None and "early_stopping" in ckpt.extra:
+            run.early_stop.load_state_dict(ckpt.extra["early_stopping"])
         try:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
         except ValueError as e:  # --max-tokens, --seed, the data subset, the ranks or the code changed
@@ -554,6 +605,10 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         if world.is_main:
             log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
                         "to train it further", budget.seconds / 60)
+        run.stop_reason = "time budget"
+        return step, history_s
+    if run.early_stop is not None and run.early_stop.bad >= run.early_stop.patience:  # a resumed run that had
+        run.stop_reason = patience_reason(run.early_stop)                              # stopped early
         return step, history_s
     progress = progress_bar(run, step, budget)
     near_copy = budget.eval_every // 2  # a checkpoint this close to the one before replaces it
@@ -571,7 +626,7 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         shares = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out)) if len(b) else None
                   for b in micro_batches]
         result = accumulated_step(run.model, run.optimizer, run.schedule, shares,
-                                  label_smoothing=run.model.config.label_smoothing, ddp=run.ddp,
+                                  label_smoothing=run.model.config.label_smoothing, clip_norm=args.clip_norm, ddp=run.ddp,
                                   amp_dtype=run.amp_dtype, scaler=run.scaler)
         step += 1
         rate.add(result.num_tokens)
@@ -592,14 +647,17 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
 
         late = out_of_time()
         done = step >= budget.max_steps or late
+        patience_spent = False
         if step % budget.eval_every == 0 or done:
             with distributed.main_process_alone(world) as main:
                 if main:
-                    validate_and_save(run, step, start, supersede=near_copy, final=done)
+                    patience_spent = validate_and_save(run, step, start, supersede=near_copy, final=done)
+            if world.world_size > 1:  # rank 0 alone validated: it tells the others
+                patience_spent = bool(world.comm.all_reduce_scalar(int(patience_spent), "max"))
             if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
                 done = late = True         # not one step later with a near copy of it
-        if done:
-            stop_reason = "time budget" if late else "max steps"
+        if done or patience_spent:
+            stop_reason = "time budget" if late else "max steps" if done else patience_reason(run.early_stop)
             break
     if progress is not None:
         progress.close()
@@ -611,7 +669,13 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
                 validate_and_save(run, step, start, supersede=near_copy, final=True)
                 seconds = time.perf_counter() - start
             log.info("training stopped (%s) after %d steps, %.1f min", stop_reason, step, seconds / 60)
+    run.stop_reason = stop_reason
     return step, seconds
+
+
+def patience_reason(early_stop: EarlyStopping) -> str:
+    return (f"patience: no better validation loss in {early_stop.patience} validations since step "
+            f"{early_stop.best_step} ({early_stop.best:.4f})")
 
 
 def optimizer_steps(batcher: data.TokenBatcher, accumulate: int):
@@ -723,6 +787,11 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if "precision" in flags and flags["precision"] != args.precision:
         raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
                          f"resume with --precision {flags['precision']}, or start a new run")
+    # Another optimiser or stopping rule would make the run's figure one of no recipe.
+    for flag, key in (("--adam-eps", "adam_eps"), ("--clip-norm", "clip_norm"), ("--patience", "patience")):
+        if key in flags and flags[key] != getattr(args, key):
+            raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume with "
+                             f"{flag} {flags[key]}, or start a new run")
     if flags.get("accumulate", 1) != args.accumulate:
         raise SetupError(f"{path} was trained with --accumulate {flags.get('accumulate', 1)}, not {args.accumulate}: "
                          f"resume with --accumulate {flags.get('accumulate', 1)}, or start a new run")
@@ -740,7 +809,8 @@ def check_same_data(args, saved: dict, train) -> None:
     the tokenizer's check (check_resume)."""
     path = os.path.join(args.out_dir, "last.npz")
     flags = saved.get("args", {})
-    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout")):
+    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout"),
+                      ("--preprocess", "preprocess")):
         if key in flags and flags[key] != getattr(args, key):
             raise SetupError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
                              f"resume {_with(flag, flags[key])}, or start a new run")
@@ -765,6 +835,11 @@ def check_resume(args, ckpt, run: Run, path: str) -> None:
         if value is not None and key in sched and sched[key] != value:
             raise SystemExit(f"error: {path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
                              f"keeps its schedule; drop {flag} or start a new run")
+    if args.peak_lr and "factor" in sched:
+        peak = noam_lr(sched["warmup"], sched["d_model"], sched["warmup"], sched["factor"])
+        if not math.isclose(peak, args.peak_lr, rel_tol=1e-12):
+            raise SystemExit(f"error: {path} was trained to a peak rate of {peak:.6g}, not --peak-lr {args.peak_lr}: a "
+                             f"resumed run keeps its schedule; drop --peak-lr or start a new run")
     if run.world.is_main:
         for p in checkpoints(args.out_dir)[-average_last(args):]:
             try:
@@ -800,8 +875,9 @@ def truncate_log(log_path: str, step: int) -> None:
         f.writelines(rows)
 
 
-def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> None:
-    """Validate, log, and checkpoint; ``start`` is the training clock's zero (perf_counter), and
+def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> bool:
+    """Validate, log, and checkpoint; True when --patience is spent (the label-smoothed validation
+    loss, the one fairseq's --patience watches, has not improved for that many validations); ``start`` is the training clock's zero (perf_counter), and
     the checkpoint's time trained includes this validation, as the budget does. The checkpoint
     replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
     shortly after a checkpoint (its time budget, --max-steps), or resumes shortly before one,
@@ -812,25 +888,33 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, fin
     checkpoint is its last good one; a non-finite validation loss ends the run as diverged."""
     args = run.args
     seconds = time.perf_counter() - start
-    loss, ppl = evaluate_loss(run.model, run.val_batches, amp_dtype=run.amp_dtype)  # loss: the NLL
-    if not math.isfinite(loss):
-        stop_diverged(run, step, f"the validation loss is {loss}")
+    smoothed, ppl = evaluate_loss(run.model, run.val_batches, run.model.config.label_smoothing, run.amp_dtype)
+    loss = math.log(ppl)  # the NLL
+    if not math.isfinite(smoothed):
+        stop_diverged(run, step, f"the validation loss is {smoothed}")
+    record = dict(kind="val", step=step, loss=loss, loss_smoothed=smoothed, ppl=ppl, seconds=seconds)
     n = min(args.bleu_sample, len(run.val))
-    with run.autocast():
-        hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
-    score, signature, ratio = bleu(hyps, run.val.tgt[:n])
-    record = dict(kind="val", step=step, loss=loss, ppl=ppl, bleu=score, bleu_sentences=n, length_ratio=ratio,
-                  seconds=seconds, signature=signature)
+    if n:
+        with run.autocast():
+            hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
+        score, signature, ratio = bleu(hyps, run.val.tgt[:n])
+        record.update(bleu=score, bleu_sentences=n, length_ratio=ratio, signature=signature)
+        log.info("step %d: validation NLL %.3f (ppl %s), BLEU %.2f on %d sentences, length ratio %.3f "
+                 "(sacreBLEU %s)", step, loss, format_ppl(ppl), score, n, ratio, signature)
+    else:
+        log.info("step %d: validation NLL %.3f (ppl %s), label-smoothed loss %.4f", step, loss, format_ppl(ppl),
+                 smoothed)
     append_record(run.log_path, record)
-    log.info("step %d: validation NLL %.3f (ppl %s), BLEU %.2f on %d sentences, length ratio %.3f "
-             "(sacreBLEU %s)", step, loss, format_ppl(ppl), score, n, ratio, signature)
+    spent = run.early_stop is not None and run.early_stop.update(step, smoothed)
     if run.detector.suspect and not final:
         log.warning("step %d: no checkpoint written, as the training loss is far above its best: the last "
                     "one stays the last good one", step)
-        return
+        return spent
     extra = {"step": step, "train_seconds": time.perf_counter() - start, "batcher": run.batcher.state_dict(),
              "args": vars(args), "tokenizer": os.path.basename(run.tok.path), "corpus": run.corpus,
              "divergence": run.detector.state_dict()}
+    if run.early_stop is not None:
+        extra["early_stopping"] = run.early_stop.state_dict()
     # last.npz resumes training; ckpt-<step>.npz are for averaging and need no Adam moments.
     # last.npz first: a kill between the two writes leaves a run that --resume continues (and
     # start_or_resume then writes the missing ckpt-<step>.npz from the same weights).
@@ -844,6 +928,7 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, fin
         os.remove(saved.pop(-2))
     for old in saved[:-average_last(args)]:
         os.remove(old)
+    return spent
 
 
 def average(run: Run, step: int) -> list[str]:

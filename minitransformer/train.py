@@ -130,6 +130,35 @@ class DivergenceDetector:
         return None
 
 
+class EarlyStopping:
+    """Stop a run whose validation loss has not improved for ``patience`` validations in a row
+    (fairseq's ``--patience``, counted in its validations, one an epoch): a run that has stopped
+    learning from its data spends no more time on it. ``update`` takes each validation's loss and
+    returns True when the run should stop; strictly lower is better, so a plateau counts against
+    it. ``state_dict()`` goes into checkpoints, so that a resumed run counts on where it was."""
+
+    def __init__(self, patience: int) -> None:
+        if patience < 1:
+            raise ValueError(f"EarlyStopping: patience must be >= 1, got {patience}")
+        self.patience = patience
+        self.best: float | None = None
+        self.best_step = 0
+        self.bad = 0  # validations since the best
+
+    def update(self, step: int, loss: float) -> bool:
+        if self.best is None or loss < self.best:
+            self.best, self.best_step, self.bad = loss, step, 0
+        else:
+            self.bad += 1
+        return self.bad >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad": self.bad}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step, self.bad = state["best"], state["best_step"], state["bad"]
+
+
 def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=None):
     """(summed label-smoothed loss tensor, summed NLL, non-padding target tokens); with
     ``amp_dtype`` the forward pass runs in that 16-bit dtype."""

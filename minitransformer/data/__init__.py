@@ -2,6 +2,7 @@
 
     corpus      read Multi30k / WMT14 EN-DE (plain, .gz, .sgm), with checked alignment
     download    python -m minitransformer.data.download multi30k|wmt14 --dest DIR
+    moses       the Multi30k literature's text: lowercased, normalized, Moses-tokenized (sacremoses)
     tokenizer   sentencepiece BPE, one vocabulary for both languages; PAD/UNK/BOS/EOS = 0/1/2/3
     bpe_dropout sampled segmentations of the training side (BPE-dropout), from a seed alone
     batching    batches of about max_tokens tokens, bucketed by length, sharded over ranks
@@ -27,6 +28,7 @@ runs it once, as a script. This package uses NumPy (and sentencepiece, tqdm) onl
 imports nothing from the model or the autograd engine.
 """
 
+from . import moses
 from .batching import Batch, PackedSequences, SampledSegmentation, TokenBatcher, collate, encode_packed
 from .corpus import (
     CorpusError, ParallelCorpus, decode_utf8, find_split_file, load_corpus, load_multi30k, load_wmt14,
@@ -41,6 +43,6 @@ __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
     "ParallelCorpus", "SampledSegmentation", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate",
     "decode_utf8", "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
-    "load_wmt14", "missing_files", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
+    "load_wmt14", "missing_files", "moses", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]
 

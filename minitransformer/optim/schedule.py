@@ -4,6 +4,12 @@
 
 It rises linearly for the first ``warmup`` steps, peaks at step = warmup, then decays with the
 inverse square root of the step. (factor = 1 in the paper; a larger factor suits small data.)
+
+fairseq's ``inverse_sqrt`` schedule, which much of the later literature trains with, is this
+one named by its peak instead of its factor: a rate rising linearly to ``peak_lr`` at step
+``warmup``, then ``peak_lr * sqrt(warmup / step)``. ``schedule_factor`` gives the factor that
+makes equation (3) peak there. (fairseq starts its ramp at ``--warmup-init-lr``, 1e-7 by
+default, where equation (3) starts at 0: the two differ by less than 1e-7 during warmup.)
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ import numbers
 def noam_lr(step: int, d_model: int, warmup: int = 4000, factor: float = 1.0) -> float:
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def schedule_factor(peak_lr: float, d_model: int, warmup: int) -> float:
+    """The factor of equation (3) whose rate peaks at ``peak_lr`` (at step ``warmup``):
+    peak = factor * d_model^-0.5 * warmup^-0.5."""
+    return peak_lr * math.sqrt(d_model * warmup)
 
 
 class WarmupInverseSqrtSchedule:
