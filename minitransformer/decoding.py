@@ -10,6 +10,10 @@ maximum output length of input length + 50 (and never past a learned position ta
 
     score(Y) = log P(Y | X) / lp(Y),     lp(Y) = ((5 + |Y|) / 6) ** alpha
 
+|Y| counts the EOS. ``length_penalty="fairseq"`` divides by |Y| ** alpha instead, fairseq's
+``--lenpen`` (with its default alpha = 1, the mean log-probability per token), which much of
+the later literature decodes with.
+
 Each step keeps the best ``beam_size`` live hypotheses per sentence. A hypothesis that emits
 EOS among the top ``beam_size`` candidates is finished and never extended again; a sentence
 is done once it has ``beam_size`` finished hypotheses or reaches its maximum length (where EOS
@@ -47,6 +51,7 @@ from .tensor import Tensor
 logger = logging.getLogger(__name__)
 MAX_LEN_EXTRA = 50  # a translation may run this many tokens past its source (section 6.1)
 BEAM, ALPHA = 4, 0.6  # the paper's beam size and length penalty (section 6.1)
+LENGTH_PENALTIES = ("gnmt", "fairseq")
 
 
 @contextlib.contextmanager
@@ -60,8 +65,14 @@ def _eval_mode(model):
         model.train(was_training)
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
+    """lp(Y) for a hypothesis of ``length`` tokens, EOS included: GNMT's ((5 + |Y|) / 6) ** alpha,
+    or fairseq's |Y| ** alpha (``kind``, one of LENGTH_PENALTIES)."""
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if kind == "fairseq":
+        return float(length) ** alpha
+    raise ValueError(f"unknown length penalty {kind!r}; expected one of {LENGTH_PENALTIES}")
 
 
 def _prepare(model, src):
@@ -160,18 +171,22 @@ class BeamStep:
 
 @no_grad()
 def beam_search(model, src, beam_size: int = BEAM, alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA,
-                return_scores: bool = False, observer=None):
+                return_scores: bool = False, observer=None, length_penalty: str = "gnmt"):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
     hypothesis's token ids without BOS/EOS (and its score when ``return_scores``).
+    ``length_penalty``: "gnmt" or "fairseq" (LENGTH_PENALTIES), the lp that ``alpha`` shapes.
 
     ``observer``: called as ``observer(step)`` with a ``BeamStep`` after every step, to watch
     the search; it changes nothing (None, the default, costs nothing)."""
     with _eval_mode(model):
-        results = _beam(model, src, beam_size, alpha, max_len_extra, observer)
+        if length_penalty not in LENGTH_PENALTIES:  # before the encoder runs
+            raise ValueError(f"unknown length penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}")
+        results = _beam(model, src, beam_size, alpha, max_len_extra, observer, length_penalty)
     return results if return_scores else [hyp for hyp, _ in results]
 
 
-def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -> list[tuple[list[int], float]]:
+def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None, lp: str = "gnmt"
+          ) -> list[tuple[list[int], float]]:
     eos = model.config.eos_id
     src, lengths, src_mask, memory = _prepare(model, src)
     if len(lengths) == 0:  # nothing to decode (and max_out.max() has no value)
@@ -196,7 +211,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None) -
         vocab = shifted.shape[-1]
         ends, slots, rows, words, scores = _select_beams(top, top_scores, vocab, width, k, eos)
         ended = [(int(active[slot]), tokens[row].tolist(), score) for slot, row, score in zip(*ends)]
-        ended = [(sid, hyp, score, score / length_penalty(len(hyp) + 1, alpha)) for sid, hyp, score in ended]
+        ended = [(sid, hyp, score, score / length_penalty(len(hyp) + 1, alpha, lp)) for sid, hyp, score in ended]
         for sid, hyp, _, penalized in ended:
             finished[sid].append((penalized, hyp))
         going = np.asarray([len(finished[sid]) < k for sid in active[slots]], bool)
@@ -371,8 +386,8 @@ def _reorder(model, cache, memory, src_mask, rows: np.ndarray, source_rows: np.n
 
 
 def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_size: int = BEAM,
-              alpha: float = ALPHA, max_tokens: int = 2048, progress: bool = False, first_line: int = 1
-              ) -> list[str]:
+              alpha: float = ALPHA, max_tokens: int = 2048, progress: bool = False, first_line: int = 1,
+              length_penalty: str = "gnmt") -> list[str]:
     """Beam-search raw sentences in length-sorted batches of about ``max_tokens`` source
     tokens; returns one detokenized translation per sentence, in the input order.
 
@@ -384,6 +399,7 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
     part by part; a part still too long is truncated. ``max_tokens`` only sizes the batches
     (raised to the longest part's length if that is longer): it never truncates.
     Warnings call sentence i "line first_line + i", its line in the file it came from.
+    ``length_penalty`` (with ``alpha``) as ``beam_search``'s.
     """
     from .data import TokenBatcher  # the data layer needs nothing from the model
 
@@ -414,7 +430,8 @@ def translate(model, tokenizer, sentences: list[str], device: str = "cpu", beam_
     texts: list[str] = [""] * len(parts)
     for indices in batches:
         batch = batcher.make_batch(indices)
-        hyps = beam_search(model, Tensor(backend.to_device(batch.src, device)), beam_size, alpha)
+        hyps = beam_search(model, Tensor(backend.to_device(batch.src, device)), beam_size, alpha,
+                           length_penalty=length_penalty)
         for j, text in zip(batch.indices, tokenizer.decode(hyps)):
             texts[j] = text
     out: list[list[str]] = [[] for _ in sentences]

@@ -84,10 +84,15 @@ def test_each_sentence_decodes_as_if_alone(device):
         assert alone[0][1] == pytest.approx(together[i][1], rel=1e-4)
 
 
-def test_beam_respects_max_length_and_reports_its_score():
+# The score's denominator, written out: GNMT's lp and fairseq's --lenpen, of |Y| with EOS.
+PENALTIES = {"gnmt": lambda n, alpha: ((5 + n) / 6) ** alpha, "fairseq": lambda n, alpha: n ** alpha}
+
+
+@pytest.mark.parametrize("kind", sorted(PENALTIES))
+def test_beam_respects_max_length_and_reports_its_score(kind):
     m = model(seed=4)
     src = sources(seed=5, n=3)
-    results = beam_search(m, src, beam_size=4, alpha=0.6, max_len_extra=2, return_scores=True)
+    results = beam_search(m, src, beam_size=4, alpha=0.6, max_len_extra=2, return_scores=True, length_penalty=kind)
     for i, (hyp, score) in enumerate(results):
         n = int((src[i] != 0).sum())
         assert len(hyp) <= n + 2 - 1  # the limit counts EOS
@@ -99,7 +104,29 @@ def test_beam_respects_max_length_and_reports_its_score():
             logits[[0, 2]] = -np.inf
             logp += float(log_softmax_array(logits)[tok])
             prefix.append(tok)
-        assert score == pytest.approx(logp / length_penalty(len(hyp) + 1, 0.6), rel=1e-4)
+        assert score == pytest.approx(logp / PENALTIES[kind](len(hyp) + 1, 0.6), rel=1e-4)
+
+
+@given(st.integers(1, 300), st.floats(0.0, 3.0))
+def test_length_penalties_are_their_formulas(length, alpha):
+    for kind, formula in PENALTIES.items():
+        assert length_penalty(length, alpha, kind) == pytest.approx(formula(length, alpha), rel=1e-12)
+
+
+def test_fairseq_s_penalty_ranks_by_the_mean_log_probability_per_token():
+    """alpha = 1: the winner has the best log P / |Y| among the finished hypotheses, which may
+    differ from GNMT's choice; an unknown penalty is refused before anything is decoded."""
+    m = model(seed=4)
+    src = sources(seed=5, n=6)
+    seen = []
+    beam_search(m, src, beam_size=4, alpha=1.0, max_len_extra=4, length_penalty="fairseq",
+                observer=lambda step: seen.extend(step.finished))
+    best = beam_search(m, src, beam_size=4, alpha=1.0, max_len_extra=4, length_penalty="fairseq", return_scores=True)
+    for sid, (hyp, score) in enumerate(best):
+        means = [logp / (len(tokens) + 1) for s_, tokens, logp, _ in seen if s_ == sid]
+        assert score == pytest.approx(max(means), rel=1e-6)
+    with pytest.raises(ValueError, match="unknown length penalty 'wu'"):
+        beam_search(m, src, length_penalty="wu")
 
 
 @pytest.mark.parametrize("learned", [True, False])
