@@ -196,7 +196,8 @@ def row_run_args(args, row: Row, progress: bool) -> argparse.Namespace:
     out_dir = os.path.join(args.out_dir, row.name)
     # The paper's beam search for every row (Table 3: section 6.1's beam 4 and alpha 0.6, whatever
     # train_wmt.py's preset chose for its own test figure), so that a resumed sweep stays comparable.
-    run_args = train_wmt.parse_args(["--out-dir", out_dir, "--beam", str(BEAM), "--alpha", str(ALPHA)])
+    run_args = train_wmt.parse_args(["--out-dir", out_dir, "--beam", str(BEAM), "--alpha", str(ALPHA),
+                                     "--length-penalty", "gnmt"])
     run_args.argv = None  # train.jsonl records the command that runs this sweep (train_wmt.command_line)
     vars(run_args).update(
         data_dir=args.data_dir, seed=args.seed, max_steps=args.max_steps, time_budget=args.budget_minutes,

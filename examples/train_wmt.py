@@ -40,6 +40,7 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import backend, cli, data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
+from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
 )
@@ -73,6 +74,7 @@ class Preset:
     patience: int = 0  # stop when the validation loss has not improved for this many validations (0: never)
     bleu_sample: int = 100  # validation sentences beam-searched for BLEU at each validation (0: loss alone)
     length_penalty: str = "gnmt"  # decoding.LENGTH_PENALTIES
+    peak_lr: float | None = None  # set: the schedule's peak, whatever d_model and warmup (fairseq's --lr)
 
 
 PRESETS = {
@@ -92,13 +94,13 @@ PRESETS = {
     # defaults): lowercased Moses tokens; joint BPE of about 9,700 types (sentencepiece's 10,000
     # pieces come within 2%: benchmarks/RESULTS.md); 4+4 layers, d_ff 256, P_drop 0.3; Adam's
     # eps 1e-8; fairseq's inverse_sqrt to 0.005 at 2,000 updates (the schedule of section 5.3 with
-    # its factor set by peak_lr); clipping at norm 25; 2 x 4,096 tokens; 8,000 updates at most,
+    # its factor set by peak_lr, which overrides lr_factor); clipping at norm 25; 2 x 4,096 tokens; 8,000 updates at most,
     # stopped after 10 epochs without a better validation loss; the last 10 epochs averaged; beam 5
     # with fairseq's length normalization (alpha 1: the score over the length).
     "multi30k-tiny": Preset("multi30k", "multi30k-tiny",
                             dict(d_model=128, d_ff=256, h=4, num_encoder_layers=4, num_decoder_layers=4,
                                  dropout=0.3, label_smoothing=0.1),
-                            max_tokens=8192, warmup=2000, lr_factor=schedule_factor(0.005, 128, 2000),
+                            max_tokens=8192, warmup=2000, lr_factor=1.0, peak_lr=0.005,
                             epochs=10_000, max_len=256, average_last=10, max_steps=8000, beam=5, alpha=1.0,
                             preprocess="moses-lc", adam_eps=1e-8, clip_norm=25.0, patience=10, bleu_sample=0,
                             length_penalty="fairseq"),
@@ -190,6 +192,9 @@ def build_parser() -> cli.ArgumentParser:
                    help="checkpoints averaged for the final model (default: the preset's)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
     p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the preset's)")
+    p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
+                   help="what alpha shapes: gnmt, ((5 + |Y|) / 6)^alpha (Wu et al., 2016, as the paper), or fairseq, "
+                        "|Y|^alpha (its --lenpen) (default: the preset's)")
     p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
     lr = p.add_mutually_exclusive_group()
     lr.add_argument("--lr-factor", type=cli.real(0.0, low_open=True),
@@ -282,27 +287,6 @@ def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer:
         world, lambda: data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg))
 
 
-def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str, float]:
-    """Corpus sacreBLEU (cased, 13a tokenization of detokenized text), its signature, and the
-    hypotheses' length over the references' (below 1, the brevity penalty exp(1 - 1/ratio)
-    applies)."""
-    from sacrebleu.metrics import BLEU
-
-    metric = BLEU()
-    score = metric.corpus_score(hyps, [refs])
-    return score.score, str(metric.get_signature()), score.sys_len / max(score.ref_len, 1)
-
-
-def bleu_lowercased(hyps: list[str], refs: list[str]) -> tuple[float, str]:
-    """sacreBLEU on lowercased text, and its signature (case:lc): the figure the Multi30k
-    literature reports (on Moses tokens there, on sacreBLEU's 13a tokens here), given beside
-    the cased figure for comparison, never instead of it."""
-    from sacrebleu.metrics import BLEU
-
-    metric = BLEU(lowercase=True)
-    return metric.corpus_score(hyps, [refs]).score, str(metric.get_signature())
-
-
 # --------------------------------------------------------------------------- training
 
 
@@ -322,6 +306,13 @@ def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
         params.update(label_smoothing=args.label_smoothing)
     return nn.TransformerConfig(vocab_size=vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
                                 eos_id=data.EOS_ID, **params)
+
+
+def lr_factor(args, preset: Preset, d_model: int, warmup: int) -> float:
+    """The schedule's factor: --peak-lr's, --lr-factor, or the preset's (its peak_lr's if it
+    names one)."""
+    peak = args.peak_lr or (None if args.lr_factor else preset.peak_lr)
+    return schedule_factor(peak, d_model, warmup) if peak else args.lr_factor or preset.lr_factor
 
 
 def build(args, preset: Preset, tok) -> nn.Transformer:
@@ -445,7 +436,8 @@ def train_and_evaluate(args) -> dict:
         saved = {}
         if args.resume:  # before minutes of reading, vocabulary training and encoding
             saved = check_resume_flags(args, preset)
-        for key in ("beam", "alpha"):  # not given: the run's own (a resumed run keeps its beam search), or the preset's
+        for key in ("beam", "alpha", "length_penalty"):  # not given: the run's own (a resumed run keeps its
+            # beam search), or the preset's
             if getattr(args, key) is None:
                 setattr(args, key, saved.get("args", {}).get(key, getattr(preset, key)))
         train, val, test = read_data(args, preset, world)
@@ -493,8 +485,8 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     model = build(args, preset, tok).to(args.device)
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=args.adam_eps)
     warmup = args.warmup or preset.warmup
-    factor = schedule_factor(args.peak_lr, model.config.d_model, warmup) if args.peak_lr else args.lr_factor
-    schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, warmup, factor or preset.lr_factor)
+    schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, warmup,
+                                         lr_factor(args, preset, model.config.d_model, warmup))
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
@@ -896,8 +888,12 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, fin
     n = min(args.bleu_sample, len(run.val))
     if n:
         with run.autocast():
-            hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha)
-        score, signature, ratio = bleu(hyps, run.val.tgt[:n])
+            hyps = translate(run.model, run.tok, run.val.src[:n], args.device, args.beam, args.alpha,
+                             length_penalty=args.length_penalty)
+        if args.preprocess == "moses-lc":  # Moses tokens on both sides: the literature's metric
+            score, signature, ratio = bleu_literature(hyps, run.val.tgt[:n], tokenized=True)
+        else:
+            score, signature, ratio = bleu(hyps, run.val.tgt[:n])
         record.update(bleu=score, bleu_sentences=n, length_ratio=ratio, signature=signature)
         log.info("step %d: validation NLL %.3f (ppl %s), BLEU %.2f on %d sentences, length ratio %.3f "
                  "(sacreBLEU %s)", step, loss, format_ppl(ppl), score, n, ratio, signature)
@@ -939,36 +935,61 @@ def average(run: Run, step: int) -> list[str]:
     save_checkpoint(os.path.join(run.args.out_dir, "averaged.npz"), run.model,
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
                            "tokenizer": os.path.basename(run.tok.path),
-                           "beam": run.args.beam, "alpha": run.args.alpha})  # translate.py's defaults
+                           "beam": run.args.beam, "alpha": run.args.alpha,  # translate.py's defaults
+                           "length_penalty": run.args.length_penalty, "preprocess": run.args.preprocess})
     return paths
 
 
 def finish(run: Run, test, step: int, train_seconds: float) -> dict:
+    """Average the last checkpoints, translate the test set and score it: sacreBLEU cased and
+    lowercased, and the Multi30k literature's metric (minitransformer.bleu). A moses-lc model's
+    output is Moses tokens, scored as they are in the literature's metric (test.tok.de) and
+    detokenized for reading and for sacreBLEU (test.hyp.de); it has no cased figure."""
     args, model = run.args, run.model
     paths = average(run, step)
+    tokenized = args.preprocess == "moses-lc"
     start = time.perf_counter()
     with run.autocast():
-        hyps = translate(model, run.tok, test.src, args.device, args.beam, args.alpha, progress=not args.no_progress)
+        out = translate(model, run.tok, data.moses.preprocess(test.src, "en", args.preprocess), args.device,
+                        args.beam, args.alpha, progress=not args.no_progress, length_penalty=args.length_penalty)
     decode_seconds = time.perf_counter() - start
-    with files.atomic_write(os.path.join(args.out_dir, "test.hyp.de")) as f:
-        f.write("\n".join(hyps) + "\n")
-    score, signature, ratio = bleu(hyps, test.tgt)
+    hyps = data.moses.detokenize(out, "de") if tokenized else out
+    write_lines(os.path.join(args.out_dir, "test.hyp.de"), hyps)
+    if tokenized:
+        write_lines(os.path.join(args.out_dir, "test.tok.de"), out)
+    refs = data.moses.moses_lc(test.tgt, "de") if tokenized else test.tgt
+    literature, signature_lit, ratio = bleu_literature(out, refs, tokenized=tokenized)
+    score, signature, ratio_13a = (None, None, None) if tokenized else bleu(hyps, test.tgt)
     score_lc, signature_lc = bleu_lowercased(hyps, test.tgt)
+    epoch, in_epoch = run.batcher.position
     result = dict(bleu=score, signature=signature, bleu_lowercased=score_lc, signature_lowercased=signature_lc,
-                  length_ratio=ratio, steps=step, train_minutes=train_seconds / 60,
-                  decode_seconds=decode_seconds, averaged=[os.path.basename(p) for p in paths],
-                  test_sentences=len(test), beam=args.beam, alpha=args.alpha, preset=args.preset,
-                  precision=args.precision,
+                  literature=literature, signature_literature=signature_lit,
+                  length_ratio=ratio if tokenized else ratio_13a, steps=step,
+                  epochs=round(epoch + in_epoch / run.batcher.steps_per_epoch(epoch), 2), stopped=run.stop_reason,
+                  train_minutes=train_seconds / 60, decode_seconds=decode_seconds,
+                  averaged=[os.path.basename(p) for p in paths], test_sentences=len(test), beam=args.beam,
+                  alpha=args.alpha, length_penalty=args.length_penalty, preprocess=args.preprocess,
+                  preset=args.preset, precision=args.precision,
                   parts=[r for r in map(json.loads, open(run.log_path)) if r["kind"] == "start"])
     with files.atomic_write(os.path.join(args.out_dir, "bleu.json")) as f:
         json.dump(result, f, indent=2)
     plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))
-    print(f"BLEU = {score:.2f} on {len(test)} test sentences after {step} steps "
-          f"({train_seconds / 60:.1f} min training, {len(paths)} checkpoints averaged; length ratio {ratio:.3f})")
-    print(f"sacreBLEU signature: {signature}")
-    print(f"lowercased BLEU = {score_lc:.2f}, the Multi30k literature's metric, for comparison (sacreBLEU "
-          f"signature: {signature_lc})")
+    trained = (f"on {len(test)} test sentences after {step} steps ({train_seconds / 60:.1f} min training, "
+               f"{len(paths)} checkpoints averaged; length ratio {result['length_ratio']:.3f})")
+    if tokenized:
+        print(f"BLEU (cased) = n/a: a model of lowercased text ({args.preprocess}) has no cased figure; {trained}")
+    else:
+        print(f"BLEU = {score:.2f} {trained}")
+        print(f"sacreBLEU signature: {signature}")
+    print(f"lowercased BLEU = {score_lc:.2f} (sacreBLEU signature: {signature_lc})")
+    print(f"literature: {literature:.2f}, BLEU in the Multi30k papers' metric, the figure to compare with them "
+          f"(signature: {signature_lit})")
     return result
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    with files.atomic_write(path) as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ replaces it at the end, so a stopped run never leaves it truncated; what it fini
 OUTPUT.partial. An output that is the input, the checkpoint or the tokenizer is refused before
 anything is written. Bytes that are not UTF-8 stop the run with the file (or stdin), the line
 and the byte. Stderr says which model translates.
+
+A run trained on the Multi30k literature's text (``--preprocess moses-lc``, the
+``multi30k-tiny`` preset) reads each line lowercased and Moses-tokenized, as it was trained, and
+its Moses tokens are detokenized for the output: text in lower case.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from minitransformer import backend, cli, data, decoding, files, nn
 from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
@@ -112,6 +117,8 @@ def build_parser() -> cli.ArgumentParser:
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")
     p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the run's, else 0.6)")
+    p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
+                   help="what alpha shapes: gnmt or fairseq (default: the run's, else gnmt)")
     p.add_argument("--max-tokens", type=cli.integer(1), default=2048,
                    help="source tokens per batch (raised to the longest line's length; it never truncates)")
     p.add_debug()
@@ -165,11 +172,13 @@ def translate_into_output(p: cli.ArgumentParser, args) -> None:
     model = model_from(ckpt, checkpoint, args.device, args.dtype, tok)
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)
     refuse_wide_beams(p, [beam], tok)
-    print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha}",
-          file=sys.stderr)
+    length_penalty, preprocess = text_settings(ckpt, args.length_penalty)
+    text = "" if preprocess == "raw" else f"; text {preprocess} (lowercased Moses tokens in, detokenized out)"
+    print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha} "
+          f"({length_penalty}){text}", file=sys.stderr)
     partial, started = f"{args.output}.partial", time.time()
     try:
-        translate_stream(args, model, tok, beam, alpha, partial)
+        translate_stream(args, model, tok, Search(beam, alpha, length_penalty, preprocess), partial)
     except BaseException:
         if args.output and os.path.exists(partial) and os.path.getmtime(partial) >= started:
             sys.stderr.write(f"{args.output} is unchanged; the lines translated before the stop are in {partial}\n")
@@ -178,7 +187,16 @@ def translate_into_output(p: cli.ArgumentParser, args) -> None:
         os.remove(partial)
 
 
-def translate_stream(args, model, tok, beam: int, alpha: float, partial: str) -> None:
+@dataclass
+class Search:
+    """How translate_stream decodes: the beam search, and the text the model reads and writes."""
+    beam: int
+    alpha: float
+    length_penalty: str  # decoding.LENGTH_PENALTIES
+    preprocess: str  # data.moses.PREPROCESSING
+
+
+def translate_stream(args, model, tok, search: Search, partial: str) -> None:
     """Translate --input (or stdin) chunk by chunk into --output (or stdout), written as it
     goes: into a temporary file renamed over --output at the end, or to ``partial`` on failure."""
     with contextlib.ExitStack() as stack:
@@ -195,7 +213,11 @@ def translate_stream(args, model, tok, beam: int, alpha: float, partial: str) ->
                 source.seek(0)
             progress = stack.enter_context(tqdm(total=total, unit="line", desc="translate"))
         for first, lines in read_chunks(source.fileno(), args.input or "stdin"):
-            hyps = translate(model, tok, lines, args.device, beam, alpha, args.max_tokens, first_line=first)
+            hyps = translate(model, tok, data.moses.preprocess(lines, "en", search.preprocess), args.device,
+                             search.beam, search.alpha, args.max_tokens, first_line=first,
+                             length_penalty=search.length_penalty)
+            if search.preprocess == "moses-lc":
+                hyps = data.moses.detokenize(hyps, "de")
             out.write("".join(h + "\n" for h in hyps))
             out.flush()
             if progress is not None:
@@ -210,6 +232,14 @@ def beam_and_alpha(ckpt: Checkpoint, beam: int | None, alpha: float | None) -> t
     beam = beam or run_flags.get("beam") or decoding.BEAM
     alpha = run_flags.get("alpha", decoding.ALPHA) if alpha is None else alpha
     return beam, alpha
+
+
+def text_settings(ckpt: Checkpoint, length_penalty: str | None) -> tuple[str, str]:
+    """(length penalty, preprocessing): the option given, else the run's (train_wmt.py saves both
+    beside the averaged model, and its flags in every checkpoint), else GNMT's and raw text."""
+    run_flags = {**ckpt.extra.get("args", {}), **ckpt.extra}
+    return (length_penalty or run_flags.get("length_penalty") or "gnmt",
+            run_flags.get("preprocess") or "raw")
 
 
 def refuse_wide_beams(p: cli.ArgumentParser, beams: list[int], tok: data.Tokenizer) -> None:

@@ -4,7 +4,8 @@ checkpoints to average, the beam size and the length penalty alpha.
     python examples/tune_decoding.py --run runs/multi30k --data-dir ../shared/data/multi30k \
         --average 1,5,10 --beam 4,8 --alpha 0.6,1.0,1.4
 
-Every combination beam-searches the whole validation split and is scored with sacreBLEU; the
+Every combination beam-searches the whole validation split and is scored with sacreBLEU (and in
+the Multi30k literature's metric, by which a ``moses-lc`` run's settings are chosen); the
 table also gives the length ratio (hypotheses over references), since a ratio below 1 costs
 the brevity penalty exp(1 - 1/ratio). The test split is never read here: settings are chosen
 on validation, and the test set gives the final figure once (train_wmt.py's --beam, --alpha
@@ -35,11 +36,11 @@ import json
 import os
 import time
 
-from train_wmt import PRESETS, bleu, bleu_lowercased, checkpoints
-from translate import find_run_files, model_from, refuse_wide_beams
+from train_wmt import PRESETS, bleu, bleu_literature, bleu_lowercased, checkpoints
+from translate import find_run_files, model_from, refuse_wide_beams, text_settings
 
-from minitransformer import backend, cli, data
-from minitransformer.checkpoint import CheckpointError, average_checkpoints
+from minitransformer import backend, cli, data, decoding
+from minitransformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
 
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=cli.comma_list(cli.integer(1)), default=[4], help="beam sizes, comma-separated")
     p.add_argument("--alpha", type=cli.comma_list(cli.real(0.0)), default=[0.6],
                    help="length penalties, comma-separated")
+    p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
+                   help="what alpha shapes: gnmt or fairseq (default: the run's)")
     p.add_argument("--limit-val", type=cli.integer(1), help="only the first N validation pairs (none: all)")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model decodes")
     return p
@@ -62,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> list[dict]:
     p = build_parser()
     args = p.parse_args(argv)
-    _, tokenizer = find_run_files(args.run)
+    checkpoint, tokenizer = find_run_files(args.run)
+    # A moses-lc run reads and writes lowercased Moses tokens: it is scored on them in the
+    # literature's metric, and chosen by that figure (it has no cased one).
+    length_penalty, preprocess = text_settings(load_checkpoint(checkpoint, metadata_only=True), args.length_penalty)
+    tokenized = preprocess == "moses-lc"
     tok = data.Tokenizer(tokenizer)
     refuse_wide_beams(p, args.beam, tok)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
@@ -70,6 +77,8 @@ def main(argv=None) -> list[dict]:
     if args.limit_val:
         val = val.subset(range(min(args.limit_val, len(val))))
         split = f"val{len(val)}"
+    src = data.moses.preprocess(val.src, "en", preprocess)
+    refs_tok = data.moses.moses_lc(val.tgt, "de") if tokenized else val.tgt
     saved = checkpoints(args.run)
     if max(args.average) > len(saved):
         raise SystemExit(f"error: --average {max(args.average)}, but {args.run} keeps {len(saved)} step "
@@ -81,31 +90,42 @@ def main(argv=None) -> list[dict]:
         for beam in args.beam:
             for alpha in args.alpha:
                 start = time.perf_counter()
-                hyps = translate(model, tok, val.src, args.device, beam, alpha)
-                score, signature, ratio = bleu(hyps, val.tgt)
+                out = translate(model, tok, src, args.device, beam, alpha, length_penalty=length_penalty)
+                hyps = data.moses.detokenize(out, "de") if tokenized else out
+                literature, signature_lit, ratio = bleu_literature(out, refs_tok, tokenized=tokenized)
+                score, signature, ratio_13a = (None, None, ratio) if tokenized else bleu(hyps, val.tgt)
+                ratio = ratio if tokenized else ratio_13a
                 score_lc, _ = bleu_lowercased(hyps, val.tgt)
                 seconds = time.perf_counter() - start
                 name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}.hyp"
                 with atomic_write(os.path.join(args.run, name)) as f:
                     f.writelines(h + "\n" for h in hyps)
                 rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
-                                 beam=beam, alpha=alpha, bleu=score, bleu_lowercased=score_lc,
-                                 length_ratio=ratio, seconds=seconds,
-                                 sentences=len(val), signature=signature, hypotheses=name))
-                print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {score:6.2f}  "
-                      f"(lowercased {score_lc:6.2f})  length ratio {ratio:.3f}  ({seconds:.1f} s)", flush=True)
-    best = max(rows, key=lambda r: r["bleu"])
+                                 beam=beam, alpha=alpha, length_penalty=length_penalty, bleu=score,
+                                 bleu_lowercased=score_lc, literature=literature, length_ratio=ratio,
+                                 seconds=seconds, sentences=len(val), signature=signature,
+                                 signature_literature=signature_lit, hypotheses=name))
+                cased = "n/a" if score is None else f"{score:6.2f}"
+                print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {cased:>6}  "
+                      f"(lowercased {score_lc:6.2f}, literature {literature:6.2f})  length ratio {ratio:.3f}  "
+                      f"({seconds:.1f} s)", flush=True)
+    figure = "literature" if tokenized else "bleu"
+    best = max(rows, key=lambda r: r[figure])
+    signature = best["signature_literature"] if tokenized else best["signature"]
     print(f"\nbest on {len(val)} validation sentences: average {best['average']}, beam {best['beam']}, "
-          f"alpha {best['alpha']}: BLEU {best['bleu']:.2f}\nsacreBLEU signature: {best['signature']}")
+          f"alpha {best['alpha']} ({length_penalty}): {'literature' if tokenized else 'BLEU'} {best[figure]:.2f}"
+          f"\nsignature: {signature}")
     save_rows(os.path.join(args.run, "decoding_sweep.json"), rows)
     return rows
 
 
 def save_rows(path: str, rows: list[dict]) -> None:
-    """Merge ``rows`` into the sweep file at ``path``: a row of the same checkpoints, beam, alpha
-    and sentence count replaces the earlier one; the others stay, in their order."""
+    """Merge ``rows`` into the sweep file at ``path``: a row of the same checkpoints, beam, alpha,
+    length penalty and sentence count replaces the earlier one; the others stay, in their order."""
     def key(row):
-        return tuple(row[k] for k in ("first", "last", "average", "beam", "alpha", "sentences"))
+        # Rows from before the length penalty was a choice were GNMT's.
+        return tuple(row[k] for k in ("first", "last", "average", "beam", "alpha", "sentences")) + (
+            row.get("length_penalty", "gnmt"),)
 
     kept = {}
     if os.path.exists(path):

@@ -8,7 +8,7 @@ import minitransformer as mt
 from minitransformer import backend, nn
 from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import accumulated_step, evaluate_loss, train_step
+from minitransformer.train import EarlyStopping, accumulated_step, evaluate_loss, train_step
 from tests.helpers import micro_batches, union
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -243,3 +243,16 @@ def test_a_non_finite_micro_batch_skips_the_whole_step():
     assert r.skipped == "non-finite loss"
     assert all(np.array_equal(before[k], v, equal_nan=True) for k, v in model.state_dict().items())
     assert opt.step_count == 0 and sched.step_count == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_early_stopping_counts_validations_without_a_strictly_better_loss():
+    stop = EarlyStopping(patience=3)
+    curve = [5.0, 4.0, 4.0, 4.5, 3.9, 4.1, 4.0, 3.9]  # a tie is no improvement
+    decisions = [stop.update(step, loss) for step, loss in enumerate(curve, 1)]
+    assert decisions == [False] * 7 + [True]
+    assert (stop.best, stop.best_step, stop.bad) == (3.9, 5, 3)
+    resumed = EarlyStopping(patience=3)
+    resumed.load_state_dict(EarlyStopping(3).state_dict() | {"best": 3.9, "best_step": 5, "bad": 2})
+    assert resumed.update(9, 3.95) is True and resumed.state_dict() == {"best": 3.9, "best_step": 5, "bad": 3}
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        EarlyStopping(0)

@@ -329,3 +329,107 @@ def test_bpe_dropout_trains_and_resumes_exactly_across_epochs(tmp_path):
         train_wmt.main(without + ["--out-dir", str(split), "--max-steps", "12", "--resume"])
     with pytest.raises(SystemExit, match="trained with --precision fp32, not fp16: resume with --precision fp32"):
         train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--precision", "fp16"])
+
+
+# The anchor's preset at toy sizes: its text, schedule, optimiser, clipping, stopping and scoring,
+# on a model, vocabulary and batches a few seconds can train.
+TINY = ["--preset", "multi30k-tiny", "--data-dir", str(DATA), "--limit-train", "300", "--vocab-size", "400",
+        "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "600", "--limit-val", "20",
+        "--limit-test", "6", "--log-every", "1", "--no-progress"]
+
+
+def test_the_anchor_s_preset_is_its_recipe():
+    """Each row of Wu et al. (2021)'s recipe (the README's table): the model, the optimiser, the
+    schedule's peak, clipping, batches, stopping, averaging and decoding."""
+    args = train_wmt.parse_args(["--preset", "multi30k-tiny"])
+    preset = train_wmt.PRESETS["multi30k-tiny"]
+    config = train_wmt.model_config(args, preset, vocab_size=10000)
+    assert (config.d_model, config.d_ff, config.h, config.num_encoder_layers, config.num_decoder_layers) == (
+        128, 256, 4, 4, 4)
+    assert (config.dropout, config.attention_dropout, config.label_smoothing, config.share_embeddings) == (
+        0.3, 0.0, 0.1, True)
+    assert (args.preprocess, args.adam_eps, args.clip_norm, args.patience, args.bleu_sample) == (
+        "moses-lc", 1e-8, 25.0, 10, 0)
+    for d_model in (128, 32):  # fairseq's --lr is the peak, whatever the model's width
+        factor = train_wmt.lr_factor(args, preset, d_model, preset.warmup)
+        assert train_wmt.noam_lr(preset.warmup, d_model, preset.warmup, factor) == pytest.approx(0.005, rel=1e-12)
+    assert train_wmt.lr_factor(train_wmt.parse_args(["--preset", "multi30k-tiny", "--lr-factor", "2"]), preset, 128,
+                               2000) == 2
+    assert (preset.max_tokens, preset.max_steps, preset.average_last) == (8192, 8000, 10)
+    assert (preset.beam, preset.alpha, preset.length_penalty) == (5, 1.0, "fairseq")
+    assert train_wmt.data.PRESETS[preset.tokenizer].vocab_size == 10000
+    assert train_wmt.average_last(train_wmt.parse_args(["--preset", "multi30k-tiny", "--average-last", "3"])) == 3
+
+
+def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s_metric(tmp_path):
+    from minitransformer.bleu import bleu_literature, bleu_lowercased
+    from minitransformer.data import moses
+
+    result = train_wmt.main(TINY + ["--out-dir", str(tmp_path), "--max-steps", "3", "--eval-every", "3"])
+    assert (result["preprocess"], result["beam"], result["alpha"], result["length_penalty"]) == (
+        "moses-lc", 5, 1.0, "fairseq")
+    tokens = (tmp_path / "test.tok.de").read_text().splitlines()
+    assert len(tokens) == 6 and all(line == line.lower() for line in tokens)
+    assert (tmp_path / "test.hyp.de").read_text().splitlines() == moses.detokenize(tokens, "de")
+    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:6]
+    assert result["bleu"] is None and result["signature"] is None  # a lowercased model has no cased figure
+    assert result["literature"] == bleu_literature(tokens, moses.moses_lc(refs, "de"), tokenized=True)[0]
+    assert result["bleu_lowercased"] == bleu_lowercased(moses.detokenize(tokens, "de"), refs)[0]
+    assert json.loads((tmp_path / "bleu.json").read_text())["literature"] == result["literature"]
+    # The recipe, as the checkpoint keeps it for --resume: Adam's eps, fairseq's peak, the clipping.
+    last = load_checkpoint(str(tmp_path / "last.npz"))
+    flags = last.extra["args"]
+    assert (flags["adam_eps"], flags["clip_norm"], flags["patience"], flags["bleu_sample"]) == (1e-8, 25.0, 10, 0)
+    assert last.optimizer["eps"] == 1e-8
+    sched = last.schedule
+    assert train_wmt.noam_lr(sched["warmup"], sched["d_model"], sched["warmup"], sched["factor"]) == pytest.approx(
+        0.005, rel=1e-12)
+    # The tokenizer learned lowercased Moses tokens: no capital letter among its pieces.
+    tok = train_wmt.data.Tokenizer(tmp_path / last.extra["tokenizer"])
+    assert not any(c.isupper() for piece in tok.id_to_piece(range(tok.vocab_size)) for c in piece if c.isalpha())
+    # translate.py reads the run's text settings from its averaged model: raw English in,
+    # lowercased German out, as test.hyp.de.
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(tmp_path)],
+                         input="\n".join(train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").src[:2]) + "\n",
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.splitlines() == (tmp_path / "test.hyp.de").read_text().splitlines()[:2]
+    assert "text moses-lc" in out.stderr and "(fairseq)" in out.stderr
+    with pytest.raises(SystemExit, match="--preprocess moses-lc, not with --preprocess raw"):
+        train_wmt.main(TINY + ["--out-dir", str(tmp_path), "--max-steps", "4", "--resume", "--preprocess", "raw"])
+    with pytest.raises(SystemExit, match="peak rate of 0.005, not --peak-lr 0.001"):
+        train_wmt.main(TINY + ["--out-dir", str(tmp_path), "--max-steps", "4", "--resume", "--peak-lr", "0.001"])
+
+
+def scripted_validation(monkeypatch, curve):
+    """evaluate_loss replaced by a curve of label-smoothed losses, one per call, in order."""
+    values = iter(curve)
+
+    def evaluate(*args, **kwargs):
+        loss = next(values)
+        return loss, math.exp(loss)
+
+    monkeypatch.setattr(train_wmt, "evaluate_loss", evaluate)
+
+
+def test_patience_stops_on_the_validation_loss_and_a_resumed_run_counts_on(tmp_path, monkeypatch):
+    """--patience 2 on 5, 4, 4.5, 4.2: the second validation in a row without a better loss
+    ends training there, at step 4, and bleu.json says why. A run stopped at step 3 by
+    --max-steps (one bad validation counted) and resumed stops at step 4 as well, which it
+    would not if its count started again; a run that has stopped early trains no more."""
+    common = TINY + ["--eval-every", "1", "--patience", "2", "--limit-test", "2", "--average-last", "10"]
+    args = common + ["--max-steps", "10"]
+    curve = [5.0, 4.0, 4.5, 4.2]
+    scripted_validation(monkeypatch, curve)
+    straight = train_wmt.main(args + ["--out-dir", str(tmp_path / "straight")])
+    assert straight["steps"] == 4 and straight["stopped"].startswith("patience: no better validation loss in 2")
+    assert straight["averaged"] == [f"ckpt-{s}.npz" for s in (1, 2, 3, 4)]  # every epoch's (here, step's)
+    saved = load_checkpoint(str(tmp_path / "straight" / "last.npz"), metadata_only=True).extra["early_stopping"]
+    assert saved == {"best": 4.0, "best_step": 2, "bad": 2}
+
+    scripted_validation(monkeypatch, curve)
+    train_wmt.main(common + ["--max-steps", "3", "--out-dir", str(tmp_path / "split")])
+    resumed = train_wmt.main(args + ["--out-dir", str(tmp_path / "split"), "--resume"])
+    assert resumed["steps"] == 4 and resumed["stopped"] == straight["stopped"]
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    again = train_wmt.main(args + ["--out-dir", str(tmp_path / "split"), "--resume"])
+    assert again["steps"] == 4 and again["stopped"] == straight["stopped"]

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minitransformer as mt
-from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, clip_grad_norm_, grad_norm, noam_lr
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, clip_grad_norm_, grad_norm, noam_lr, schedule_factor
 from minitransformer.optim.adam import CPU_BLOCK, adam_formula
 
 
@@ -61,6 +61,24 @@ def test_schedule_is_equation_3():
     sched.step()
     sched.step()
     assert opt.lr == pytest.approx(2 * noam_lr(2, d, warmup))
+
+
+def fairseq_inverse_sqrt(n: int, peak: float, warmup: int, warmup_init: float = 0.0) -> float:
+    """fairseq's inverse_sqrt schedule at update n, as its step_update writes it: a linear ramp
+    from warmup_init to peak over the warmup, then peak * warmup^0.5 * n^-0.5."""
+    if n < warmup:
+        return warmup_init + n * (peak - warmup_init) / warmup
+    return peak * warmup**0.5 * n**-0.5
+
+
+@pytest.mark.parametrize("peak, d, warmup", [(0.005, 128, 2000), (7e-4, 512, 4000), (0.1, 1, 1)])
+def test_schedule_by_its_peak_is_fairseq_s_inverse_sqrt(peak, d, warmup):
+    factor = schedule_factor(peak, d, warmup)
+    for n in [1, 2, warmup // 2 + 1, warmup, warmup + 1, 3 * warmup, 8000, 100_000]:
+        assert noam_lr(n, d, warmup, factor) == pytest.approx(fairseq_inverse_sqrt(n, peak, warmup), rel=1e-12)
+    # fairseq's ramp starts at --warmup-init-lr (1e-7 by default), equation (3)'s at 0.
+    for n in range(1, warmup + 1):
+        assert abs(noam_lr(n, d, warmup, factor) - fairseq_inverse_sqrt(n, peak, warmup, 1e-7)) <= 1e-7
 
 
 def test_clip_grad_norm():

@@ -1,0 +1,40 @@
+"""BLEU three ways (minitransformer.bleu): known answers, computed by hand where they can be."""
+
+import pytest
+
+from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased
+from minitransformer.data.moses import moses_lc
+
+REFS = ["Ein Mann fährt mit dem Fahrrad.", 'Zwei Kinder sagen "Hallo".']
+
+
+def test_a_translation_equal_to_its_reference_scores_100_every_way():
+    assert bleu(REFS, REFS)[0] == pytest.approx(100.0)
+    assert bleu_lowercased(REFS, REFS)[0] == pytest.approx(100.0)
+    assert bleu_literature(REFS, REFS)[0] == pytest.approx(100.0)
+    assert bleu_literature(moses_lc(REFS, "de"), moses_lc(REFS, "de"), tokenized=True)[0] == pytest.approx(100.0)
+
+
+def test_the_literature_s_figure_computed_by_hand():
+    """One pair, lowercased and Moses-tokenized: 'ein mann fährt mit einem fahrrad .' against
+    'ein mann fährt mit dem fahrrad .', 7 tokens each (no brevity penalty). Matched n-grams:
+    6 of 7 words, 4 of 6 bigrams (ein mann, mann fährt, fährt mit, fahrrad .), 2 of 5 trigrams,
+    1 of 4 four-grams; BLEU is their geometric mean. The case differs from the reference's
+    at the first word, which the cased figure counts and the literature's does not."""
+    hyp, ref = ["ein Mann fährt mit einem Fahrrad."], ["Ein Mann fährt mit dem Fahrrad."]
+    by_hand = 100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25
+    score, signature, ratio = bleu_literature(hyp, ref)
+    assert score == pytest.approx(by_hand, rel=1e-9) and ratio == 1.0
+    assert "tok:none" in signature and "sacremoses" in signature
+    assert bleu(hyp, ref)[0] < score  # 'ein' is not 'Ein' for the cased figure
+
+
+def test_the_literature_s_metric_counts_moses_tokens_not_13a_s():
+    """Moses splits 'ist's' into 'ist &apos; s' and counts each '&quot;' as a word; 13a keeps
+    the apostrophe inside the word. One hypothesis, two figures."""
+    hyp, ref = ["Das ist's, sagt er."], ["Das ist es, sagt er."]
+    literature, lowercased = bleu_literature(hyp, ref)[0], bleu_lowercased(hyp, ref)[0]
+    assert literature != pytest.approx(lowercased)
+    # By hand, on 'das ist &apos; s , sagt er .' (8 tokens) against 'das ist es , sagt er .' (7):
+    # unigrams 6/8, bigrams 4/7 (das ist, ', sagt', sagt er, er .), trigrams 2/6, four-grams 1/5.
+    assert literature == pytest.approx(100 * (6 / 8 * 4 / 7 * 2 / 6 * 1 / 5) ** 0.25, rel=1e-9)
