@@ -80,7 +80,7 @@ class TokenizerConfig:
 PRESETS = {
     "multi30k": TokenizerConfig(vocab_size=8000),
     # For Moses-tokenized, lowercased Multi30k (data.moses): as many types as the literature's
-    # joint subword-nmt BPE of 10,000 merges (9,709; sentencepiece's 10,000 pieces use 9,592).
+    # joint subword-nmt BPE of 10,000 merges (9,708; sentencepiece's 10,000 pieces use 9,592).
     "multi30k-tiny": TokenizerConfig(vocab_size=10000),
     "wmt14": TokenizerConfig(vocab_size=37000, input_sentence_size=4_000_000),
 }

@@ -1,0 +1,47 @@
+"""benchmarks/reproduction.py: a finished run's test translations and figures, kept to rescore."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import reproduction  # noqa: E402
+
+PART = {"kind": "start", "step": 0, "command": "mpiexec -n 2 python examples/train_wmt.py --preset multi30k-tiny",
+        "commit": "abc1234", "seed": 2, "time": "2026-12-06T00:24:30+00:00"}
+
+
+def finished_run(folder: Path, **overrides) -> Path:
+    """A run folder as train_wmt.py leaves a finished moses-lc run."""
+    folder.mkdir()
+    (folder / "test.tok.de").write_text("ein hund &quot; läuft &quot; .\n")
+    (folder / "test.hyp.de").write_text('ein hund "läuft".\n')
+    result = {"bleu": None, "signature": None, "bleu_lowercased": 40.1, "signature_lowercased": "case:lc",
+              "literature": 41.2, "signature_literature": "tok:none", "length_ratio": 0.99, "steps": 5800,
+              "epochs": 100.0, "stopped": "patience: no better validation loss in 10 validations since step 5220",
+              "train_minutes": 150.0, "averaged": ["ckpt-5800.npz"], "test_sentences": 1, "beam": 5,
+              "alpha": 1.0, "length_penalty": "fairseq", "preprocess": "moses-lc", "preset": "multi30k-tiny",
+              "parts": [PART, {**PART, "step": 3000, "commit": "def5678"}], **overrides}
+    (folder / "bleu.json").write_text(json.dumps(result))
+    return folder
+
+
+def test_the_run_s_files_and_summary_are_kept(tmp_path):
+    run = finished_run(tmp_path / "run")
+    record = reproduction.main(["--run", str(run), "--out", str(tmp_path / "kept")])
+    kept = tmp_path / "kept" / "seed2"  # seed 1's files go to the folder itself
+    assert (kept / "test.tok.de").read_bytes() == (run / "test.tok.de").read_bytes()
+    assert (kept / "test.hyp.de").read_bytes() == (run / "test.hyp.de").read_bytes()
+    summary = json.loads((kept / "summary.json").read_text())
+    assert summary == record
+    assert (summary["preset"], summary["seed"], summary["commits"], summary["updates"], summary["literature"]) == (
+        "multi30k-tiny", 2, ["abc1234", "def5678"], 5800, 41.2)
+    assert summary["stopped"].startswith("patience") and summary["epochs"] == 100.0 and summary["bleu"] is None
+
+
+def test_an_unfinished_run_is_refused_in_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match="bleu.json does not exist: the run has not finished"):
+        reproduction.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "kept")])
