@@ -18,6 +18,11 @@ Sources are decoded in batches of one length, where CTranslate2's one maximum ou
 batch equals ours per sentence (``export.decode_options``). Where outputs still differ, the
 two best scores are compared: a near tie (|difference| < 1e-4) is decided by float32 rounding
 in the two engines' different summation orders. Figures go to <run>/ctranslate2/agreement.json.
+
+A run trained on lowercased Moses tokens (``--preprocess moses-lc``) is checked on its test
+sources so preprocessed and scored in the literature's metric; agreement.json names the
+preprocessing (``"preprocess"``), which a deployment must apply to its input as well
+(``minitransformer.data.moses``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from minitransformer.autograd import no_grad
 from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
-from train_wmt import bleu
-from translate import beam_and_alpha, find_run_files, model_from, refuse_wide_beams
+from train_wmt import bleu, bleu_literature
+from translate import beam_and_alpha, find_run_files, model_from, refuse_wide_beams, text_settings
 
 NEAR_TIE = 1e-4
 
@@ -48,7 +53,8 @@ def same_length_batches(src: list[list[int]], size: int) -> list[list[int]]:
     return [idx[lo: lo + size] for _, idx in sorted(groups.items()) for lo in range(0, len(idx), size)]
 
 
-def compare(model, tok, src, refs, batches, translators, beam: int, alpha: float) -> dict:
+def compare(model, tok, src, score, batches, translators, beam: int, alpha: float) -> dict:
+    """The agreement figures; ``score(hyps)`` is the BLEU of detokenized-by-sentencepiece output."""
     pieces = export.Pieces(tok)
     n = len(src)
     ours_greedy, ours_beam = [None] * n, [None] * n
@@ -67,7 +73,7 @@ def compare(model, tok, src, refs, batches, translators, beam: int, alpha: float
                 theirs[name]["greedy"][i], theirs[name]["rescored"][i], theirs[name]["native"][i] = g, r, v
 
     figures = {"sentences": n, "beam": beam, "alpha": alpha,
-               "ours_bleu": bleu(tok.decode([h for h, _ in ours_beam]), refs)[0]}
+               "ours_bleu": score(tok.decode([h for h, _ in ours_beam]))}
     for name, out in theirs.items():
         differ = [i for i in range(n) if out["rescored"][i][0] != ours_beam[i][0]]
         gaps = [abs(out["rescored"][i][1] - ours_beam[i][1]) for i in differ]
@@ -76,7 +82,7 @@ def compare(model, tok, src, refs, batches, translators, beam: int, alpha: float
             "beam_equal_rescored": 1 - len(differ) / n,
             "beam_differ_near_ties": sum(g < NEAR_TIE for g in gaps),
             "beam_differ": len(differ),
-            "native_beam_bleu": bleu(tok.decode(out["native"]), refs)[0],
+            "native_beam_bleu": score(tok.decode(out["native"])),
             "native_beam_equal": sum(a == b for a, (b, _) in zip(out["native"], ours_beam)) / n,
         }
     return figures
@@ -148,7 +154,13 @@ def main(argv=None) -> dict:
     refuse_wide_beams(p, [beam], tok)
     test = data.load_multi30k(args.data_dir, "test_2016_flickr")  # a wrong --data-dir is found before the export
     n = min(args.limit or len(test), len(test))
-    src = tok.encode(test.src[:n])
+    _, preprocess = text_settings(ckpt, None)
+    src = tok.encode(data.moses.preprocess(test.src[:n], "en", preprocess))
+    if preprocess == "moses-lc":  # Moses tokens out: the literature's metric, on tokens as they are
+        refs = data.moses.moses_lc(test.tgt[:n], "de")
+        metric, score = "literature", lambda hyps: bleu_literature(hyps, refs, tokenized=True)[0]
+    else:
+        metric, score = "sacreBLEU", lambda hyps: bleu(hyps, test.tgt[:n])[0]
 
     # The export is built and checked beside --out, and takes its place only once it agrees with
     # the model: a failure or an interrupt leaves an earlier export there whole, its record too.
@@ -158,7 +170,8 @@ def main(argv=None) -> dict:
             export.to_ctranslate2(model, tok, folder, None if q == "float32" else q)
         translators = {q: export.load_translator(f, args.threads) for q, f in folders.items()}
         batches = same_length_batches(src, args.batch_size)
-        figures = compare(model, tok, src, test.tgt[:n], batches, translators, beam, alpha)
+        figures = compare(model, tok, src, score, batches, translators, beam, alpha)
+        figures.update(metric=metric, preprocess=preprocess)
         ours = beam_search(model, data.collate(src[:64]).src, beam, alpha)
         gap = teacher_forced_gap(model, tok, translators["float32"], src[:64], ours)
         figures["teacher_forced_max_abs_diff"] = gap
@@ -172,7 +185,7 @@ def main(argv=None) -> dict:
     print(f"exported {checkpoint} to {', '.join(os.path.join(out, q) for q in folders)}")
     print(f"teacher-forced log-probabilities (64 sentences, float32): max |difference| {gap:.2e}")
     print(f"{n} test sentences, beam {beam}, alpha {alpha} (the run's unless given); our BLEU "
-          f"{figures['ours_bleu']:.2f}")
+          f"{figures['ours_bleu']:.2f} ({metric}{'' if preprocess == 'raw' else f'; input text {preprocess}'})")
     for q in folders:
         f = figures[q]
         print(f"  {q:8s} greedy equal {100 * f['greedy_equal']:.1f}%   beam equal with our penalty "
