@@ -24,7 +24,8 @@ for folder in FOLDERS:
 
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
-            "bleu_tokens", "recipe", "build", "figures", "trained", "minitransformer.data.download"]
+            "bleu_tokens", "recipe", "subwords", "reproduction", "score", "build", "figures", "trained",
+            "minitransformer.data.download"]
 
 
 def test_every_program_has_a_parser_to_read():
@@ -120,7 +121,8 @@ def test_every_numeric_option_is_checked_when_parsed(program):
         for value in (0, -1):
             assert accepts(action.type, wrap(str(value))) == in_range(kind, value), \
                 f"{program} {action.option_strings} at {value}"
-    assert numeric or program in ("plot_attention", "build", "figures", "bleu_tokens", "recipe")  # none takes a number
+    assert numeric or program in ("plot_attention", "build", "figures", "bleu_tokens", "recipe", "reproduction",
+                                  "score")  # none takes a number
 
 
 @pytest.mark.parametrize("program, argv", [
