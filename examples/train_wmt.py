@@ -8,15 +8,19 @@
 Steps: read the corpus (or download it), train one sentencepiece BPE vocabulary for both
 languages, batch by token count, train with label smoothing, Adam and the warmup schedule
 (section 5), validate and checkpoint as it goes, then average the last checkpoints, translate
-the test set with beam search (the preset's beam and alpha) and score it with sacreBLEU against the raw
-references. ``--resume`` continues a stopped run exactly where its last checkpoint left it.
+the test set with beam search (the preset's beam and alpha) and score it three ways
+(minitransformer.bleu): sacreBLEU cased and lowercased against the raw references, and the
+Multi30k literature's BLEU on lowercased Moses tokens. ``--preset multi30k-tiny`` is that
+literature's recipe (Wu et al. 2021): it trains on lowercased Moses tokens (``--preprocess``).
+``--resume`` continues a stopped run exactly where its last checkpoint left it.
 ``--precision bf16`` (or fp16, with dynamic loss scaling) trains in mixed precision on float32
 master weights (minitransformer.amp); it is meant for GPUs, as NumPy has no fast 16-bit GEMM.
 ``--accumulate N`` makes each optimiser step of N batches (gradient accumulation), so that
 fewer GPUs than the paper's 8 still take its 25,000-token steps.
 
 Everything lands in --out-dir (default runs/<preset>): train.jsonl (one line per logged step
-and per validation), checkpoints, the averaged model, test hypotheses, bleu.json and curves.png.
+and per validation), checkpoints, the averaged model, test hypotheses (test.hyp.de; and
+test.tok.de, the Moses tokens, for a moses-lc run), bleu.json and curves.png.
 """
 
 from __future__ import annotations
