@@ -9,7 +9,8 @@ run's only) and ``test.hyp.de`` (detokenized, as translate.py writes it) into ``
 ``seed<S>/``), and writes ``summary.json``: the preset, seed, the code's commit(s), updates,
 epochs, where training stopped and why, and the figures of bleu.json. Rescore with
 
-    python examples/score.py --tokenized benchmarks/reproduction/test.tok.de ../shared/data/multi30k/test_2016_flickr.de.gz
+    python examples/score.py --tokenized benchmarks/reproduction/test.tok.de \
+        ../shared/data/multi30k/test_2016_flickr.de.gz
 """
 
 from __future__ import annotations

@@ -97,10 +97,11 @@ PRESETS = {
     # Revisit-MMT repository, a fairseq 0.9 fork: README-baseline.md, transformer_tiny, the fork's
     # defaults): lowercased Moses tokens; joint BPE of about 9,700 types (sentencepiece's 10,000
     # pieces come within 2%: benchmarks/RESULTS.md); 4+4 layers, d_ff 256, P_drop 0.3; Adam's
-    # eps 1e-8; fairseq's inverse_sqrt to 0.005 at 2,000 updates (the schedule of section 5.3 with
-    # its factor set by peak_lr, which overrides lr_factor); clipping at norm 25; 2 x 4,096 tokens; 8,000 updates at most,
-    # stopped after 10 epochs without a better validation loss; the last 10 epochs averaged; beam 5
-    # with fairseq's length normalization (alpha 1: the score over the length).
+    # eps 1e-8; fairseq's inverse_sqrt to 0.005 at 2,000 updates (the schedule of section 5.3
+    # with its factor set by peak_lr, which overrides lr_factor); clipping at norm 25; 2 x 4,096
+    # tokens; 8,000 updates at most, stopped after 10 epochs without a better validation loss;
+    # the last 10 epochs averaged; beam 5 with fairseq's length normalization (alpha 1: the
+    # score over the length).
     "multi30k-tiny": Preset("multi30k", "multi30k-tiny",
                             dict(d_model=128, d_ff=256, h=4, num_encoder_layers=4, num_decoder_layers=4,
                                  dropout=0.3, label_smoothing=0.1),
@@ -622,7 +623,8 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
         shares = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out)) if len(b) else None
                   for b in micro_batches]
         result = accumulated_step(run.model, run.optimizer, run.schedule, shares,
-                                  label_smoothing=run.model.config.label_smoothing, clip_norm=args.clip_norm, ddp=run.ddp,
+                                  label_smoothing=run.model.config.label_smoothing, clip_norm=args.clip_norm,
+                                  ddp=run.ddp,
                                   amp_dtype=run.amp_dtype, scaler=run.scaler)
         step += 1
         rate.add(result.num_tokens)
@@ -805,8 +807,8 @@ def check_same_data(args, saved: dict, train) -> None:
     the tokenizer's check (check_resume)."""
     path = os.path.join(args.out_dir, "last.npz")
     flags = saved.get("args", {})
-    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"), ("--bpe-dropout", "bpe_dropout"),
-                      ("--preprocess", "preprocess")):
+    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"),
+                      ("--bpe-dropout", "bpe_dropout"), ("--preprocess", "preprocess")):
         if key in flags and flags[key] != getattr(args, key):
             raise SetupError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
                              f"resume {_with(flag, flags[key])}, or start a new run")
@@ -872,9 +874,10 @@ def truncate_log(log_path: str, step: int) -> None:
 
 
 def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> bool:
-    """Validate, log, and checkpoint; True when --patience is spent (the label-smoothed validation
-    loss, the one fairseq's --patience watches, has not improved for that many validations); ``start`` is the training clock's zero (perf_counter), and
-    the checkpoint's time trained includes this validation, as the budget does. The checkpoint
+    """Validate, log, and checkpoint; True when --patience is spent (the label-smoothed
+    validation loss, the one fairseq's --patience watches, has not improved for that many
+    validations). ``start`` is the training clock's zero (perf_counter), and the checkpoint's
+    time trained includes this validation, as the budget does. The checkpoint
     replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
     shortly after a checkpoint (its time budget, --max-steps), or resumes shortly before one,
     would otherwise average a near copy. Regular checkpoints, an interval apart, are all kept.

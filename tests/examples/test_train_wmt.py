@@ -389,9 +389,9 @@ def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s
     assert not any(c.isupper() for piece in tok.id_to_piece(range(tok.vocab_size)) for c in piece if c.isalpha())
     # translate.py reads the run's text settings from its averaged model: raw English in,
     # lowercased German out, as test.hyp.de.
+    sources = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").src[:2]
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(tmp_path)],
-                         input="\n".join(train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").src[:2]) + "\n",
-                         capture_output=True, text=True, timeout=120, check=True)
+                         input="\n".join(sources) + "\n", capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.splitlines() == (tmp_path / "test.hyp.de").read_text().splitlines()[:2]
     assert "text moses-lc" in out.stderr and "(fairseq)" in out.stderr
     with pytest.raises(SystemExit, match="--preprocess moses-lc, not with --preprocess raw"):
