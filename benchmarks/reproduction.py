@@ -32,7 +32,14 @@ def summary(run: str) -> dict:
     if not os.path.exists(path):
         raise SystemExit(f"error: {path} does not exist: the run has not finished (resume it to its end first)")
     with open(path) as f:
-        result = json.load(f)
+        try:
+            result = json.load(f)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: {path} is not JSON ({e})") from None
+    missing = [k for k in ("preset", "steps", "train_minutes", "averaged", "beam", "alpha", "test_sentences")
+               if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise SystemExit(f"error: {path} is not the bleu.json of a finished train_wmt.py run (no {', '.join(missing)})")
     parts = result.get("parts", [])
     return {"preset": result["preset"], "seed": parts[0]["seed"] if parts else None,
             "commits": sorted({p["commit"] for p in parts if p.get("commit")}),

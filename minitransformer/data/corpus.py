@@ -86,9 +86,12 @@ class ParallelCorpus:
 
 
 def _open(path: Path):
-    """A binary file object on ``path``, plain or gzipped (``.gz``)."""
-    if not path.is_file():
+    """A binary file object on ``path``, plain or gzipped (``.gz``): a regular file, or a pipe
+    read once (``score.py <(gunzip -c hyp.gz) ref``)."""
+    if not path.exists():
         raise FileNotFoundError(f"corpus file not found: {path}")
+    if path.is_dir():
+        raise CorpusError(f"{path} is a folder, not a file of sentences")
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 

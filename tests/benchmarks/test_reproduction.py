@@ -45,3 +45,13 @@ def test_an_unfinished_run_is_refused_in_one_line(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit, match="bleu.json does not exist: the run has not finished"):
         reproduction.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "kept")])
+
+
+@pytest.mark.parametrize("text, why", [("oops", "is not JSON"), ("[]", "no preset"),
+                                       ('{"preset": "multi30k-tiny"}', "no steps, train_minutes")])
+def test_a_bleu_json_that_is_not_a_run_s_is_refused_in_one_line(tmp_path, text, why):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "bleu.json").write_text(text)
+    with pytest.raises(SystemExit, match=why):
+        reproduction.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "kept")])
+    assert not (tmp_path / "kept").exists()

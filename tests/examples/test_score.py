@@ -1,6 +1,7 @@
 """examples/score.py: a hypothesis file's three BLEU figures, a line each."""
 
 import gzip
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,20 @@ def test_files_of_different_lengths_are_one_line_naming_both(tmp_path):
     missing = score(tmp_path / "none.de", ref)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "none.de" in missing.stderr.strip().splitlines()[-1]
+
+
+def test_a_pipe_is_read_and_a_folder_refused_in_one_line(tmp_path):
+    """score.py <(gunzip -c hyp.gz) ref: the hypotheses may come through a pipe, read once."""
+    ref, fifo = tmp_path / "ref.de", tmp_path / "hyp.fifo"
+    ref.write_text("\n".join(REFS) + "\n")
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, str(SCORE), str(fifo), str(ref)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    with open(fifo, "w") as f:
+        f.write("\n".join(HYPS) + "\n")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert figures(out)["cased"] == f"{bleu(HYPS, REFS)[0]:.2f}"
+    folder = score(tmp_path, ref)
+    assert folder.returncode == 1 and folder.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path} is a folder, not a file of sentences")
