@@ -966,12 +966,14 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
         write_lines(os.path.join(args.out_dir, "test.tok.de"), out)
     refs = data.moses.moses_lc(test.tgt, "de") if tokenized else test.tgt
     literature, signature_lit, ratio = bleu_literature(out, refs, tokenized=tokenized)
-    score, signature, ratio_13a = (None, None, None) if tokenized else bleu(hyps, test.tgt)
+    score = signature = None  # a moses-lc model has no cased figure
+    if not tokenized:
+        score, signature, ratio = bleu(hyps, test.tgt)
     score_lc, signature_lc = bleu_lowercased(hyps, test.tgt)
     epoch, in_epoch = run.batcher.position
     result = dict(bleu=score, signature=signature, bleu_lowercased=score_lc, signature_lowercased=signature_lc,
                   literature=literature, signature_literature=signature_lit,
-                  length_ratio=ratio if tokenized else ratio_13a, steps=step,
+                  length_ratio=ratio, steps=step,
                   epochs=round(epoch + in_epoch / run.batcher.steps_per_epoch(epoch), 2), stopped=run.stop_reason,
                   train_minutes=train_seconds / 60, decode_seconds=decode_seconds,
                   averaged=[os.path.basename(p) for p in paths], test_sentences=len(test), beam=args.beam,

@@ -13,7 +13,7 @@ and --average-last apply them). The table goes to stdout and into <run>/decoding
 which keeps the rows of earlier sweeps of the run (a setting swept again replaces its row), so
 that a grid built over several calls stays in one file.
 
-Each row's translations go to <run>/val-avg<N>-beam<B>-alpha<A>.hyp, one sentence a line, so
+Each row's translations go to <run>/val-avg<N>-beam<B>-alpha<A>[-fairseq].hyp, one sentence a line, so
 that two runs (or two settings) can be compared on the same sentences with sacreBLEU's paired
 bootstrap, which says whether a difference is larger than the split's sampling noise:
 
@@ -93,11 +93,13 @@ def main(argv=None) -> list[dict]:
                 out = translate(model, tok, src, args.device, beam, alpha, length_penalty=length_penalty)
                 hyps = data.moses.detokenize(out, "de") if tokenized else out
                 literature, signature_lit, ratio = bleu_literature(out, refs_tok, tokenized=tokenized)
-                score, signature, ratio_13a = (None, None, ratio) if tokenized else bleu(hyps, val.tgt)
-                ratio = ratio if tokenized else ratio_13a
+                score = signature = None  # a moses-lc run has no cased figure
+                if not tokenized:
+                    score, signature, ratio = bleu(hyps, val.tgt)
                 score_lc, _ = bleu_lowercased(hyps, val.tgt)
                 seconds = time.perf_counter() - start
-                name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}.hyp"
+                penalty = "" if length_penalty == "gnmt" else f"-{length_penalty}"
+                name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}{penalty}.hyp"
                 with atomic_write(os.path.join(args.run, name)) as f:
                     f.writelines(h + "\n" for h in hyps)
                 rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
