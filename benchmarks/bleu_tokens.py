@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import train_wmt  # noqa: E402
 from minitransformer import cli, data, files  # noqa: E402
+from minitransformer.bleu import bleu_scores  # noqa: E402
 
 RECORD = HERE / "bleu_tokens.json"
 PLOT = HERE / "bleu_tokens.png"
@@ -84,11 +85,12 @@ def score_validation(run: Path, result: dict, data_dir: str | None, progress: bo
     model = translate_cli.load_model(checkpoint, "cpu", tokenizer=tokenizer)
     preset = train_wmt.PRESETS[result["preset"]]
     val = data.load_corpus(preset.corpus, data_dir or os.path.join("data", preset.corpus), "val")
-    hyps = translate(model, tokenizer, val.src, "cpu", result["beam"], result["alpha"], progress=progress)
-    score, signature, ratio = train_wmt.bleu(hyps, val.tgt)
-    score_lc, signature_lc = train_wmt.bleu_lowercased(hyps, val.tgt)
-    return dict(split="val", sentences=len(val), bleu=score, signature=signature, bleu_lowercased=score_lc,
-                signature_lowercased=signature_lc, length_ratio=ratio)
+    preprocess = result.get("preprocess", "raw")  # a moses-lc run reads and writes Moses tokens
+    out = translate(model, tokenizer, data.moses.preprocess(val.src, "en", preprocess), "cpu", result["beam"],
+                    result["alpha"], progress=progress, length_penalty=result.get("length_penalty", "gnmt"))
+    tokenized = preprocess == "moses-lc"
+    hyps = data.moses.detokenize(out, "de") if tokenized else out
+    return dict(split="val", sentences=len(val), **bleu_scores(hyps, val.tgt, "de", tokens=out if tokenized else None))
 
 
 def add_point(args) -> dict:

@@ -20,7 +20,7 @@ and the cased figure is n/a. REF is raw text, plain or gzipped, one reference a 
 from __future__ import annotations
 
 from minitransformer import cli, data
-from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased
+from minitransformer.bleu import bleu_scores
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -35,14 +35,11 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def score(hyps: list[str], refs: list[str], lang: str = "de", tokenized: bool = False) -> dict:
-    """The three figures (None for the cased one of tokenized hypotheses) and their signatures."""
-    text = data.moses.detokenize(hyps, lang) if tokenized else hyps
-    cased, signature = (None, None) if tokenized else bleu(text, refs)[:2]
-    lowercased, signature_lc = bleu_lowercased(text, refs)
-    literature, signature_lit, _ = bleu_literature(
-        hyps, data.moses.moses_lc(refs, lang) if tokenized else refs, lang, tokenized=tokenized)
-    return dict(cased=cased, lowercased=lowercased, literature=literature, signature_cased=signature,
-                signature_lowercased=signature_lc, signature_literature=signature_lit)
+    """The three figures (None for the cased one of tokenized hypotheses) and their signatures,
+    keyed as a run's bleu.json keeps them."""
+    if tokenized:
+        return bleu_scores(data.moses.detokenize(hyps, lang), refs, lang, tokens=hyps)
+    return bleu_scores(hyps, refs, lang)
 
 
 def main(argv=None) -> dict:
@@ -52,11 +49,13 @@ def main(argv=None) -> dict:
         raise data.CorpusError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: "
                                f"one translation a reference, line by line")
     result = score(hyps, refs, args.lang, args.tokenized)
-    for key in ("cased", "lowercased", "literature"):
-        print(f"{key}: {'n/a' if result[key] is None else format(result[key], '.2f')}")
-    for key in ("cased", "lowercased", "literature"):
-        if result[f"signature_{key}"] is not None:
-            print(f"{key} signature: {result[f'signature_{key}']}")
+    figures = dict(cased=("bleu", "signature"), lowercased=("bleu_lowercased", "signature_lowercased"),
+                   literature=("literature", "signature_literature"))
+    for name, (key, _) in figures.items():
+        print(f"{name}: {'n/a' if result[key] is None else format(result[key], '.2f')}")
+    for name, (_, signature) in figures.items():
+        if result[signature] is not None:
+            print(f"{name} signature: {result[signature]}")
     return result
 
 

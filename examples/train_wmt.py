@@ -44,7 +44,7 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import backend, cli, data, decoding, distributed, files, nn
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
-from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased
+from minitransformer.bleu import bleu, bleu_literature, bleu_scores
 from minitransformer.checkpoint import (
     CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
 )
@@ -964,16 +964,9 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     write_lines(os.path.join(args.out_dir, "test.hyp.de"), hyps)
     if tokenized:
         write_lines(os.path.join(args.out_dir, "test.tok.de"), out)
-    refs = data.moses.moses_lc(test.tgt, "de") if tokenized else test.tgt
-    literature, signature_lit, ratio = bleu_literature(out, refs, tokenized=tokenized)
-    score = signature = None  # a moses-lc model has no cased figure
-    if not tokenized:
-        score, signature, ratio = bleu(hyps, test.tgt)
-    score_lc, signature_lc = bleu_lowercased(hyps, test.tgt)
+    scores = bleu_scores(hyps, test.tgt, "de", tokens=out if tokenized else None)
     epoch, in_epoch = run.batcher.position
-    result = dict(bleu=score, signature=signature, bleu_lowercased=score_lc, signature_lowercased=signature_lc,
-                  literature=literature, signature_literature=signature_lit,
-                  length_ratio=ratio, steps=step,
+    result = dict(**scores, steps=step,
                   epochs=round(epoch + in_epoch / run.batcher.steps_per_epoch(epoch), 2), stopped=run.stop_reason,
                   train_minutes=train_seconds / 60, decode_seconds=decode_seconds,
                   averaged=[os.path.basename(p) for p in paths], test_sentences=len(test), beam=args.beam,
@@ -988,11 +981,11 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
     if tokenized:
         print(f"BLEU (cased) = n/a: a model of lowercased text ({args.preprocess}) has no cased figure; {trained}")
     else:
-        print(f"BLEU = {score:.2f} {trained}")
-        print(f"sacreBLEU signature: {signature}")
-    print(f"lowercased BLEU = {score_lc:.2f} (sacreBLEU signature: {signature_lc})")
-    print(f"literature: {literature:.2f}, BLEU in the Multi30k papers' metric, the figure to compare with them "
-          f"(signature: {signature_lit})")
+        print(f"BLEU = {result['bleu']:.2f} {trained}")
+        print(f"sacreBLEU signature: {result['signature']}")
+    print(f"lowercased BLEU = {result['bleu_lowercased']:.2f} (sacreBLEU signature: {result['signature_lowercased']})")
+    print(f"literature: {result['literature']:.2f}, BLEU in the Multi30k papers' metric, the figure to compare with "
+          f"them (signature: {result['signature_literature']})")
     return result
 
 

@@ -36,10 +36,11 @@ import json
 import os
 import time
 
-from train_wmt import PRESETS, bleu, bleu_literature, bleu_lowercased, checkpoints
+from train_wmt import PRESETS, checkpoints
 from translate import find_run_files, model_from, refuse_wide_beams, text_settings
 
 from minitransformer import backend, cli, data, decoding
+from minitransformer.bleu import bleu_scores
 from minitransformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from minitransformer.files import atomic_write
 from minitransformer.decoding import translate
@@ -78,7 +79,7 @@ def main(argv=None) -> list[dict]:
         val = val.subset(range(min(args.limit_val, len(val))))
         split = f"val{len(val)}"
     src = data.moses.preprocess(val.src, "en", preprocess)
-    refs_tok = data.moses.moses_lc(val.tgt, "de") if tokenized else val.tgt
+    refs_tok = data.moses.moses_lc(val.tgt, "de")  # once for the sweep, not once a row
     saved = checkpoints(args.run)
     if max(args.average) > len(saved):
         raise SystemExit(f"error: --average {max(args.average)}, but {args.run} keeps {len(saved)} step "
@@ -92,24 +93,19 @@ def main(argv=None) -> list[dict]:
                 start = time.perf_counter()
                 out = translate(model, tok, src, args.device, beam, alpha, length_penalty=length_penalty)
                 hyps = data.moses.detokenize(out, "de") if tokenized else out
-                literature, signature_lit, ratio = bleu_literature(out, refs_tok, tokenized=tokenized)
-                score = signature = None  # a moses-lc run has no cased figure
-                if not tokenized:
-                    score, signature, ratio = bleu(hyps, val.tgt)
-                score_lc, _ = bleu_lowercased(hyps, val.tgt)
+                scores = bleu_scores(hyps, val.tgt, "de", tokens=out if tokenized else None, refs_tokens=refs_tok)
                 seconds = time.perf_counter() - start
                 penalty = "" if length_penalty == "gnmt" else f"-{length_penalty}"
                 name = f"{split}-avg{n}-beam{beam}-alpha{alpha:g}{penalty}.hyp"
                 with atomic_write(os.path.join(args.run, name)) as f:
                     f.writelines(h + "\n" for h in hyps)
                 rows.append(dict(average=n, first=os.path.basename(paths[0]), last=os.path.basename(paths[-1]),
-                                 beam=beam, alpha=alpha, length_penalty=length_penalty, bleu=score,
-                                 bleu_lowercased=score_lc, literature=literature, length_ratio=ratio,
-                                 seconds=seconds, sentences=len(val), signature=signature,
-                                 signature_literature=signature_lit, hypotheses=name))
-                cased = "n/a" if score is None else f"{score:6.2f}"
+                                 beam=beam, alpha=alpha, length_penalty=length_penalty, **scores,
+                                 seconds=seconds, sentences=len(val), hypotheses=name))
+                cased = "n/a" if scores["bleu"] is None else f"{scores['bleu']:6.2f}"
                 print(f"average {n:2d}  beam {beam:2d}  alpha {alpha:4.2f}:  BLEU {cased:>6}  "
-                      f"(lowercased {score_lc:6.2f}, literature {literature:6.2f})  length ratio {ratio:.3f}  "
+                      f"(lowercased {scores['bleu_lowercased']:6.2f}, literature {scores['literature']:6.2f})  "
+                      f"length ratio {scores['length_ratio']:.3f}  "
                       f"({seconds:.1f} s)", flush=True)
     figure = "literature" if tokenized else "bleu"
     best = max(rows, key=lambda r: r[figure])

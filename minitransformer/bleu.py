@@ -18,6 +18,8 @@ has no cased figure.
 
 Each function returns the score and a signature that says how it was computed, to print
 beside it (sacreBLEU's own, and for the literature's figure what was done to the text first).
+``bleu_scores`` gives all three of one translation at once, keyed as a run's ``bleu.json``
+keeps them: the one place where training, decoding sweeps and ``examples/score.py`` score.
 """
 
 from __future__ import annotations
@@ -64,3 +66,25 @@ def bleu_literature(hyps: Sequence[str], refs: Sequence[str], lang: str = "de",
     score = metric.corpus_score(list(hyps), [list(refs)])
     return (score.score, f"{LITERATURE_TEXT.format(lang=lang)} | {metric.get_signature()}",
             score.sys_len / max(score.ref_len, 1))
+
+
+def bleu_scores(hyps: Sequence[str], refs: Sequence[str], lang: str = "de",
+                tokens: Sequence[str] | None = None, refs_tokens: Sequence[str] | None = None) -> dict:
+    """The three figures of one translation and their signatures, keyed as ``bleu.json`` keeps
+    them (``bleu``, ``bleu_lowercased``, ``literature``, each with its ``signature...``), and
+    ``length_ratio``: the hypotheses' length over the references' in the cased figure's tokens
+    (the literature's where there is no cased figure).
+
+    ``hyps`` is readable text. ``tokens``: the lowercased Moses tokens a ``moses-lc`` model wrote,
+    of which ``hyps`` is the detokenized form; the literature's figure scores them as they are,
+    and there is no cased figure (``None``). ``refs_tokens``: ``moses_lc(refs)``, when the caller
+    scores many translations of one set and tokenizes its references once."""
+    refs_tokens = moses_lc(refs, lang) if refs_tokens is None else refs_tokens
+    literature, signature_lit, ratio = bleu_literature(
+        moses_lc(hyps, lang) if tokens is None else tokens, refs_tokens, lang, tokenized=True)
+    cased = signature = None  # a model of lowercased text has no cased figure
+    if tokens is None:
+        cased, signature, ratio = bleu(hyps, refs)
+    lowercased, signature_lc = bleu_lowercased(hyps, refs)
+    return dict(bleu=cased, signature=signature, bleu_lowercased=lowercased, signature_lowercased=signature_lc,
+                literature=literature, signature_literature=signature_lit, length_ratio=ratio)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased
+from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased, bleu_scores
+from minitransformer.data.moses import detokenize
 from minitransformer.data.moses import moses_lc
 
 REFS = ["Ein Mann fährt mit dem Fahrrad.", 'Zwei Kinder sagen "Hallo".']
@@ -38,3 +39,27 @@ def test_the_literature_s_metric_counts_moses_tokens_not_13a_s():
     # By hand, on 'das ist &apos; s , sagt er .' (8 tokens) against 'das ist es , sagt er .' (7):
     # unigrams 6/8, bigrams 4/7 (das ist, ', sagt', sagt er, er .), trigrams 2/6, four-grams 1/5.
     assert literature == pytest.approx(100 * (6 / 8 * 4 / 7 * 2 / 6 * 1 / 5) ** 0.25, rel=1e-9)
+
+
+def test_all_three_at_once_are_the_three_functions_keyed_as_bleu_json():
+    hyps = ["ein Mann fährt mit einem Fahrrad.", "Zwei Kinder sagen hallo."]
+    got = bleu_scores(hyps, REFS)
+    cased, signature, ratio = bleu(hyps, REFS)
+    literature, signature_lit, _ = bleu_literature(hyps, REFS)
+    assert got == dict(bleu=cased, signature=signature, bleu_lowercased=bleu_lowercased(hyps, REFS)[0],
+                       signature_lowercased=bleu_lowercased(hyps, REFS)[1], literature=literature,
+                       signature_literature=signature_lit, length_ratio=ratio)
+
+
+def test_a_lowercased_model_s_tokens_are_scored_as_they_are_with_no_cased_figure():
+    """'&quot;' escaped once by the model's preprocessing must not be escaped again."""
+    tokens = moses_lc(['Zwei Kinder sagen "Hallo".', "ein Mann fährt mit einem Fahrrad."], "de")
+    assert "&quot;" in tokens[0]
+    text = detokenize(tokens, "de")
+    got = bleu_scores(text, REFS[::-1], tokens=tokens)
+    literature, _, ratio = bleu_literature(tokens, moses_lc(REFS[::-1], "de"), tokenized=True)
+    assert got["bleu"] is None and got["signature"] is None
+    assert (got["literature"], got["length_ratio"]) == (literature, ratio)
+    assert got["bleu_lowercased"] == bleu_lowercased(text, REFS[::-1])[0]
+    given = bleu_scores(text, REFS[::-1], tokens=tokens, refs_tokens=moses_lc(REFS[::-1], "de"))
+    assert given == got

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from minitransformer import data, decoding
+from minitransformer.bleu import bleu, bleu_lowercased
 from tests.helpers import tiny_run, tiny_test_set
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +47,8 @@ def test_a_validation_point_is_sacrebleu_of_the_runs_decoding(run, tmp_path):
     model = translate.load_model(str(run / "averaged.npz"), "cpu", tokenizer=tok)
     hyps = decoding.translate(model, tok, val.src, "cpu", 2, 0.6)
     assert (point["split"], point["sentences"], point["steps"]) == ("val", 10, 40)
-    assert point["bleu"] == train_wmt.bleu(hyps, val.tgt)[0]
-    assert point["bleu_lowercased"] == train_wmt.bleu_lowercased(hyps, val.tgt)[0]
+    assert point["bleu"] == bleu(hyps, val.tgt)[0]
+    assert point["bleu_lowercased"] == bleu_lowercased(hyps, val.tgt)[0]
     assert point["target_tokens"] == 200 * 40  # the logged steps' mean, times the steps
     assert point["validation_nll"] == 2.5  # the last logged at or before the point's steps
     assert plot.stat().st_size > 0

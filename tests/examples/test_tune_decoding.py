@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from minitransformer import data
+from minitransformer.bleu import bleu, bleu_lowercased
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from minitransformer.decoding import translate
 from tests.helpers import tiny_run, tiny_test_set
@@ -51,8 +52,8 @@ def test_each_row_is_the_averaged_model_decoded_and_scored(run_with_checkpoints,
     for r in rows:
         model = translate_cli.model_from(average_checkpoints(paths[r["average"]]), "avg", "cpu")
         hyps = translate(model, tok, val.src, "cpu", r["beam"], r["alpha"])
-        assert (r["bleu"], r["signature"], r["length_ratio"]) == train_wmt.bleu(hyps, val.tgt)
-        assert r["bleu_lowercased"] == train_wmt.bleu_lowercased(hyps, val.tgt)[0]
+        assert (r["bleu"], r["signature"], r["length_ratio"]) == bleu(hyps, val.tgt)
+        assert r["bleu_lowercased"] == bleu_lowercased(hyps, val.tgt)[0]
         assert r["last"] == "ckpt-30.npz" and r["sentences"] == 15
         # The translations themselves, one a line, for sacreBLEU's paired bootstrap.
         assert r["hypotheses"] == f"val-avg{r['average']}-beam{r['beam']}-alpha{r['alpha']:g}.hyp"
