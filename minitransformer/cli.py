@@ -22,7 +22,8 @@ defaults.
 
 Ordinary failures. ``run(main, argv, ...)`` calls ``main`` and turns what a user meets in
 normal use into one line on stderr and a non-zero status: an interrupt (Ctrl-C: status 130,
-with the command that continues, when the program can say it), an ``OSError`` on a file (a
+with the command that continues, when the program can say it; SIGTERM and SIGHUP alike, with
+status 128 + the signal), an ``OSError`` on a file (a
 full disk, a read-only folder, a missing one: the file and the reason), sizes that do not fit
 in memory, a device that cannot be used, and the program's own ``user_errors`` (a bad corpus,
 a bad checkpoint). ``--debug`` (or ``MT_DEBUG=1``) lets the
@@ -32,10 +33,13 @@ traceback through instead. Anything else is a bug, and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +47,7 @@ from minitransformer import backend
 
 DEBUG_ENV = "MT_DEBUG"
 INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)  # ended as Ctrl-C ends a program: Terminated
 
 
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -161,9 +166,12 @@ def _writable(text: str, folder: bool) -> str:
         raise argparse.ArgumentTypeError(f"{text} is not a folder")
     if path.exists() and not folder and path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not folder and path.exists() and not path.is_file():
+        return text  # a FIFO, a device, /proc/self/fd/1: written as a stream (files.atomic_write)
     # Where the program will create files: the folder itself, or (a file is written beside its
-    # place, then renamed: files.atomic_write) its folder; the nearest one that exists.
-    place = path.absolute() if folder and path.exists() else path.absolute().parent
+    # place, then renamed: files.atomic_write) its folder, a link's target's; the nearest that exists.
+    place = path.resolve() if path.is_symlink() else path.absolute()
+    place = place if folder and path.exists() else place.parent
     while not place.exists() and not place.is_symlink():
         place = place.parent
     if not place.is_dir():
@@ -213,7 +221,8 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
     if debug is None:
         debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
     try:
-        return main(argv)
+        with _terminate_as_interrupt():
+            return main(argv)
     except (KeyboardInterrupt, OSError, MemoryError, backend.DeviceUnavailable, *user_errors) as e:
         if debug:
             raise
@@ -222,6 +231,40 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         if not isinstance(e, KeyboardInterrupt):
             raise SystemExit(f"error: {os_error_line(e) if isinstance(e, OSError) else e}") from None
         hint = on_interrupt() if on_interrupt is not None else None
+        how = f"terminated ({e.name})" if isinstance(e, Terminated) else "\ninterrupted"  # past the terminal's ^C
         if hint is not False:  # False: another process (rank 0) tells it
-            sys.stderr.write("\ninterrupted" + (f": {hint}" if hint else "") + "\n")  # past the terminal's ^C
-        raise SystemExit(INTERRUPTED) from None
+            sys.stderr.write(how + (f": {hint}" if hint else "") + "\n")
+        raise SystemExit(128 + e.signum if isinstance(e, Terminated) else INTERRUPTED) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a scheduler's end of a job, a closed terminal), raised where the
+    program is, as Ctrl-C's KeyboardInterrupt is, so that it gets the same cleanup: the same
+    ``.partial``, the same last checkpoint, one line, and the status 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum, self.name = signum, signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """While the block runs, SIGTERM and SIGHUP raise ``Terminated`` (the first only: a second
+    one would cut the cleanup short), unless the program was started ignoring them. Signal handlers belong to the main thread: elsewhere
+    (a program run from a test's thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        for s in TERMINATING:
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    # A signal ignored when the program started (SIGHUP under nohup) stays ignored.
+    before = {s: signal.signal(s, raise_terminated) for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -1,32 +1,52 @@
 """Files written whole or not at all: checkpoints, tokenizers, logs, manifests and results.
 
-``atomic_write`` writes into a temporary file ``.tmp-<name>-<random>`` in the target's folder,
-fsyncs it, renames it over the target and fsyncs the folder: a crash at any moment leaves either
-the previous file or the new one, never a torn mix (checkpoints, tokenizers, logs, manifests,
-results). A crash can leave the temporary file itself behind; ``remove_unfinished_writes``
-deletes those of a folder, as training does when it starts. A long write that is worth keeping
-in part (translations, written as they are made) names a ``partial`` file: a failure leaves
-what was written there, and the target untouched. ``atomic_folder`` does the same for a folder
-of files (an export): filled beside its place, moved in only when it is complete.
+``atomic_write`` writes into a temporary file in the target's folder, fsyncs it, renames it over
+the target and fsyncs the folder: a crash at any moment leaves either the previous file or the
+new one, never a torn mix (checkpoints, tokenizers, logs, manifests, results). A long write
+that is worth keeping in part (translations, written as they are made) names a ``partial``
+file: a failure leaves what was written there, and the target untouched. ``atomic_folder``
+does the same for a folder of files (an export): filled beside its place, moved in only when it
+is complete.
+
+What they never touch. A path that is a symbolic link is written through, not replaced: a
+link to a file has that file replaced (atomically, in its own folder) and the link kept; a path
+that is (or leads to) something other than a regular file, a FIFO, a device or
+``/proc/self/fd/1``, is written as a stream, in place, since nothing can be swapped for it
+atomically. Nothing that is not a regular file or a folder is ever renamed over or deleted.
+
+Temporary names carry their owner: ``.tmp-<name>-@<host>:<pid>.<start>-<random>``, the host,
+the process and when it started (so that a later process given the same pid is not taken for
+it). A crash can leave such a file or folder behind; ``remove_unfinished_writes`` deletes those
+of a folder whose owner has ended on this host, as training does when it starts. It never
+deletes another live process's (a translation writing into a run's folder), another host's (it
+warns about them: the folder may be shared), or a file not named so.
 
 ``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
 ``--out-dir``): a second process is refused, naming the first; ``lock_output`` does the same
-for one file (a translation's ``--output``).
+for one file (a translation's ``--output``). A lock file is opened only as a regular file,
+never through a link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
-import glob
+import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 
 PREFIX = ".tmp-"
 LOCK_NAME = ".lock"
+# The owner in a temporary name (module docstring); mkstemp's random part has no "-".
+_OWNED = re.compile(r"^\.tmp-.*-@(?P<host>[^@:/]+):(?P<pid>\d+)(?:\.(?P<start>\d+))?-[a-z0-9_]+(?:-old)?$")
+
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -36,34 +56,104 @@ def _umask() -> int:
     return umask
 
 
+def _process_start(pid: int | str) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat, field 22), or
+    None where there is no such process or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()  # fields 3.. follow the name
+    except (OSError, IndexError):
+        return None
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
+def _temporary_prefix(path: str) -> str:
+    """``.tmp-<name>-@<host>:<pid>.<start>-`` for a temporary file or folder beside ``path``
+    (mkstemp adds the random part). The name is cut to keep the whole within NAME_MAX."""
+    start = _process_start("self")
+    owner = f"{_host()}:{os.getpid()}" + (f".{start}" if start else "")
+    return f"{PREFIX}{os.path.basename(path)[:100]}-@{owner}-"
+
+
+def _owner_alive(pid: int, start: str | None) -> bool:
+    """Whether the process of this host that named a temporary file still runs: the same pid
+    and the same start time (a pid is reused), or where /proc is missing, the pid alone."""
+    if start is not None and os.path.isdir("/proc/self"):
+        return _process_start(pid) == start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    return True
+
+
+def _refuse(path: str, why: str, code: int = errno.EINVAL) -> OSError:
+    """An OSError that the programs tell in one line: "why: path" (cli.os_error_line)."""
+    return OSError(code, why, path)
+
+
+def _resolve(path: str | os.PathLike) -> tuple[str, os.stat_result | None]:
+    """Where writing ``path`` goes, and what is there now: a link is followed to its target
+    (a dangling one to where it points, if that folder exists), a folder is refused. Returns
+    the path to write and the stat of the object found (None: nothing there yet)."""
+    path = os.path.abspath(path)
+    try:
+        st = os.stat(path)  # follows links, /proc/self/fd's too
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a file", path)
+    if not os.path.islink(path):
+        return path, st
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return path, st  # a stream: opened through the link itself (/proc/self/fd/1 has no real path)
+    target = os.path.realpath(path)
+    if st is None and not os.path.isdir(os.path.dirname(target)):
+        raise _refuse(path, f"a symbolic link to {target}, whose folder does not exist", errno.ENOENT)
+    return target, st
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.PathLike | None = None):
     """``with atomic_write(path, "wb") as f:`` a file object; ``path`` gets its content only if
     the block ends without an exception. The folder is created if missing. With ``partial``,
     an exception (an interrupt too) renames what was written so far to that path, if anything
-    was, instead of deleting it."""
+    was, instead of deleting it. A link is written through and a stream written in place
+    (module docstring); a file replaced keeps its permissions, a new one gets the usual."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', not {mode!r}")
-    path = os.path.abspath(path)
+    given = os.path.abspath(path)
+    path, st = _resolve(given)
+    encoding = {} if "b" in mode else {"encoding": "utf-8"}
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO, a device: no swap is possible
+        with open(path, mode, **encoding) as f:
+            yield f
+        return
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=folder)
+    if path == given:  # a link's target folder is never created
+        os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=folder)
     try:
-        f = open(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        f = open(fd, mode, **encoding)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
     try:
         with f:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+            os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())  # mkstemp's is 0600
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         if isinstance(e, OSError) and e.filename is None:
-            e.filename = path  # a write that fails (a full disk) names no file of its own
+            e.filename = given  # a write that fails (a full disk) names no file of its own
         if os.path.exists(tmp):
             if partial is not None and os.path.getsize(tmp):
                 os.replace(tmp, partial)
@@ -92,11 +182,17 @@ def atomic_folder(path: str | os.PathLike):
     """``with atomic_folder(path) as tmp:`` a new, empty folder beside ``path`` to fill; when the
     block ends without an exception it takes ``path``'s place (an earlier folder there is
     replaced as a whole), and otherwise (an interrupt too) it is deleted and ``path`` is as it
-    was. The folder gets the usual permissions (0777 less the umask), as its subfolders do."""
-    path = os.path.abspath(path)
+    was. A link to a folder has its target replaced and stays a link; a file, or anything else
+    that is not a folder, at ``path`` is refused before the block runs. The folder gets the
+    usual permissions (0777 less the umask), as its subfolders do."""
+    given = os.path.abspath(path)
+    path = os.path.realpath(given) if os.path.islink(given) else given
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise _refuse(given, "not a folder: an export replaces only a folder", errno.ENOTDIR)
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f"{PREFIX}{os.path.basename(path)}-", dir=parent)
+    if path == given:  # a link's target folder is never created
+        os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=parent)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders
         yield tmp
@@ -113,12 +209,31 @@ def atomic_folder(path: str | os.PathLike):
 
 
 def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
-    """Delete the temporary files that a killed ``atomic_write`` left in ``folder`` (nothing
-    reads them, and they would stay forever); returns their names."""
-    stale = sorted(glob.glob(os.path.join(glob.escape(str(folder)), PREFIX + "*")))
-    for path in stale:
-        os.remove(path)
-    return [os.path.basename(p) for p in stale]
+    """Delete the temporary files and folders that ended writes left in ``folder``: those named
+    by a process of this host that no longer runs (nothing reads them, and they would stay
+    forever); returns their names. Another host's are kept, with a warning; a live process's,
+    a link, and anything not named as ``atomic_write`` names its files are not touched."""
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        owner = _OWNED.match(name)
+        if owner is None:
+            continue
+        path = os.path.join(folder, name)
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            continue
+        if owner["host"] != _host():
+            log.warning("kept %s: an unfinished write of %s on host %s, which this host cannot tell "
+                        "ended or not (delete it once it has)", path, owner["pid"], owner["host"])
+            continue
+        if _owner_alive(int(owner["pid"]), owner["start"]):
+            continue
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+        removed.append(name)
+    return removed
 
 
 class FolderInUse(RuntimeError):
@@ -151,13 +266,18 @@ def lock_folder(folder: str | os.PathLike):
 def lock_output(path: str | os.PathLike):
     """Hold the file ``path`` for this process's writing while the block runs, as
     ``lock_folder`` holds a folder: a second writer of the same file is refused (``FileInUse``),
-    a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside it
-    (``path`` itself is replaced whole when it is written, and a lock on the file that was
-    there would not hold the new one)."""
-    path = os.path.abspath(path)
-    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{LOCK_NAME}")
+    a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside the
+    file written (``path`` itself is replaced whole when it is written, and a lock on the file
+    that was there would not hold the new one; through a link, beside its target). A stream (a
+    FIFO, a device) takes no lock: nothing is made beside it."""
+    target, st = _resolve(path)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        yield
+        return
+    lock = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{LOCK_NAME}")
     with _hold(lock, lambda holder: FileInUse(
-            f"{path} is being written by another process ({holder}): wait for it to end, or write another file")):
+            f"{os.path.abspath(path)} is being written by another process ({holder}): wait for it to end, "
+            f"or write another file")):
         yield
 
 
@@ -165,9 +285,21 @@ def lock_output(path: str | os.PathLike):
 def _hold(path: str, refusal):
     """flock ``path`` (created if missing), recording the holder in it; ``refusal(holder)`` is
     raised when another process holds it. Yields what a holder that ended without releasing
-    left there, or None."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    left there, or None. Only a regular file is a lock: a link there is not followed, and
+    anything else (a FIFO, a device) is not opened, each refused in one line."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        kind = "a symbolic link" if os.path.islink(path) else "not a regular file"
+        raise _refuse(path, f"{kind} where a lock file goes (a lock is never followed or opened as "
+                            f"anything else): remove it")
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a link made since the check
+            raise _refuse(path, "a symbolic link where a lock file goes: remove it") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _refuse(path, "not a regular file where a lock file goes: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

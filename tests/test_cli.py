@@ -10,6 +10,7 @@ import importlib
 import os
 import pathlib
 import resource
+import signal
 import subprocess
 import sys
 
@@ -213,3 +214,42 @@ def test_run_tells_memory_and_device_failures_in_one_line():
         cli.run(fails_with(MemoryError()), [])
     with pytest.raises(SystemExit, match="^error: device 'cuda' needs CuPy"):
         cli.run(fails_with(backend.DeviceUnavailable("device 'cuda' needs CuPy")), [])
+
+
+TERMINATED_PROGRAM = """
+import os, signal, sys, time
+from minitransformer import cli
+
+def main(argv):
+    try:
+        print("ready", flush=True)
+        time.sleep(60)
+    finally:
+        open(sys.argv[1], "w").write("cleaned up")  # what a program's cleanup does on Ctrl-C
+
+cli.run(main, [], on_interrupt=lambda: "continue with: prog --resume")
+"""
+
+
+@pytest.mark.parametrize("signum, ignored", [("SIGTERM", False), ("SIGHUP", False), ("SIGHUP", True)])
+def test_sigterm_and_sighup_end_a_program_as_ctrl_c_does(tmp_path, signum, ignored):
+    """A scheduler's SIGTERM and a closed terminal's SIGHUP get Ctrl-C's cleanup and its one
+    line, with the status 128 + the signal; a signal ignored at the start (nohup) stays so."""
+    number = getattr(signal, signum)
+    marker = tmp_path / "cleanup"
+    proc = subprocess.Popen([sys.executable, "-c", TERMINATED_PROGRAM, str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(number, signal.SIG_IGN if ignored else signal.SIG_DFL))
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(number)
+    if ignored:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)
+        proc.kill()
+        proc.wait()
+        assert not marker.exists()
+        return
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + number
+    assert err.strip().splitlines()[-1] == f"terminated ({signum}): continue with: prog --resume"
+    assert "Traceback" not in err and marker.read_text() == "cleaned up"

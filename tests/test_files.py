@@ -1,8 +1,14 @@
-"""minitransformer.files: a file is written whole or not at all, and a killed write's leftovers
-are found and removed."""
+"""minitransformer.files: a file is written whole or not at all, a killed write's leftovers are
+found and removed (only those of an ended owner), and nothing that is not a regular file or a
+folder is replaced, followed into or deleted."""
 
+import errno
 import os
+import pathlib
 import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -40,14 +46,164 @@ def test_append_or_read_modes_are_refused(tmp_path):
             pass
 
 
-def test_remove_unfinished_writes_removes_only_the_temporary_files(tmp_path):
-    (tmp_path / ".tmp-last.npz-abc123").write_bytes(b"half a checkpoint")
-    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"from an older version")
-    for keep in ("last.npz", ".hidden", "tmp-not-ours"):
-        (tmp_path / keep).write_bytes(b"x")
-    assert files.remove_unfinished_writes(tmp_path) == [".tmp-k1ll3d.npz", ".tmp-last.npz-abc123"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "last.npz", "tmp-not-ours"]
+def ended_process() -> tuple[int, str]:
+    """The pid and start time of a process of this host that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    start = files._process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    return proc.pid, start
+
+
+def test_only_an_ended_process_s_leftovers_on_this_host_are_removed(tmp_path, caplog):
+    pid, start = ended_process()
+    host = files._host()
+    mine = files._temporary_prefix(str(tmp_path / "x"))  # this live process's
+    dead = {f".tmp-last.npz-@{host}:{pid}.{start}-abc123": "file", f".tmp-export-@{host}:{pid}.{start}-k1_x": "folder",
+            f".tmp-export-@{host}:{pid}.{start}-k1_x-old": "folder", f".tmp-log.jsonl-@{host}:{pid}-zz9": "file",
+            # an earlier process that had this one's pid (a container started again)
+            f".tmp-last.npz-@{host}:{os.getpid()}.{int(files._process_start('self')) - 1}-reused": "file"}
+    kept = {mine + "live01": "file",
+            f".tmp-last.npz-@elsewhere:{pid}.{start}-abc": "file", ".tmp-k1ll3d.npz": "file",  # a user's name
+            ".tmp-users-folder": "folder", "last.npz": "file", ".hidden": "file"}
+    for name, kind in {**dead, **kept}.items():
+        if kind == "folder":
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "model.bin").write_bytes(b"half")
+        else:
+            (tmp_path / name).write_bytes(b"x")
+    os.symlink(tmp_path / "last.npz", tmp_path / f".tmp-link-@{host}:{pid}.{start}-lnk")  # not ours: kept
+    with caplog.at_level("WARNING", logger="minitransformer.files"):
+        assert files.remove_unfinished_writes(tmp_path) == sorted(dead)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, f".tmp-link-@{host}:{pid}.{start}-lnk"])
+    assert (tmp_path / "last.npz").read_bytes() == b"x"
+    assert "on host elsewhere" in caplog.text
     assert files.remove_unfinished_writes(tmp_path) == []
+
+
+def test_a_temporary_name_is_its_owner_s_and_parsed_back():
+    owner = files._OWNED.match(files._temporary_prefix("/a/b/ckpt-1.npz") + "ab_9x")
+    assert (owner["host"], int(owner["pid"]), owner["start"]) == (files._host(), os.getpid(),
+                                                                     files._process_start(os.getpid()))
+    assert files._owner_alive(int(owner["pid"]), owner["start"])
+    assert not files._owner_alive(*ended_process())
+    long = files._temporary_prefix("/a/" + "n" * 255)
+    assert len(long.encode()) + 8 <= 255  # mkstemp's random part fits NAME_MAX
+
+
+def test_a_link_to_a_file_is_written_through_and_kept(tmp_path):
+    target, link = tmp_path / "real" / "out.de", tmp_path / "out.de"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    os.chmod(target, 0o640)
+    link.symlink_to(target)
+    with files.atomic_write(link) as f:
+        f.write("new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # a file replaced keeps its permissions
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out.de", "out.de", "real"]
+
+
+def test_a_fifo_is_written_as_a_stream_not_replaced(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    with files.atomic_write(fifo, partial=tmp_path / "out.partial") as f:
+        f.write("a line\n")
+    reader.join(timeout=30)
+    assert got == ["a line\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo"]
+
+
+def make_full_device(path) -> None:
+    """A character device like /dev/full (1, 7) in a test's folder; skipped where not allowed."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        pytest.skip("mknod is not allowed here (not root, or no CAP_MKNOD)")
+    try:
+        open(path, "wb").close()
+    except OSError as e:
+        pytest.skip(f"device nodes cannot be opened on this file system ({e.strerror})")
+
+
+def test_a_device_is_written_in_place_and_a_full_one_fails(tmp_path):
+    device = tmp_path / "full"
+    make_full_device(device)
+    with pytest.raises(OSError) as error:
+        with files.atomic_write(device, "wb") as f:
+            f.write(b"x" * 100)
+            f.flush()
+    assert error.value.errno == errno.ENOSPC
+    assert stat.S_ISCHR(os.lstat(device).st_mode) and os.listdir(tmp_path) == ["full"]
+
+
+def test_a_folder_or_a_dangling_link_into_nowhere_is_refused(tmp_path):
+    with pytest.raises(IsADirectoryError, match="a folder, not a file"):
+        with files.atomic_write(tmp_path):
+            pass
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing" / "x")
+    with pytest.raises(OSError, match="whose folder does not exist"):
+        with files.atomic_write(tmp_path / "dangling"):
+            pass
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "later").symlink_to(tmp_path / "made.txt")  # a dangling link into a folder: as a shell's >
+    with files.atomic_write(tmp_path / "later") as f:
+        f.write("x")
+    assert (tmp_path / "made.txt").read_text() == "x" and (tmp_path / "later").is_symlink()
+
+
+def test_a_link_to_an_export_is_replaced_through_and_a_file_there_refused(tmp_path):
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "old.bin").write_bytes(b"old")
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "v1")
+    with files.atomic_folder(link) as staged:
+        (pathlib.Path(staged) / "new.bin").write_bytes(b"new")
+    assert link.is_symlink() and os.listdir(tmp_path / "v1") == ["new.bin"]
+    assert sorted(os.listdir(tmp_path)) == ["current", "v1"]
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        with files.atomic_folder(tmp_path / "a-file"):
+            raise AssertionError("the block must not run")
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "device"])
+def test_a_lock_is_never_followed_or_opened_as_anything_else(tmp_path, kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    lock, precious = run / files.LOCK_NAME, tmp_path / "precious.txt"
+    precious.write_text("a user's file\n")
+    if kind == "link":
+        lock.symlink_to(precious)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        make_full_device(lock)
+    with pytest.raises(OSError, match="where a lock file goes"):
+        with files.lock_folder(run):
+            raise AssertionError("the block must not run")
+    assert precious.read_text() == "a user's file\n"
+    assert os.path.lexists(lock) and not lock.is_file() or lock.is_symlink()
+
+
+def test_an_output_through_a_link_is_locked_beside_its_target_and_a_stream_not_at_all(tmp_path):
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "out.de"
+    link.symlink_to(tmp_path / "real" / "out.de")
+    with files.lock_output(link):
+        assert (tmp_path / "real" / ".out.de.lock").exists()
+        with pytest.raises(files.FileInUse):
+            with files.lock_output(tmp_path / "real" / "out.de"):
+                pass
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with files.lock_output(fifo):
+        pass
+    assert not (tmp_path / ".pipe.lock").exists()
 
 
 def test_a_figure_is_saved_whole_and_closed(tmp_path):

@@ -5,8 +5,10 @@ tests are about what reaches the output, not what the translation says."""
 import os
 import pathlib
 import select
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +91,31 @@ def test_a_failed_run_leaves_the_output_as_it_was_and_what_it_finished_beside_it
     written = (tmp_path / "big.de.partial").read_text().splitlines()
     assert 1000 < len(written) <= 3000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_sigterm_keeps_what_was_translated_as_ctrl_c_does(run, tmp_path):
+    """SIGTERM (a scheduler ending the job) mid-file: the output as it was, the finished lines
+    in OUTPUT.partial, no temporary file, an empty lock record, one line, status 143."""
+    src, out = tmp_path / "big.en", tmp_path / "big.de"
+    src.write_text("\n".join(sentences(3000, seed=2)) + "\n")
+    out.write_text("an earlier translation\n")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), "--input",
+                             str(src), "--output", str(out), "--beam", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 120
+    while not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-") and p.stat().st_size]:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
+    lines = err.decode().strip().splitlines()
+    assert lines[-1] == "terminated (SIGTERM)" and "Traceback" not in err.decode()
+    assert lines[-2] == f"{out} is unchanged; the lines translated before the stop are in {out}.partial"
+    assert out.read_text() == "an earlier translation\n"
+    assert 0 < len((tmp_path / "big.de.partial").read_text().splitlines()) < 3000
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert (tmp_path / ".big.de.lock").read_text() == ""
 
 
 @pytest.mark.parametrize("path", ["same", "link", "other-path", "hard-link"])
