@@ -52,7 +52,8 @@ _AT_LEAST_ONE_BYTE = cli.integer(1)
 
 
 def byte_size(text: str) -> int:
-    """An argparse type: a message size of at least 1 byte, as ``parse_bytes`` reads it."""
+    """An argparse type: a message size of 1 byte to 2G - 1 (MPI counts are C ints), as
+    ``parse_bytes`` reads it."""
     try:
         size = parse_bytes(text)
     except (ValueError, OverflowError):  # not a number, nan, inf
@@ -60,11 +61,12 @@ def byte_size(text: str) -> int:
     try:
         return _AT_LEAST_ONE_BYTE(str(size))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1 byte") from None
+        raise argparse.ArgumentTypeError(f"{text}: must be from 1 byte to {_AT_LEAST_ONE_BYTE.high} (2G - 1)") from None
 
 
 # The bounds, as cli.integer's carry them (a test tries every option at 0, -1, nan and inf).
-byte_size.kind, byte_size.low, byte_size.high, byte_size.low_open, byte_size.high_open = "integer", 1, None, False, False
+byte_size.kind, byte_size.low, byte_size.high, byte_size.low_open, byte_size.high_open = (
+    "integer", 1, _AT_LEAST_ONE_BYTE.high, False, False)
 
 
 def time_all_reduce(comm, buf, iters: int, warmup: int, repeats: int = 5) -> float:

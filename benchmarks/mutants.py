@@ -732,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(seconds each), not by a sanitizer (minutes)")
     parser.add_argument("--seed", type=cli.integer(0, 2**32 - 1), default=None,
                         help="the sample's seed (default: drawn, and printed)")
-    parser.add_argument("--match", type=re.compile, default=None,
+    parser.add_argument("--match", type=cli.regex, default=None,
                         help="only the mutants whose line in --list this regular expression finds")
     parser.add_argument("--files", nargs="+", choices=FILES, default=FILES, metavar="FILE",
                         help=f"which of csrc/ to mutate, in this order: {', '.join(FILES)}")

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
     p.add_argument("--limit", type=cli.integer(1), default=1000, help="test sentences")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size, for every engine")
-    p.add_argument("--alpha", type=cli.real(0.0), default=decoding.ALPHA, help="length penalty, for every engine")
+    p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), default=decoding.ALPHA, help="length penalty, for every engine")
     p.add_argument("--max-tokens", type=cli.integer(1), default=2048, help="source tokens per batch, as translate.py")
     p.add_argument("--repeats", type=cli.integer(1), default=3, help="runs of every engine; the figures are medians")
     p.add_argument("--json", type=cli.output_file, help="write the figures here")

@@ -275,7 +275,7 @@ def build_parser() -> cli.ArgumentParser:
                         help="where the corpora are written (default: a temporary folder, removed after)")
     parser.add_argument("--json", type=cli.output_file, default=None,
                         help="write the results here, after each size; a run given one it wrote goes on from there")
-    parser.add_argument("--memory-gb", type=cli.real(0, low_open=True), default=22.0,
+    parser.add_argument("--memory-gb", type=cli.real(0, 1e6, low_open=True), default=22.0,
                         help="the address space a training step may take (default: %(default)s, of 24 GB)")
     parser.add_argument("--steps", type=cli.integer(1), default=3,
                         help="timed training steps of each model, after one untimed (default: %(default)s)")

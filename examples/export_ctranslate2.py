@@ -37,7 +37,7 @@ import numpy as np
 from minitransformer import cli, data, export, files
 from minitransformer.autograd import no_grad
 from minitransformer.checkpoint import CheckpointError, load_checkpoint
-from minitransformer.decoding import beam_search, greedy_decode
+from minitransformer.decoding import ALPHA_MAX, beam_search, greedy_decode
 from minitransformer.functional.softmax import log_softmax_array
 from train_wmt import bleu, bleu_literature
 from translate import beam_and_alpha, find_run_files, model_from, refuse_wide_beams, text_settings
@@ -111,7 +111,7 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--limit", type=cli.integer(1), help="check only the first N test sentences")
     p.add_argument("--beam", type=cli.integer(1), help="beam size of the agreement check (default: the run's, "
                    "as translate.py decodes)")
-    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty of the agreement check (default: the "
+    p.add_argument("--alpha", type=cli.real(0.0, ALPHA_MAX), help="length penalty of the agreement check (default: the "
                    "run's)")
     p.add_argument("--batch-size", type=cli.integer(1), default=64, help="sentences per batch (of one source "
                    "length)")

@@ -178,7 +178,7 @@ def build_parser() -> cli.ArgumentParser:
                    "batches (default: the preset's)")
     p.add_argument("--epochs", type=cli.integer(1), help="epochs to train (default: the preset's)")
     p.add_argument("--max-steps", type=cli.integer(1), help="stop after this many optimiser steps (default: the preset's)")
-    p.add_argument("--time-budget", type=cli.real(0.0, low_open=True),
+    p.add_argument("--time-budget", type=cli.real(0.0, 1e6, low_open=True),
                    help="stop training after this many minutes (default: the preset's; none for multi30k)")
     p.add_argument("--eval-every", type=cli.integer(0), default=0, help="validate and checkpoint every N steps "
                    "(0: every as many steps as epoch 0 has, about once per epoch)")
@@ -196,19 +196,19 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--average-last", type=cli.integer(1),
                    help="checkpoints averaged for the final model (default: the preset's)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
-    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the preset's)")
+    p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), help="length penalty (default: the preset's)")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
                    help="what alpha shapes: gnmt, ((5 + |Y|) / 6)^alpha (Wu et al., 2016, as the paper), or fairseq, "
                         "|Y|^alpha (its --lenpen) (default: the preset's)")
     p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
     lr = p.add_mutually_exclusive_group()
-    lr.add_argument("--lr-factor", type=cli.real(0.0, low_open=True),
+    lr.add_argument("--lr-factor", type=cli.real(0.0, 100.0, low_open=True),
                     help="scale of the schedule of section 5.3 (default: the preset's)")
-    lr.add_argument("--peak-lr", type=cli.real(0.0, low_open=True),
+    lr.add_argument("--peak-lr", type=cli.real(0.0, 1.0, low_open=True),
                     help="the schedule's largest rate, reached at the end of --warmup, as fairseq's --lr with "
                          "inverse_sqrt: sets --lr-factor to peak * sqrt(d_model * warmup)")
-    p.add_argument("--adam-eps", type=cli.real(0.0, low_open=True), help="Adam's epsilon (default: the preset's)")
-    p.add_argument("--clip-norm", type=cli.real(0.0),
+    p.add_argument("--adam-eps", type=cli.real(0.0, 1.0, low_open=True), help="Adam's epsilon (default: the preset's)")
+    p.add_argument("--clip-norm", type=cli.real(0.0, 1e9),
                    help="scale the gradients down to this global norm when above it (0: never; default: the preset's)")
     p.add_argument("--limit-train", type=cli.integer(1), help="use only the first N training pairs (smoke tests)")
     p.add_argument("--limit-val", type=cli.integer(1), help="validate on only the first N validation pairs")

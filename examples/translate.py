@@ -27,6 +27,7 @@ import contextlib
 import glob
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -116,7 +117,7 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")
-    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty (default: the run's, else 0.6)")
+    p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), help="length penalty (default: the run's, else 0.6)")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
                    help="what alpha shapes: gnmt or fairseq (default: the run's, else gnmt)")
     p.add_argument("--max-tokens", type=cli.integer(1), default=2048,
@@ -152,6 +153,11 @@ def main(argv=None) -> None:
     if not (args.run or (args.checkpoint and args.tokenizer)):
         p.error("give --run, or both --checkpoint and --tokenizer")
     check_files(p, args)
+    # A closed stream is None in Python: say which, and what to give instead.
+    if not args.input and sys.stdin is None:
+        p.error("stdin is closed and there is no --input: give the sentences one of the two ways")
+    if not args.output and sys.stdout is None:
+        p.error("stdout is closed and there is no --output: give the translations somewhere to go")
     with files.lock_output(args.output) if args.output else contextlib.nullcontext():  # one writer at a time
         translate_into_output(p, args)
 
@@ -179,6 +185,14 @@ def translate_into_output(p: cli.ArgumentParser, args) -> None:
     partial, started = f"{args.output}.partial", time.time()
     try:
         translate_stream(args, model, tok, Search(beam, alpha, length_penalty, preprocess), partial)
+    except BrokenPipeError:
+        if args.output:
+            raise
+        # The reader of stdout has gone (translate.py ... | head): end as a pipe's writer does,
+        # quietly, with 128 + SIGPIPE; stdout is pointed at nothing so that its last flush
+        # at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None
     except BaseException:
         if args.output and os.path.exists(partial) and os.path.getmtime(partial) >= started:
             sys.stderr.write(f"{args.output} is unchanged; the lines translated before the stop are in {partial}\n")

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--average", type=cli.comma_list(cli.integer(1)), default=[5],
                    help="numbers of last checkpoints to average, comma-separated")
     p.add_argument("--beam", type=cli.comma_list(cli.integer(1)), default=[4], help="beam sizes, comma-separated")
-    p.add_argument("--alpha", type=cli.comma_list(cli.real(0.0)), default=[0.6],
+    p.add_argument("--alpha", type=cli.comma_list(cli.real(0.0, decoding.ALPHA_MAX)), default=[0.6],
                    help="length penalties, comma-separated")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
                    help="what alpha shapes: gnmt or fairseq (default: the run's)")

@@ -5,12 +5,14 @@ Numeric options. ``integer(low, high)`` and ``real(low, high)`` are argparse ``t
 functions that refuse, at parse time and naming the option, what the program cannot use:
 ``nan`` and ``inf`` for every real option, and any value outside [low, high] (``low_open``
 makes the lower bound strict: a learning-rate factor must be above 0, a dropout may be 0).
+Every option has both bounds, a range the code can compute with: a real option names its
+largest value, an integer's is ``INT_MAX`` unless it names another (a seed's is 2**32 - 1).
 The bounds stay on the function (``.low``, ``.high``...), so a test can read every program's
 options and try each at 0, -1, nan and inf.
 
     p = cli.ArgumentParser(description=...)
     p.add_argument("--beam", type=cli.integer(1), help="beam size")
-    p.add_argument("--alpha", type=cli.real(0.0), help="length penalty")
+    p.add_argument("--alpha", type=cli.real(0.0, 10.0), help="length penalty")
 
 Devices and outputs. ``device`` (for ``--device``) refuses a device that cannot be used here,
 and ``output_file`` / ``output_folder`` a place that cannot be written, when the options are
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -48,6 +51,9 @@ from minitransformer import backend
 DEBUG_ENV = "MT_DEBUG"
 INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)  # ended as Ctrl-C ends a program: Terminated
+# The largest integer option: every count the code computes with (NumPy's indices, steps,
+# sizes) fits a C int, and 10**30 is refused when parsed, not an OverflowError later.
+INT_MAX = 2**31 - 1
 
 
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -88,23 +94,23 @@ def _bounds(low, high, low_open: bool, high_open: bool) -> str:
     return " and ".join(s for s in (lo, hi) if s)
 
 
-def _check(value, low, high, low_open: bool, high_open: bool, kind: str):
+def _check(value, text: str, low, high, low_open: bool, high_open: bool, kind: str):
     below = low is not None and (value < low or (low_open and value == low))
     above = high is not None and (value > high or (high_open and value == high))
-    if below or above:
-        raise argparse.ArgumentTypeError(f"{value}: must be {kind} {_bounds(low, high, low_open, high_open)}")
+    if below or above:  # the value as the user wrote it
+        raise argparse.ArgumentTypeError(f"{text.strip()}: must be {kind} {_bounds(low, high, low_open, high_open)}")
     return value
 
 
-def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type for an integer in [low, high] (None: unbounded on that side)."""
+def integer(low: int | None = None, high: int = INT_MAX) -> Callable[[str], int]:
+    """An argparse type for an integer in [low, high] (low None: unbounded below)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        return _check(value, low, high, False, False, "an integer")
+        return _check(value, text, low, high, False, False, "an integer")
 
     parse.kind, parse.low, parse.high, parse.low_open, parse.high_open = "integer", low, high, False, False
     parse.__name__ = "integer"
@@ -123,7 +129,7 @@ def real(low: float | None = None, high: float | None = None, low_open: bool = F
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
-        return _check(value, low, high, low_open, high_open, "a number")
+        return _check(value, text, low, high, low_open, high_open, "a number")
 
     parse.kind, parse.low, parse.high, parse.low_open, parse.high_open = "real", low, high, low_open, high_open
     parse.__name__ = "real"
@@ -145,6 +151,16 @@ def comma_list(element):
     parse.kind, parse.element = "list", element
     parse.__name__ = "list"
     return parse
+
+
+def regex(text: str) -> re.Pattern:
+    """An argparse type for a regular expression, compiled: a bad one (``(``) is a usage error
+    naming what is wrong, not a traceback (argparse reads only ArgumentTypeError, TypeError and
+    ValueError as one; ``re.error`` is none of them)."""
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}") from None
 
 
 def device(text: str) -> str:

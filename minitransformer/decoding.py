@@ -51,6 +51,9 @@ from .tensor import Tensor
 logger = logging.getLogger(__name__)
 MAX_LEN_EXTRA = 50  # a translation may run this many tokens past its source (section 6.1)
 BEAM, ALPHA = 4, 0.6  # the paper's beam size and length penalty (section 6.1)
+# The largest alpha the programs take: lp stays finite and above the scores' rounding at any
+# length the decoder writes ((5 + 1100) / 6) ** 10 is 4e22; GNMT used 0.6 to 1, our presets 2.
+ALPHA_MAX = 10.0
 LENGTH_PENALTIES = ("gnmt", "fairseq")
 
 

@@ -1,5 +1,7 @@
 """Helpers shared by the tests: fresh random inputs, hypothesis strategies, a tiny trained run."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minitransformer as mt
-from minitransformer import data, nn
+from minitransformer import data, files, nn
 from minitransformer.checkpoint import save_checkpoint
 
 # The repository's sibling shared/ folder holds the official Multi30k task-1 files; CI has them.
@@ -134,3 +136,13 @@ def union(batches) -> tuple[np.ndarray, ...]:
         width = max(a.shape[1] for a in arrays)
         return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
     return tuple(padded([b[i] for b in batches]) for i in range(3))
+
+
+def ended_process() -> tuple[int, str]:
+    """The pid and start time of a process of this host that has ended: the owner of a killed
+    write's leftovers (minitransformer.files)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    start = files._process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    return proc.pid, start

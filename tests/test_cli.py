@@ -9,6 +9,7 @@ import errno
 import importlib
 import os
 import pathlib
+import re
 import resource
 import signal
 import subprocess
@@ -109,17 +110,21 @@ def test_every_numeric_option_is_checked_when_parsed(program):
     assert isinstance(parser, cli.ArgumentParser)
     numeric = 0
     for action in parser._actions:
-        assert action.type not in (int, float), f"{program} {action.option_strings}: an unchecked {action.type}"
+        assert action.type not in (int, float, re.compile), \
+            f"{program} {action.option_strings}: an unchecked {action.type} (cli.integer, cli.real, cli.regex)"
         if not hasattr(action.type, "kind"):  # not a number (a path, a choice)
             continue
         kind = getattr(action.type, "element", action.type)  # a list of numbers: each is checked
         assert kind.kind in ("integer", "real"), f"{program} {action.option_strings}"
         numeric += 1
         assert kind.low is not None, f"{program} {action.option_strings}: no option takes any negative number"
-        wrap = (lambda v: f"1,{v}") if kind is not action.type else (lambda v: v)  # "1,": a good first element
+        assert kind.high is not None, \
+            f"{program} {action.option_strings}: every option has a largest value the code can compute with"
+        good = kind.low + 1 if kind.kind == "integer" else (kind.low + kind.high) / 2
+        wrap = (lambda v: f"{good},{v}") if kind is not action.type else (lambda v: v)  # a good first element
         for text in ("nan", "inf", "-inf"):
             assert not accepts(action.type, wrap(text)), f"{program} {action.option_strings} took {text}"
-        for value in (0, -1):
+        for value in (0, -1, kind.high, 10**30 if kind.kind == "integer" else 1e308):
             assert accepts(action.type, wrap(str(value))) == in_range(kind, value), \
                 f"{program} {action.option_strings} at {value}"
     assert numeric or program in ("plot_attention", "build", "figures", "bleu_tokens", "recipe", "reproduction",
@@ -127,7 +132,7 @@ def test_every_numeric_option_is_checked_when_parsed(program):
 
 
 @pytest.mark.parametrize("program, argv", [
-    ("train_wmt", ["--alpha", "nan"]), ("train_wmt", ["--max-tokens", "0"]), ("translate", ["--alpha", "inf"]),
+    ("mutants", ["--match", "("]), ("train_wmt", ["--alpha", "1e308"]), ("train_wmt", ["--alpha", "nan"]), ("train_wmt", ["--max-tokens", "0"]), ("translate", ["--alpha", "inf"]),
     ("translate", ["--max-tokens", "0"]), ("tune_decoding", ["--run", "x", "--data-dir", "y", "--beam", "4,0"]),
 ])
 def test_a_bad_option_is_one_line_naming_it(program, argv, capsys):

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -111,6 +113,17 @@ def test_beam_respects_max_length_and_reports_its_score(kind):
 def test_length_penalties_are_their_formulas(length, alpha):
     for kind, formula in PENALTIES.items():
         assert length_penalty(length, alpha, kind) == pytest.approx(formula(length, alpha), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", sorted(PENALTIES))
+def test_the_largest_alpha_the_programs_take_decodes_with_finite_scores(kind):
+    """ALPHA_MAX bounds every --alpha: lp stays finite and the scores nonzero at the longest
+    hypothesis the decoder can write (a source of max_len positions, plus max_len_extra)."""
+    longest = nn.TransformerConfig().max_len + decoding.MAX_LEN_EXTRA
+    assert 1.0 <= length_penalty(longest, decoding.ALPHA_MAX, kind) < 1e35  # -1e3 / lp is no float32 zero
+    for hyp, score in beam_search(model(seed=4), sources(seed=5, n=3), beam_size=4, alpha=decoding.ALPHA_MAX,
+                                  max_len_extra=4, return_scores=True, length_penalty=kind):
+        assert math.isfinite(score) and score < 0
 
 
 def test_fairseq_s_penalty_ranks_by_the_mean_log_probability_per_token():

@@ -6,13 +6,12 @@ import errno
 import os
 import pathlib
 import stat
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from minitransformer import files
+from tests.helpers import ended_process
 
 
 def test_the_target_gets_the_content_with_the_usual_permissions(tmp_path):
@@ -44,15 +43,6 @@ def test_append_or_read_modes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="mode 'w' or 'wb', not 'a'"):
         with files.atomic_write(tmp_path / "x", "a"):
             pass
-
-
-def ended_process() -> tuple[int, str]:
-    """The pid and start time of a process of this host that has ended."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    start = files._process_start(proc.pid)
-    proc.kill()
-    proc.wait()
-    return proc.pid, start
 
 
 def test_only_an_ended_process_s_leftovers_on_this_host_are_removed(tmp_path, caplog):

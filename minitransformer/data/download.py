@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retries", type=cli.integer(0), default=3,
                         help="resume attempts in a row without progress (0: none, the first "
                              "failure ends the download)")
-    parser.add_argument("--timeout", type=cli.real(0.0, low_open=True), default=60.0,
+    parser.add_argument("--timeout", type=cli.real(0.0, 86400.0, low_open=True), default=60.0,
                         help="seconds to wait on a silent connection")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

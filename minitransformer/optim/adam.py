@@ -44,6 +44,12 @@ class Adam:
         self.params = list(params)
         if not self.params:
             raise ValueError("Adam got an empty parameter list")
+        first = {}
+        for i, param in enumerate(self.params):  # twice in the list would be two updates a step
+            j = first.setdefault(id(param), i)
+            if j != i:
+                raise ValueError(f"Adam: parameter {i} (shape {tuple(param.shape)}) is parameter {j} again: "
+                                 f"each parameter once, or it is updated twice a step")
         # Refused here, not as a nan or a wrong-way step later: lr 0 is fine (a schedule sets it).
         if not (isinstance(lr, numbers.Real) and 0 <= lr < math.inf):
             raise ValueError(f"Adam: lr must be a finite number >= 0, got {lr!r}")

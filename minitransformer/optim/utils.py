@@ -32,7 +32,10 @@ def grad_norm(params) -> float:
 
 def clip_grad_norm_(params, max_norm: float) -> float:
     """Scale all gradients in place so their global norm is at most ``max_norm``;
-    returns the norm before clipping."""
+    returns the norm before clipping. A ``max_norm`` that is not a finite number > 0 is refused:
+    nan would clip nothing, silently."""
+    if not (isinstance(max_norm, (int, float, np.floating, np.integer)) and 0 < max_norm < math.inf):
+        raise ValueError(f"clip_grad_norm_: max_norm must be a finite number > 0, got {max_norm!r}")
     params = [p for p in params if p.grad is not None]
     norm = grad_norm(params)
     if math.isfinite(norm) and norm > max_norm:

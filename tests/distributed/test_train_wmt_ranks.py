@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -73,3 +74,32 @@ def test_one_two_and_three_ranks_train_on_the_same_batches(mpiexec, tmp_path):
     last = data.TokenBatcher(tok.encode(train.src), tok.encode(train.tgt), max_tokens=400, max_len=100, seed=1,
                              rank=2, world_size=3)
     assert any(len(share) == 0 for share in last.epoch_batches(0)), "no step left a rank without a sentence"
+
+
+@needs_multi30k
+def test_sigterm_to_mpiexec_ends_every_rank_as_ctrl_c_does(mpiexec, tmp_path):
+    """A scheduler ends a job with SIGTERM to mpiexec, which MPICH's Hydra passes to every rank:
+    each rank cleans up as on Ctrl-C, rank 0 alone says how to continue, status 143, and the run
+    resumes from its last checkpoint."""
+    out = tmp_path / "run"
+    cmd = [mpiexec, "-n", "2", sys.executable, str(REPO / "examples" / "train_wmt.py"),
+           "--data-dir", str(DATA), "--out-dir", str(out), "--limit-train", "300", "--vocab-size", "400",
+           "--d-model", "32", "--layers", "1", "--max-tokens", "400", "--max-steps", "100000", "--eval-every", "2",
+           "--bleu-sample", "0", "--limit-test", "6", "--log-every", "1", "--no-progress", "--warmup", "10"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "ckpt-2.npz").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("mpiexec -n 2 train_wmt.py did not end on SIGTERM")
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    ends = [line for line in stderr.splitlines() if line.startswith("terminated (SIGTERM)")]
+    assert len(ends) == 1 and ends[0].startswith("terminated (SIGTERM): continue with: mpiexec -n 2 ")
+    assert ends[0].endswith(" --resume") and not list(out.glob(".tmp-*"))
+    assert (out / ".lock").read_text() == ""

@@ -14,7 +14,7 @@ import types
 import pytest
 
 from tests.helpers import MULTI30K_DIR as DATA
-from tests.helpers import needs_multi30k
+from tests.helpers import ended_process, needs_multi30k
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = needs_multi30k
@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_wmt  # noqa: E402
 import translate  # noqa: E402
 
+from minitransformer import files  # noqa: E402
 from minitransformer.checkpoint import load_checkpoint  # noqa: E402
 from minitransformer.data import batching  # noqa: E402
 
@@ -174,12 +175,14 @@ def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp
     # A checkpoint to be averaged, cut short (a full disk); and a write that a kill interrupted.
     ckpt = tmp_path / "ckpt-3.npz"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"half a checkpoint")  # as older versions named it
-    (tmp_path / ".tmp-last.npz-x7f2q").write_bytes(b"half a checkpoint")  # as files.atomic_write does
+    (tmp_path / ".tmp-k1ll3d.npz").write_bytes(b"a user's")  # not named as atomic_write names: kept
+    pid, start = ended_process()
+    killed = tmp_path / f".tmp-last.npz-@{files._host()}:{pid}.{start}-x7f2q"  # as files.atomic_write does
+    killed.write_bytes(b"half a checkpoint")
     with pytest.raises(SystemExit, match=r"ckpt-3\.npz .*truncated.*delete it") as e:
         train_wmt.main(args + ["--max-steps", "9", "--resume"])
     one_line_error(e)
-    assert not (tmp_path / ".tmp-k1ll3d.npz").exists() and not (tmp_path / ".tmp-last.npz-x7f2q").exists()
+    assert (tmp_path / ".tmp-k1ll3d.npz").read_bytes() == b"a user's" and not killed.exists()
     ckpt.unlink()  # as the message says
     result = train_wmt.main(args + ["--max-steps", "9", "--resume"])
     assert result["averaged"] == ["ckpt-6.npz", "ckpt-9.npz"]

@@ -118,6 +118,29 @@ def test_sigterm_keeps_what_was_translated_as_ctrl_c_does(run, tmp_path):
     assert (tmp_path / ".big.de.lock").read_text() == ""
 
 
+@pytest.mark.parametrize("closed", [0, 1])
+def test_a_closed_stdin_or_stdout_is_one_line_naming_it(run, closed):
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run)],
+                            stdin=subprocess.PIPE if closed else None, stdout=None if closed else subprocess.PIPE,
+                            stderr=subprocess.PIPE, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: os.close(closed))
+    assert result.returncode == 2
+    line = result.stderr.decode().strip().splitlines()[-1]
+    assert line.startswith(f"translate.py: error: {['stdin', 'stdout'][closed]} is closed and there is no "
+                           f"--{['input', 'output'][closed]}")
+
+
+def test_a_reader_that_goes_away_ends_the_translation_quietly(run):
+    """translate.py | head -1: SIGPIPE's status, and no error."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), "--beam",
+                             "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc.stdout.close()  # the reader is gone before the first line
+    _, err = proc.communicate(("\n".join(sentences(40, seed=3)) + "\n").encode(), timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE, err.decode()
+    assert "error" not in err.decode() and "Traceback" not in err.decode()
+
+
 @pytest.mark.parametrize("path", ["same", "link", "other-path", "hard-link"])
 def test_the_input_as_output_is_refused_before_anything_is_written(run, tmp_path, path):
     src = tmp_path / "in.en"

@@ -120,6 +120,10 @@ def test_grad_norm_neither_overflows_nor_loses_small_gradients(dtype):
     (lambda p: Adam(p, betas=(0.9,)), r"Adam: betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
     (lambda p: Adam(p, eps=0.0), "Adam: eps must be a finite number > 0, got 0.0"),
     (lambda p: Adam(p, weight_decay=-0.01), "Adam: weight_decay must be a finite number >= 0, got -0.01"),
+    (lambda p: Adam([*p, mt.zeros(2, 3, requires_grad=True), p[0]]),  # PyTorch only warns
+     r"Adam: parameter 2 \(shape \(1,\)\) is parameter 0 again: each parameter once, or it is updated twice a step"),
+    (lambda p: clip_grad_norm_(p, float("nan")), "clip_grad_norm_: max_norm must be a finite number > 0, got nan"),
+    (lambda p: clip_grad_norm_(p, 0.0), r"clip_grad_norm_: max_norm must be a finite number > 0, got 0.0"),
     (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, warmup=0),
      "WarmupInverseSqrtSchedule: warmup must be an integer >= 1, got 0"),  # was 0 ** -1.5
     (lambda p: WarmupInverseSqrtSchedule(Adam(p), 512, warmup=-10),
