@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from minitransformer import backend, cli, data, decoding, files, nn
 from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from minitransformer.decoding import translate
@@ -58,8 +60,12 @@ def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
         raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {name} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
-    ckpt.require_finite(name)
-    model = nn.Transformer(nn.TransformerConfig(**ckpt.config))
+    ckpt.require_finite(name, np.float16 if dtype == "float16" else np.float32)  # bfloat16 has float32's range
+    try:
+        config = nn.TransformerConfig.from_dict(ckpt.config)
+    except ValueError as e:
+        raise CheckpointError(f"{name}: {e}") from None
+    model = nn.Transformer(config)
     model.load_state_dict(ckpt.model)
     return model.to(device, dtype=dtype).eval()
 

@@ -30,9 +30,32 @@ import numpy as np
 
 from . import backend
 from .files import atomic_write
+from .schema import INTEGER_FROM_0, INTEGER_FROM_1, STRINGS, Schema, loads
 
 FORMAT = "minitransformer-checkpoint"
 VERSION = 1
+
+# What the programs read from a checkpoint's metadata (beside what restore() hands to each
+# object's own load_state_dict, which checks its part): checked when it is opened.
+_DECODING = {"beam": {"type": ["integer", "null"], "minimum": 1}, "alpha": {"type": ["number", "null"], "minimum": 0},
+             "length_penalty": {"type": ["string", "null"]}, "preprocess": {"type": ["string", "null"]}}
+META = Schema({
+    "type": "object",
+    "required": ["format", "version", "config", "schedule", "rng", "extra", "optimizer"],
+    "properties": {
+        "config": {"type": ["object", "null"]},  # its fields: nn.TransformerConfig.from_dict
+        "schedule": {"type": ["object", "null"]},
+        "scaler": {"type": ["object", "null"]},
+        "rng": {"type": ["object", "null"]},
+        "optimizer": {"type": ["object", "null"], "required": ["num_params"],
+                      "properties": {"num_params": INTEGER_FROM_0}},
+        "extra": {"type": "object", "properties": {
+            "step": INTEGER_FROM_0, "epoch": INTEGER_FROM_0, "train_seconds": {"type": "number", "minimum": 0},
+            "tokenizer": {"type": "string"}, "averaged_from": STRINGS, "batcher": {"type": "object"},
+            "divergence": {"type": "object"}, "early_stopping": {"type": "object"},
+            "args": {"type": "object", "properties": _DECODING}, **_DECODING}},
+    },
+})
 
 
 class CheckpointError(RuntimeError):
@@ -49,15 +72,17 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)
     scaler: dict | None = None
 
-    def require_finite(self, name: str) -> None:
-        """Refuse a model with a NaN or infinite weight (``name``: the checkpoint, for the
+    def require_finite(self, name: str, dtype=np.float32) -> None:
+        """Refuse a model with a NaN or infinite weight in ``dtype``, the one it will be used in
+        (a float64 1e39 is finite until it becomes float32; ``name``: the checkpoint, for the
         message): it decodes to garbage with finite scores, and an export would deploy it.
         Training never saves one (train.py's guards); a damaged or foreign file can hold one."""
         for key, value in self.model.items():
-            bad = np.size(value) - int(np.isfinite(value).sum())
+            with np.errstate(over="ignore"):  # the overflow is what is counted
+                bad = np.size(value) - int(np.isfinite(np.asarray(value).astype(dtype)).sum())
             if bad:
-                raise CheckpointError(f"{name}: the weight {key} is not finite ({bad} of {np.size(value)} "
-                                      f"values NaN or infinite); refusing to use it")
+                raise CheckpointError(f"{name}: the weight {key} is not finite in {np.dtype(dtype)} ({bad} of "
+                                      f"{np.size(value)} values NaN, infinite or beyond its range); refusing to use it")
 
 
 def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict | None = None,
@@ -82,7 +107,8 @@ def save_checkpoint(path: str, model, optimizer=None, schedule=None, extra: dict
                     arrays[f"optim/{name}/{i}"] = a
         state["num_params"] = len(optimizer.params)
         meta["optimizer"] = state
-    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    # Strict JSON, as load_checkpoint reads it: a NaN in the metadata is a bug, found here.
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta, allow_nan=False).encode(), dtype=np.uint8)
 
     with atomic_write(path, "wb") as f:
         np.savez(f, **arrays)
@@ -98,7 +124,7 @@ def load_checkpoint(path: str, metadata_only: bool = False) -> Checkpoint:
             if "__meta__" not in archive.files:
                 raise CheckpointError(f"{path} is an .npz archive but not a minitransformer checkpoint "
                                       f"(no __meta__ entry)")
-            meta = json.loads(archive["__meta__"].tobytes().decode())
+            meta = loads(archive["__meta__"].tobytes(), f"{path}: its metadata", CheckpointError)
             arrays = {} if metadata_only else {k: archive[k] for k in archive.files if k != "__meta__"}
     except CheckpointError:
         raise
@@ -108,11 +134,16 @@ def load_checkpoint(path: str, metadata_only: bool = False) -> Checkpoint:
             f"{path} ({size} bytes) is not a readable minitransformer checkpoint: truncated, "
             f"corrupt or another kind of file ({type(e).__name__}: {e})"
         ) from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a minitransformer checkpoint (format {meta.get('format')!r})")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        what = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{path} is not a minitransformer checkpoint (format {what!r})")
     if meta.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {meta.get('version')}, "
                               f"this code reads version {VERSION}")
+    META.check(meta, str(path), CheckpointError)
+    for key, value in arrays.items():  # numbers only: an array of strings is no weight or moment
+        if value.dtype.kind not in "fiu":
+            raise CheckpointError(f"{path}: {key} holds {value.dtype} values, not numbers")
 
     model = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
     optimizer = meta["optimizer"]

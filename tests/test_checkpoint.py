@@ -1,3 +1,4 @@
+import json
 import os
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 import minitransformer as mt
 from minitransformer import nn
 from minitransformer.checkpoint import (
-    CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
+    Checkpoint, CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
 )
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
 from minitransformer.train import train_step
@@ -89,6 +90,74 @@ def test_truncated_and_foreign_files_raise_clear_errors(tmp_path):
         load_checkpoint(str(other))
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         load_checkpoint(str(tmp_path / "missing.npz"))
+
+
+def rewritten(path, tmp_path, meta=None, arrays=None):
+    """A copy of the checkpoint at ``path`` with its metadata or arrays changed, as a damaged or
+    foreign file would hold them."""
+    with np.load(path) as archive:
+        members = {k: archive[k] for k in archive.files}
+    old = json.loads(members["__meta__"].tobytes())
+    members["__meta__"] = np.frombuffer((meta(old) if callable(meta) else meta).encode(), np.uint8) \
+        if meta is not None else members["__meta__"]
+    members.update(arrays(members) if arrays else {})
+    out = tmp_path / "damaged.npz"
+    np.savez(out, **members)
+    return str(out)
+
+
+def edit(change):
+    def apply(meta):
+        change(meta)
+        return json.dumps(meta)
+    return apply
+
+
+@pytest.mark.parametrize("meta, arrays, message", [
+    ("[1, 2]", None, r"is not a minitransformer checkpoint \(format 'list'\)"),
+    ('{"format": NaN}', None, "its metadata: not JSON .*NaN"),
+    (edit(lambda m: m.update(config="d_model=512")), None, "config must be object or null"),
+    (edit(lambda m: m.update(extra=[1])), None, "extra must be object"),
+    (edit(lambda m: m["extra"].update(step="12")), None, r"extra.step must be integer \(got '12'\)"),
+    (edit(lambda m: m["extra"].update(alpha="0.6")), None, "extra.alpha must be number or null"),
+    (edit(lambda m: m["extra"].update(args={"beam": 0})), None, "extra.args.beam must be bigger than or equal to 1"),
+    (edit(lambda m: m["optimizer"].pop("num_params")), None, "optimizer must contain"),
+    (None, lambda a: {"model/src_embed.weight": np.array(["a", "b"])}, "model/src_embed.weight holds <U1 values"),
+])
+def test_metadata_and_arrays_are_checked_when_opened(tmp_path, meta, arrays, message):
+    model, opt, sched = setup()
+    path = tmp_path / "ckpt.npz"
+    save_checkpoint(str(path), model, opt, sched, extra={"step": 3})
+    damaged = rewritten(path, tmp_path, meta, arrays)
+    with pytest.raises(CheckpointError, match="damaged.npz.*" + message) as e:
+        load_checkpoint(damaged)
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_field_this_code_does_not_know_is_named():
+    with pytest.raises(ValueError, match="fields this code does not know: colour"):
+        nn.TransformerConfig.from_dict({**CFG, "colour": "blue"})
+    with pytest.raises(ValueError, match="share_embeddings must be True or False, got 'yes'"):
+        nn.TransformerConfig.from_dict({**CFG, "share_embeddings": "yes"})
+    with pytest.raises(ValueError, match="a mapping of its fields, not a str"):
+        nn.TransformerConfig.from_dict("d_model=16")
+
+
+def test_a_weight_is_finite_in_the_dtype_it_is_used_in(tmp_path):
+    """A float64 1e39 is finite until it becomes float32: refused by the checkpoint's check and
+    by load_state_dict, not loaded as inf."""
+    model, _, _ = setup()
+    state = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    key = next(iter(state))
+    state[key].flat[0] = 1e39
+    ckpt = Checkpoint(model=state, config=model.config.to_dict())
+    ckpt.require_finite("big.npz", np.float64)
+    with pytest.raises(CheckpointError, match=f"big.npz: the weight {key} is not finite in float32 \\(1 of"):
+        ckpt.require_finite("big.npz")
+    with pytest.raises(ValueError, match=f"load_state_dict: {key} has 1 values beyond the range of float32"):
+        model.load_state_dict(state)
+    state[key].flat[0] = 1e30  # within float32's range: loads
+    model.load_state_dict(state)
 
 
 def test_verify_finds_a_truncated_or_corrupted_checkpoint_without_loading_it(tmp_path):

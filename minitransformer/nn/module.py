@@ -167,7 +167,8 @@ class Module:
     def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list, list]:
         """Copy arrays from ``state`` into the parameters and buffers, keeping their device and
         dtype. Returns ``(missing, unexpected)``; with ``strict`` any of them, or a shape
-        mismatch, raises a ``KeyError``/``ValueError`` that lists them."""
+        mismatch, raises a ``KeyError``/``ValueError`` that lists them; so does a finite value
+        that the parameter's dtype cannot hold (a float64 1e39 into float32)."""
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
         missing = [k for k in own if k not in state]
@@ -182,8 +183,15 @@ class Module:
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         for k, t in own.items():
             if k in state:
+                value = np.asarray(state[k])
+                if value.dtype.kind == "f" and value.dtype.itemsize > np.dtype(t.dtype).itemsize:
+                    with np.errstate(over="ignore", invalid="ignore"):  # what the cast gives is counted
+                        beyond = int((np.isfinite(value) & ~np.isfinite(value.astype(t.dtype))).sum())
+                    if beyond:
+                        raise ValueError(f"load_state_dict: {k} has {beyond} values beyond the range of "
+                                         f"{np.dtype(t.dtype)}, the parameter's dtype (they would become inf)")
                 xp = backend.array_module_of(t.data)
-                t.data = xp.asarray(backend.to_device(np.asarray(state[k]), t.device), dtype=t.dtype).copy()
+                t.data = xp.asarray(backend.to_device(value, t.device), dtype=t.dtype).copy()
         return missing, unexpected
 
     def extra_repr(self) -> str:

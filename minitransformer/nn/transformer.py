@@ -20,7 +20,7 @@ Deviations from the paper are named options, off by default:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from .. import backend
 from .. import functional as F
@@ -68,6 +68,9 @@ class TransformerConfig:
         for name in ("dropout", "attention_dropout", "label_smoothing"):
             check_fraction(owner, name, getattr(self, name))
         check_positive(owner, "layer_norm_eps", self.layer_norm_eps)
+        for name in ("share_embeddings", "norm_first", "learned_positions"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{owner}: {name} must be True or False, got {getattr(self, name)!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
@@ -91,6 +94,17 @@ class TransformerConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, config: dict) -> TransformerConfig:
+        """The config ``to_dict`` wrote (a checkpoint's): a field this class does not have, or
+        a value of the wrong kind, is a ValueError naming it, not a TypeError."""
+        if not isinstance(config, dict):
+            raise ValueError(f"a model config is a mapping of its fields, not a {type(config).__name__}")
+        unknown = sorted(set(config) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"the model config has fields this code does not know: {', '.join(map(str, unknown))}")
+        return cls(**config)
 
 
 class PositionwiseFeedForward(Module):
