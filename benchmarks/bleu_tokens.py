@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 import train_wmt  # noqa: E402
-from minitransformer import cli, data, files  # noqa: E402
+from minitransformer import cli, data, files, records  # noqa: E402
 from minitransformer.bleu import bleu_scores  # noqa: E402
 
 RECORD = HERE / "bleu_tokens.json"
@@ -57,7 +57,7 @@ def build_parser() -> cli.ArgumentParser:
 def logged(run: Path, steps: int) -> dict[str, list[dict]]:
     """What train.jsonl logged at or before ``steps``, by kind ("train", "val")."""
     out = {"train": [], "val": []}
-    for r in map(json.loads, (run / "train.jsonl").read_text().splitlines()):
+    for r in records.read_log(run / "train.jsonl"):
         if r.get("kind") in out and r["step"] <= steps:
             out[r["kind"]].append(r)
     return out
@@ -99,7 +99,7 @@ def add_point(args) -> dict:
         raise SystemExit(f"--run {run}: no such folder")
     if not (run / "bleu.json").exists():
         raise SystemExit(f"{run} has no bleu.json: let its training finish first")
-    result = json.loads((run / "bleu.json").read_text())
+    result = records.read_result(run / "bleu.json")
     if args.test:
         point = dict(split="test", sentences=result["test_sentences"], bleu=result["bleu"],
                      signature=result["signature"], bleu_lowercased=result["bleu_lowercased"],
@@ -152,7 +152,7 @@ def plot(points: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    record = json.loads(Path(args.record).read_text()) if os.path.exists(args.record) else {"points": []}
+    record = records.read_points(args.record)
     if args.test and not args.run:
         raise SystemExit("--test needs --run")
     if args.run:
@@ -170,4 +170,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(cli.run(main, user_errors=(data.CorpusError, records.RecordError)))

@@ -20,7 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from minitransformer import cli, files
+from minitransformer import cli, files, records
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "recipe.json"
@@ -112,11 +112,11 @@ def main(argv=None) -> int:
     for path in (args.record, args.baseline):
         if not path.is_file():
             raise SystemExit(f"{path}: no such record; bleu_tokens.py writes it")
-    comparison = rows(json.loads(args.record.read_text()), json.loads(args.baseline.read_text()))
+    comparison = rows(records.read_points(args.record), records.read_points(args.baseline))
     print(table(comparison))
     plot(comparison, args.plot)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(cli.run(main, user_errors=(records.RecordError,)))

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 
-from minitransformer import cli, files
+from minitransformer import cli, files, records
 
 FIGURES = ("literature", "bleu_lowercased", "bleu", "length_ratio", "signature_literature", "signature_lowercased",
            "signature")
@@ -31,13 +31,11 @@ def summary(run: str) -> dict:
     path = os.path.join(run, "bleu.json")
     if not os.path.exists(path):
         raise SystemExit(f"error: {path} does not exist: the run has not finished (resume it to its end first)")
-    with open(path) as f:
-        try:
-            result = json.load(f)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {path} is not JSON ({e})") from None
-    missing = [k for k in ("preset", "steps", "train_minutes", "averaged", "beam", "alpha", "test_sentences")
-               if not isinstance(result, dict) or k not in result]
+    try:
+        result = records.read_result(path)
+    except records.RecordError as e:
+        raise SystemExit(f"error: {e}") from None
+    missing = [k for k in ("preset", "train_minutes", "averaged") if k not in result]
     if missing:
         raise SystemExit(f"error: {path} is not the bleu.json of a finished train_wmt.py run (no {', '.join(missing)})")
     parts = result.get("parts", [])

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import cli, data, files
+from minitransformer import cli, data, files, records
 from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search, translate
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     bleu_path = os.path.join(args.run, "bleu.json")
     if not os.path.isfile(bleu_path):
         raise CheckpointError(f"{bleu_path}: no such file; the run has not finished (train_wmt.py writes it last)")
-    bleu = json.load(open(bleu_path, encoding="utf-8"))
+    bleu = records.read_result(bleu_path)
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)
@@ -116,4 +116,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main, user_errors=(data.CorpusError, CheckpointError)))
+    sys.exit(cli.run(main, user_errors=(data.CorpusError, CheckpointError, records.RecordError)))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import backend, cli, data, decoding, distributed, files, nn
+from minitransformer import backend, cli, data, decoding, distributed, files, nn, records
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.bleu import bleu, bleu_literature, bleu_scores
 from minitransformer.checkpoint import (
@@ -354,7 +354,7 @@ def plot_curves(log_path: str, png_path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in open(log_path)]
+    rows = records.read_log(log_path)
     train = [r for r in rows if r["kind"] == "train"]
     val = [r for r in rows if r["kind"] == "val"]
     scored = [r for r in val if "bleu" in r]  # none with --bleu-sample 0
@@ -382,7 +382,7 @@ class SetupError(Exception):
 # Errors a user can act on, each with a message that says what is wrong and what to do: one
 # line each (the traceback only with --debug), as argparse's own errors. Interrupts and OSErrors
 # on the run's files are told in one line too (minitransformer.cli).
-USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError, files.FolderInUse)
+USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError, files.FolderInUse, records.RecordError)
 
 
 def main(argv=None) -> dict:
@@ -859,18 +859,9 @@ def remove_unfinished_writes(out_dir: str) -> None:
 def truncate_log(log_path: str, step: int) -> None:
     """Keep the log lines of steps up to ``step`` (those after it will be run again), dropping a
     line torn by a crash; rewritten atomically."""
-    rows = []
-    if os.path.exists(log_path):
-        for line in open(log_path):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("dropping an unreadable line of %s: %.60r", log_path, line)
-                continue
-            if row.get("step", math.inf) <= step:
-                rows.append(line if line.endswith("\n") else line + "\n")
+    rows = records.read_log(log_path, drop_damaged=True) if os.path.exists(log_path) else []
     with files.atomic_write(log_path) as f:
-        f.writelines(rows)
+        f.writelines(json.dumps(row) + "\n" for row in rows if row.get("step", math.inf) <= step)
 
 
 def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> bool:
@@ -972,7 +963,7 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
                   averaged=[os.path.basename(p) for p in paths], test_sentences=len(test), beam=args.beam,
                   alpha=args.alpha, length_penalty=args.length_penalty, preprocess=args.preprocess,
                   preset=args.preset, precision=args.precision,
-                  parts=[r for r in map(json.loads, open(run.log_path)) if r["kind"] == "start"])
+                  parts=[r for r in records.read_log(run.log_path) if r["kind"] == "start"])
     with files.atomic_write(os.path.join(args.out_dir, "bleu.json")) as f:
         json.dump(result, f, indent=2)
     plot_curves(run.log_path, os.path.join(args.out_dir, "curves.png"))

@@ -39,7 +39,7 @@ import time
 from train_wmt import PRESETS, checkpoints
 from translate import find_run_files, model_from, refuse_wide_beams, text_settings
 
-from minitransformer import backend, cli, data, decoding
+from minitransformer import backend, cli, data, decoding, records
 from minitransformer.bleu import bleu_scores
 from minitransformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from minitransformer.files import atomic_write
@@ -67,6 +67,7 @@ def main(argv=None) -> list[dict]:
     p = build_parser()
     args = p.parse_args(argv)
     checkpoint, tokenizer = find_run_files(args.run)
+    records.read_sweep(os.path.join(args.run, "decoding_sweep.json"))  # damaged: said now, not after the decoding
     # A moses-lc run reads and writes lowercased Moses tokens: it is scored on them in the
     # literature's metric, and chosen by that figure (it has no cased one).
     length_penalty, preprocess = text_settings(load_checkpoint(checkpoint, metadata_only=True), args.length_penalty)
@@ -125,14 +126,11 @@ def save_rows(path: str, rows: list[dict]) -> None:
         return tuple(row[k] for k in ("first", "last", "average", "beam", "alpha", "sentences")) + (
             row.get("length_penalty", "gnmt"),)
 
-    kept = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            kept = {key(r): r for r in json.load(f)}
+    kept = {key(r): r for r in records.read_sweep(path)}
     kept.update((key(r), r) for r in rows)
     with atomic_write(path) as f:
         json.dump(list(kept.values()), f, indent=2)
 
 
 if __name__ == "__main__":
-    cli.run(main, user_errors=(data.CorpusError, CheckpointError))
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError, records.RecordError))

@@ -35,13 +35,13 @@ from .corpus import (
     missing_files, read_lines, read_parallel, read_sgm,
 )
 from .tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, Tokenizer, TokenizerConfig, load_or_train,
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, Tokenizer, TokenizerConfig, TokenizerError, load_or_train,
     train_tokenizer,
 )
 
 __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
-    "ParallelCorpus", "SampledSegmentation", "TokenBatcher", "Tokenizer", "TokenizerConfig", "UNK_ID", "collate",
+    "ParallelCorpus", "SampledSegmentation", "TokenBatcher", "Tokenizer", "TokenizerConfig", "TokenizerError", "UNK_ID", "collate",
     "decode_utf8", "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
     "load_wmt14", "missing_files", "moses", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]

@@ -86,6 +86,11 @@ PRESETS = {
 }
 
 
+class TokenizerError(CorpusError):
+    """A tokenizer model file that cannot be used: not a sentencepiece model, a damaged one, or
+    one with other special ids (a CorpusError: every program that reads data says it in one line)."""
+
+
 class Tokenizer:
     """A trained sentencepiece model: text batches to id lists and back.
 
@@ -100,11 +105,12 @@ class Tokenizer:
             raise FileNotFoundError(f"tokenizer model not found: {self.path}")
         try:
             self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
-        except RuntimeError as e:
-            raise ValueError(f"{self.path} is not a sentencepiece model ({e})") from None
+        except (RuntimeError, OSError, ValueError) as e:
+            raise TokenizerError(f"{self.path} is not a sentencepiece model, or a damaged one "
+                                 f"({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})") from None
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(
+            raise TokenizerError(
                 f"{self.path} has special ids pad/unk/bos/eos = {ids}; this package needs "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} (train it with train_tokenizer)"
             )

@@ -47,8 +47,14 @@ def test_an_unfinished_run_is_refused_in_one_line(tmp_path):
         reproduction.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "kept")])
 
 
-@pytest.mark.parametrize("text, why", [("oops", "is not JSON"), ("[]", "no preset"),
-                                       ('{"preset": "multi30k-tiny"}', "no steps, train_minutes")])
+@pytest.mark.parametrize("text, why", [
+    ("oops", "bleu.json: not JSON"), ("[]", "bleu.json: the content must be object"),
+    ('{"preset": "multi30k-tiny"}', r"bleu.json: the content must contain \[.*'bleu_lowercased'"),
+    ('{"bleu": NaN}', "bleu.json: not JSON .*NaN"),
+    ('{"bleu": 1, "bleu_lowercased": 1, "steps": "9", "beam": 4, "alpha": 1, "test_sentences": 9}',
+     r"bleu.json: steps must be integer \(got '9'\)"),
+    ('{"bleu": 1, "bleu_lowercased": 1, "steps": 9, "beam": 4, "alpha": 1, "test_sentences": 9}',
+     "no preset, train_minutes, averaged")])
 def test_a_bleu_json_that_is_not_a_run_s_is_refused_in_one_line(tmp_path, text, why):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "bleu.json").write_text(text)

@@ -5,7 +5,7 @@ import pytest
 import sentencepiece as spm
 
 from minitransformer.data import (
-    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, Tokenizer, TokenizerConfig,
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, Tokenizer, TokenizerConfig, TokenizerError,
     load_or_train, train_tokenizer,
 )
 from minitransformer.data import tokenizer as tokenizer_module
@@ -111,13 +111,18 @@ def test_foreign_model_with_other_special_ids_is_refused(sample_pairs, tmp_path)
                                    vocab_size=200, model_type="bpe", minloglevel=2)
     path = tmp_path / "foreign.model"
     path.write_bytes(proto.getvalue())  # sentencepiece's defaults: unk 0, bos 1, eos 2, no pad
-    with pytest.raises(ValueError, match="special ids") as err:
+    with pytest.raises(TokenizerError, match="special ids") as err:
         Tokenizer(path)
     assert str(path) in str(err.value)
     junk = tmp_path / "junk.model"
     junk.write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="not a sentencepiece model"):
+    with pytest.raises(TokenizerError, match="not a sentencepiece model") as err:
         Tokenizer(junk)
+    assert isinstance(err.value, CorpusError) and "\n" not in str(err.value)  # every program's one line
+    damaged = tmp_path / "damaged.model"  # a cached model cut short
+    damaged.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(TokenizerError, match="damaged.model (is not a sentencepiece model|has special ids)"):
+        Tokenizer(damaged)
     with pytest.raises(FileNotFoundError, match="absent.model"):
         Tokenizer(tmp_path / "absent.model")
 

@@ -28,7 +28,7 @@ def rendered(tmp_path_factory):
     (run / "bleu.json").write_text(json.dumps({
         "bleu": 12.5, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
         "bleu_lowercased": 13.0, "signature_lowercased": "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0",
-        "steps": 40, "test_sentences": 12}))
+        "steps": 40, "test_sentences": 12, "beam": 4, "alpha": 0.6}))  # as train_wmt.py writes it
     corpus = tiny_test_set(tmp_path_factory.mktemp("data"), n=5, split="val")
     out = tmp_path_factory.mktemp("trained")
     trained.main(["--run", str(run), "--trained-at", "abc1234", "--data-dir", str(corpus), "--samples", "3",
