@@ -35,9 +35,9 @@ class Schema:
         try:
             self._validate(value)
         except fastjsonschema.JsonSchemaValueException as e:
-            what = e.message.removeprefix("data.").removeprefix("data ")
-            if e.message.startswith("data "):
-                what = f"the content {what}"
+            # fastjsonschema calls the value "data": data.extra.step, data[0].beam, data itself
+            what = e.message.removeprefix("data.").removeprefix("data")
+            what = f"the content{what}" if what.startswith(" ") else what
             got = repr(e.value)
             raise error(f"{where}: {what} (got {got if len(got) <= 60 else got[:57] + '...'})") from None
         return value

@@ -121,6 +121,7 @@ def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
     args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
     train_wmt.main(args + ["--max-steps", "3"])
     with open(tmp_path / "train.jsonl", "a") as f:
+        f.write('null\n{"kind": "train", "step": "2"}\n')  # damaged lines: dropped on resume, with a warning
         f.write('{"kind": "train", "st')  # a line cut short by a crash
     with pytest.raises(SystemExit, match="--warmup"):
         train_wmt.main(args + ["--max-steps", "6", "--resume", "--warmup", "99"])
