@@ -42,9 +42,9 @@ LITERATURE = {"bleu_lowercased": 41.02, "target_tokens": 65e6}
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", help="a train_wmt.py output folder whose training has "
+    p.add_argument("--run", type=cli.input_folder, help="a train_wmt.py output folder whose training has "
                    "finished (it has averaged.npz and bleu.json); without it, only the curve is drawn")
-    p.add_argument("--data-dir", help="the corpus folder (default: train_wmt.py's)")
+    p.add_argument("--data-dir", type=cli.data_folder, help="the corpus folder (default: train_wmt.py's)")
     p.add_argument("--test", action="store_true", help="record the run's test figure from its bleu.json "
                    "instead of scoring the validation split")
     p.add_argument("--record", type=cli.output_file, default=str(RECORD), help="the points (JSON)")

@@ -38,8 +38,8 @@ def measure(tokenizer: str, sentences: list[str], rates: list[float], seed: int)
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokenizer", required=True, help="a sentencepiece BPE model (a run folder's spm-*.model)")
-    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (its train split is measured)")
+    p.add_argument("--tokenizer", type=cli.input_file, required=True, help="a sentencepiece BPE model (a run folder's spm-*.model)")
+    p.add_argument("--data-dir", type=cli.data_folder, default="data/multi30k", help="Multi30k folder (its train split is measured)")
     p.add_argument("--sentences", type=cli.integer(1), default=3000,
                    help="the first N training pairs (both sides are measured)")
     p.add_argument("--rates", type=cli.comma_list(cli.real(0.0, 1.0, low_open=True, high_open=True)),

@@ -739,7 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", type=cli.output_file, default=ROOT / "runs" / "mutants" / "results.jsonl",
                         help="where each mutant's result is kept, so that a run resumes (default: %(default)s)")
     parser.add_argument("--report", type=cli.output_file, default=None, help="also write the report (Markdown) here")
-    parser.add_argument("--record", type=Path, default=RECORD,
+    parser.add_argument("--record", type=cli.output_file, default=str(RECORD),
                         help="the record of the full run: a run without --sample or --match updates it, "
                              "and a --sample draws from what it shows killed (default: %(default)s)")
     parser.add_argument("--report-only", action="store_true",
@@ -766,7 +766,7 @@ def main(argv=None) -> int:
         return 0
     if args.sample is not None:
         seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
-        pool = eligible_for_sample(mutants, entries + survivors, load_record(args.record), args.quick)
+        pool = eligible_for_sample(mutants, entries + survivors, load_record(Path(args.record)), args.quick)
         mutants = random.Random(seed).sample(pool, min(args.sample, len(pool)))
         print(f"mutant sample: {len(mutants)} of {len(pool)} eligible, seed {seed} "
               f"(python benchmarks/mutants.py --sample {args.sample} --seed {seed})", flush=True)
@@ -780,7 +780,7 @@ def main(argv=None) -> int:
               flush=True)
 
     # A sample or a --match tests again what it draws; a full run takes what the record knows.
-    known = known_results(load_record(args.record)) if args.sample is None and args.match is None else {}
+    known = known_results(load_record(Path(args.record))) if args.sample is None and args.match is None else {}
     outcomes = run(mutants, Path(args.results), args.jobs, progress, known, test=not args.report_only)
     seconds = sum(o["seconds"] for o in outcomes.values()) / args.jobs if args.report_only else time.time() - begin
     text, unexplained = report(outcomes, entries, survivors, seconds)
@@ -791,7 +791,7 @@ def main(argv=None) -> int:
         with atomic_write(args.report) as f:
             f.write(text + "\n")
     if args.sample is None and args.match is None:
-        write_record(args.record, outcomes, every, entries)
+        write_record(Path(args.record), outcomes, every, entries)
     return 1 if unexplained else 0
 
 

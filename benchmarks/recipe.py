@@ -101,17 +101,14 @@ def plot(rows: list[dict], path: str) -> None:
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--record", type=Path, default=RECORD, help="the changes' points (default: %(default)s)")
-    p.add_argument("--baseline", type=Path, default=BASELINE, help="the preset's points (default: %(default)s)")
+    p.add_argument("--record", type=cli.input_file, default=str(RECORD), help="the changes' points (default: %(default)s)")
+    p.add_argument("--baseline", type=cli.input_file, default=str(BASELINE), help="the preset's points (default: %(default)s)")
     p.add_argument("--plot", type=cli.output_file, default=str(PLOT), help="the chart (default: %(default)s)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for path in (args.record, args.baseline):
-        if not path.is_file():
-            raise SystemExit(f"{path}: no such record; bleu_tokens.py writes it")
     comparison = rows(records.read_points(args.record), records.read_points(args.baseline))
     print(table(comparison))
     plot(comparison, args.plot)

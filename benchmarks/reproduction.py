@@ -50,7 +50,7 @@ def summary(run: str) -> dict:
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a finished train_wmt.py --out-dir")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="a finished train_wmt.py --out-dir")
     p.add_argument("--out", type=cli.output_folder,
                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "reproduction"),
                    help="the folder the seed-1 run's files go to")

@@ -49,7 +49,7 @@ def _figures(pieces: dict[str, list[list]]) -> dict:
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", required=True, help="the Multi30k folder")
+    p.add_argument("--data-dir", type=cli.data_folder, required=True, help="the Multi30k folder")
     p.add_argument("--merges", type=cli.integer(1), default=10000, help="subword-nmt's merges (the anchor's)")
     p.add_argument("--vocab-size", type=cli.comma_list(cli.integer(5)), default=[10000],
                    help="sentencepiece vocabulary sizes to compare, comma-separated")

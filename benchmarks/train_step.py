@@ -366,11 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the paper's base model (d_model 512, 6+6 layers, vocabulary 37,000), batch 100 x 31")
     p.add_argument("--breakdown", action="store_true", help="also time the phases of our step")
     p.add_argument("--ops", action="store_true", help="also time each op's forward and backward")
-    p.add_argument("--data-dir", help="time real batches instead: Multi30k from this folder, cut as "
+    p.add_argument("--data-dir", type=cli.data_folder, help="time real batches instead: Multi30k from this folder, cut as "
                    "train_wmt.py's multi30k preset cuts them (--batch, --len and --vocab are then ignored)")
     p.add_argument("--max-tokens", type=cli.integer(1), help="with --data-dir: tokens per step and side, all "
                    "ranks together (the preset's)")
-    p.add_argument("--cache-dir", default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
+    p.add_argument("--cache-dir", type=cli.output_folder, default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
     return p
 

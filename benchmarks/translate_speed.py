@@ -73,8 +73,8 @@ def _ctranslate2(translator, pieces, beam: int, alpha: float, batch, src):
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
-    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--data-dir", type=cli.data_folder, default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
     p.add_argument("--limit", type=cli.integer(1), default=1000, help="test sentences")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size, for every engine")
     p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), default=decoding.ALPHA, help="length penalty, for every engine")
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then decode once more, ours alone, and print the seconds each part of the search took")
     p.add_argument("--engines", choices=("all", "ours"), default="all",
                    help="ours: time our search alone (CTranslate2 is not exported or run)")
-    p.add_argument("--hyps", help="write our hypotheses here, one line of token ids per sentence (to compare "
+    p.add_argument("--hyps", type=cli.input_file, help="write our hypotheses here, one line of token ids per sentence (to compare "
                    "two commits' outputs)")
     return p
 

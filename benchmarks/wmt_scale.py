@@ -281,7 +281,7 @@ def build_parser() -> cli.ArgumentParser:
                         help="timed training steps of each model, after one untimed (default: %(default)s)")
     parser.add_argument("--no-step", action="store_true", help="leave out the training steps")
     parser.add_argument("--stage", choices=[*STAGES, "checkpoint", "step"], help=argparse.SUPPRESS)  # internal
-    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=cli.input_folder, help=argparse.SUPPRESS)
     parser.add_argument("--preset", choices=list(PRESETS), help=argparse.SUPPRESS)
     parser.add_argument("--step-tokens", type=cli.integer(1), help=argparse.SUPPRESS)
     return parser
@@ -307,13 +307,13 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.stage == "checkpoint":
-        print(json.dumps(checkpoints(args.corpus)))
+        print(json.dumps(checkpoints(Path(args.corpus))))
         return 0
     if args.stage == "step":
         print(json.dumps(training_step(args.preset, args.step_tokens, args.steps)))
         return 0
     if args.stage:
-        print(json.dumps(run_stage(args.stage, args.corpus, args.pairs[0], args.seed, args.vocab_size)))
+        print(json.dumps(run_stage(args.stage, Path(args.corpus), args.pairs[0], args.seed, args.vocab_size)))
         return 0
     results = earlier_results(parser, args)
 

@@ -412,7 +412,7 @@ def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS,
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=cli.output_folder, default=os.path.join(DOCS, "_site"), help="the site's folder")
-    p.add_argument("--pictures", help="the pictures' folder (default: OUT/pictures); those missing there or "
+    p.add_argument("--pictures", type=cli.output_folder, help="the pictures' folder (default: OUT/pictures); those missing there or "
                    "older than the code that draws them are drawn first")
     p.add_debug()
     return p

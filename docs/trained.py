@@ -34,11 +34,11 @@ COMMAND = "mpiexec -n 2 python examples/train_wmt.py --data-dir ../shared/data/m
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="the folder of a finished train_wmt.py run (with bleu.json)")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="the folder of a finished train_wmt.py run (with bleu.json)")
     p.add_argument("--trained-at", required=True, help="the commit the run was trained at, for the caption")
     p.add_argument("--seed", type=cli.integer(0), default=1, help="the run's --seed, for the caption")
     p.add_argument("--command", default=COMMAND, help="the command that trained it, for the caption")
-    p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"),
+    p.add_argument("--data-dir", type=cli.data_folder, default=os.path.join(ROOT, "..", "shared", "data", "multi30k"),
                    help="the Multi30k folder, for the validation sentences")
     p.add_argument("--samples", type=cli.integer(1), default=6, help="validation sentences to show")
     p.add_argument("--out", type=cli.output_folder, default=os.path.join(ROOT, "docs", "trained"),

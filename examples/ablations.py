@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="A,B,C,D,E", help="row names and group letters, comma-separated")
     p.add_argument("--list", action="store_true", help="print the rows and their settings, and exit")
-    p.add_argument("--data-dir", help="Multi30k folder; downloaded there if files are missing (default: data/multi30k)")
+    p.add_argument("--data-dir", type=cli.data_folder, help="Multi30k folder; downloaded there if files are missing (default: data/multi30k)")
     p.add_argument("--out-dir", type=cli.output_folder, default=os.path.join("runs", "ablations"),
                    help="a folder per row, the shared BPE vocabulary, and the table")
     p.add_argument("--max-steps", type=cli.integer(1),

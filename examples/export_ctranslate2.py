@@ -104,8 +104,8 @@ def teacher_forced_gap(model, tok, translator, src, hyps, size: int = 64) -> flo
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
-    p.add_argument("--data-dir", default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--data-dir", type=cli.data_folder, default="data/multi30k", help="Multi30k folder (test_2016_flickr)")
     p.add_argument("--out", type=cli.output_folder, help="export folder (default: <run>/ctranslate2); an earlier export there is "
                    "replaced as a whole")
     p.add_argument("--limit", type=cli.integer(1), help="check only the first N test sentences")

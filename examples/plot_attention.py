@@ -50,7 +50,7 @@ def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, p
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sentence", help="an English sentence")
-    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention)")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
     return p

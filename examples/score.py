@@ -25,8 +25,8 @@ from minitransformer.bleu import bleu_scores
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("hyp", help="translations, one a line (plain or .gz)")
-    p.add_argument("ref", help="references, raw text, one a line (plain or .gz)")
+    p.add_argument("hyp", type=cli.input_file, help="translations, one a line (plain or .gz)")
+    p.add_argument("ref", type=cli.input_file, help="references, raw text, one a line (plain or .gz)")
     p.add_argument("--lang", default="de", help="the language of both files, for the Moses tokenizer's rules")
     p.add_argument("--tokenized", action="store_true",
                    help="HYP is lowercased Moses tokens already (a moses-lc model's output)")

@@ -162,7 +162,7 @@ class Budget:
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k")
-    p.add_argument("--data-dir", help="corpus folder, downloaded there if files are missing (default: "
+    p.add_argument("--data-dir", type=cli.data_folder, help="corpus folder, downloaded there if files are missing (default: "
                    "data/<corpus>)")
     p.add_argument("--out-dir", type=cli.output_folder, help="checkpoints, logs, hypotheses, plots (default: runs/<preset>); a run "
                    "holds it (a lock file) until it ends")

@@ -98,7 +98,8 @@ def read_chunks(fd: int, name: str, chunk_bytes: int = 1 << 14) -> Iterator[tupl
     ``os.read`` returns what is there: one line typed on a terminal, or up to ``chunk_bytes`` of
     a file or pipe (enough lines for length-sorted batches). Lines are split on "\\n" only, as
     the corpus reader does, and a "\\r" before it is dropped; bad UTF-8 is a ``CorpusError``
-    naming ``name``, the line and the byte.
+    naming ``name``, the line and the byte, and so is a line that runs past a MiB (an endless
+    stream such as /dev/zero).
     """
     pending, first = b"", 1
     while chunk := os.read(fd, chunk_bytes):
@@ -106,17 +107,18 @@ def read_chunks(fd: int, name: str, chunk_bytes: int = 1 << 14) -> Iterator[tupl
         if lines:
             yield first, [data.decode_utf8(line, name, first + i).removesuffix("\r") for i, line in enumerate(lines)]
             first += len(lines)
+        data.corpus.check_line_length(pending, name, first)
     if pending:  # a last line without its "\n"
         yield first, [data.decode_utf8(pending, name, first).removesuffix("\r")]
 
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", help="a train_wmt.py --out-dir")
-    p.add_argument("--checkpoint", help="checkpoint file (overrides --run's; with --run, it must hold the run's "
+    p.add_argument("--run", type=cli.input_folder, help="a train_wmt.py --out-dir")
+    p.add_argument("--checkpoint", type=cli.input_file, help="checkpoint file (overrides --run's; with --run, it must hold the run's "
                    "model configuration)")
-    p.add_argument("--tokenizer", help="sentencepiece .model file (overrides --run's)")
-    p.add_argument("--input", help="one sentence a line: a file, or a pipe (default: stdin)")
+    p.add_argument("--tokenizer", type=cli.input_file, help="sentencepiece .model file (overrides --run's)")
+    p.add_argument("--input", type=cli.input_file, help="one sentence a line: a file, or a pipe (default: stdin)")
     p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
                    "a stopped run leaves what it finished in OUTPUT.partial")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)

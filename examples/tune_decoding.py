@@ -48,8 +48,8 @@ from minitransformer.decoding import translate
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a train_wmt.py --out-dir with its ckpt-<step>.npz files")
-    p.add_argument("--data-dir", required=True, help="the corpus folder")
+    p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir with its ckpt-<step>.npz files")
+    p.add_argument("--data-dir", type=cli.data_folder, required=True, help="the corpus folder")
     p.add_argument("--preset", choices=sorted(PRESETS), default="multi30k", help="names the corpus")
     p.add_argument("--average", type=cli.comma_list(cli.integer(1)), default=[5],
                    help="numbers of last checkpoints to average, comma-separated")

@@ -14,9 +14,11 @@ options and try each at 0, -1, nan and inf.
     p.add_argument("--beam", type=cli.integer(1), help="beam size")
     p.add_argument("--alpha", type=cli.real(0.0, 10.0), help="length penalty")
 
-Devices and outputs. ``device`` (for ``--device``) refuses a device that cannot be used here,
-and ``output_file`` / ``output_folder`` a place that cannot be written, when the options are
-parsed: before a program reads, computes or writes anything.
+Devices, inputs and outputs. ``device`` (for ``--device``) refuses a device that cannot be used
+here, ``input_file`` / ``input_folder`` / ``data_folder`` a path that is not there to read, and
+``output_file`` / ``output_folder`` a place that cannot be written, when the options are parsed:
+before a program reads, computes or writes anything. Every option that names a path has one of
+these types (a test walks every program's options).
 
 ``ArgumentParser`` is argparse's, with two changes: a bad option is one line (the program, the
 option, what is wrong, and "see --help") instead of a page of usage; and the help shows
@@ -210,6 +212,43 @@ def output_folder(text: str) -> str:
     """``output_file`` for a folder the program writes into (created if missing): a file or a
     dangling symbolic link there is refused as not a folder."""
     return _writable(text, folder=True)
+
+
+def _readable(text: str, folder: bool, may_be_missing: bool = False) -> str:
+    path = Path(text)
+    kind = "folder" if folder else "file"
+    if path.is_symlink() and not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} is a dangling symbolic link, not a {kind}")
+    if not path.exists():
+        if may_be_missing:
+            return text
+        raise argparse.ArgumentTypeError(f"{text}: no such {kind}")
+    if folder and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if not folder and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not folder and path.is_socket():
+        raise argparse.ArgumentTypeError(f"{text} is a socket, not a file")
+    return text
+
+
+def input_file(text: str) -> str:
+    """An argparse type for a file the program reads: refused when parsed if it is missing, a
+    folder, a dangling link or a socket. A link is followed; a FIFO or a device is read as a
+    stream (``score.py <(gunzip -c hyp.gz) ref``); what the file holds is its loader's to check."""
+    return _readable(text, folder=False)
+
+
+def input_folder(text: str) -> str:
+    """An argparse type for a folder the program reads (a run's): refused when parsed if it is
+    missing, not a folder, or a dangling link; a link to a folder is followed."""
+    return _readable(text, folder=True)
+
+
+def data_folder(text: str) -> str:
+    """``input_folder`` for a corpus folder, which may be missing: the program downloads the
+    corpus into it (or says which files it lacks)."""
+    return _readable(text, folder=True, may_be_missing=True)
 
 
 def os_error_line(e: OSError) -> str:

@@ -268,8 +268,9 @@ def lock_output(path: str | os.PathLike):
     ``lock_folder`` holds a folder: a second writer of the same file is refused (``FileInUse``),
     a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside the
     file written (``path`` itself is replaced whole when it is written, and a lock on the file
-    that was there would not hold the new one; through a link, beside its target). A stream (a
-    FIFO, a device) takes no lock: nothing is made beside it."""
+    that was there would not hold the new one; through a link, beside its target), removed when
+    the block ends, so that nothing is left beside the file. A stream (a FIFO, a device) takes no
+    lock: nothing is made beside it."""
     target, st = _resolve(path)
     if st is not None and not stat.S_ISREG(st.st_mode):
         yield
@@ -277,16 +278,57 @@ def lock_output(path: str | os.PathLike):
     lock = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{LOCK_NAME}")
     with _hold(lock, lambda holder: FileInUse(
             f"{os.path.abspath(path)} is being written by another process ({holder}): wait for it to end, "
-            f"or write another file")):
+            f"or write another file"), remove=True):
         yield
 
 
 @contextlib.contextmanager
-def _hold(path: str, refusal):
+def _hold(path: str, refusal, remove: bool = False):
     """flock ``path`` (created if missing), recording the holder in it; ``refusal(holder)`` is
     raised when another process holds it. Yields what a holder that ended without releasing
     left there, or None. Only a regular file is a lock: a link there is not followed, and
-    anything else (a FIFO, a device) is not opened, each refused in one line."""
+    anything else (a FIFO, a device) is not opened, each refused in one line. ``remove``: the
+    file is deleted on release, while still held; a process that opened it just before then
+    holds a file no longer at ``path``, sees so, and tries again on the new one."""
+    while True:
+        fd = _open_lock(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 1024).decode("utf-8", "replace").strip() or "a process"
+            os.close(fd)
+            raise refusal(holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # removed (or replaced) by its last holder between the open and the lock
+    try:
+        left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        try:
+            yield left
+        finally:
+            if remove:
+                os.unlink(path)
+            else:
+                os.ftruncate(fd, 0)  # released: nothing left to take over
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _open_lock(path: str) -> int:
+    """The lock file at ``path`` opened for reading and writing, created if missing: only a
+    regular file, never through a link (module docstring)."""
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
         kind = "a symbolic link" if os.path.islink(path) else "not a regular file"
         raise _refuse(path, f"{kind} where a lock file goes (a lock is never followed or opened as "
@@ -297,22 +339,7 @@ def _hold(path: str, refusal):
         if e.errno == errno.ELOOP:  # a link made since the check
             raise _refuse(path, "a symbolic link where a lock file goes: remove it") from None
         raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _refuse(path, "not a regular file where a lock file goes: remove it")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 1024).decode("utf-8", "replace").strip() or "a process"
-            raise refusal(holder) from None
-        left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        try:
-            yield left
-        finally:
-            os.ftruncate(fd, 0)  # released: nothing left to take over
-    finally:
-        os.close(fd)  # drops the flock
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _refuse(path, "not a regular file where a lock file goes: remove it")
+    return fd

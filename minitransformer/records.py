@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .schema import INTEGER_FROM_0, INTEGER_FROM_1, Schema, load_json, loads
+from .schema import INTEGER_FROM_0, INTEGER_FROM_1, MAX_JSON_BYTES, Schema, load_json, loads
 
 
 class RecordError(ValueError):
@@ -57,9 +57,12 @@ POINTS = Schema({
     "type": "object",
     "required": ["points"],
     "properties": {"points": {"type": "array", "items": {
-        "type": "object", "required": ["split", "steps", "run"],
+        "type": "object",
+        "required": ["split", "steps", "run", "bleu", "bleu_lowercased", "length_ratio", "target_tokens"],
         "properties": {"split": {"type": "string"}, "steps": INTEGER_FROM_0, "run": {"type": "string"},
-                       "bleu": _NUMBER_OR_NULL, "bleu_lowercased": {"type": "number"}}}}},
+                       "bleu": _NUMBER_OR_NULL, "bleu_lowercased": {"type": "number"},
+                       "length_ratio": {"type": "number"}, "target_tokens": {"type": "number", "minimum": 0},
+                       "parts": {"type": "array", "items": {"type": "object"}}}}}},
 })
 
 
@@ -71,8 +74,10 @@ def read_log(path: str | os.PathLike, drop_damaged: bool = False) -> list[dict]:
 
     rows = []
     with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
+        for number, line in enumerate(iter(lambda: f.readline(MAX_JSON_BYTES + 1), b""), 1):
             where = f"{path}, line {number}"
+            if len(line) > MAX_JSON_BYTES:  # an endless stream, not a log
+                raise RecordError(f"{where}: longer than {MAX_JSON_BYTES >> 20} MiB: not a line of a run's log")
             try:
                 rows.append(LOG_ROW.check(loads(line, where, RecordError), where, RecordError))
             except RecordError as e:

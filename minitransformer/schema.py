@@ -57,10 +57,17 @@ def loads(text: str | bytes, where: str, error: type[Exception] = ValueError) ->
         raise error(f"{where}: not JSON ({e})") from None
 
 
+# No record of ours comes near this; a larger "file" (an endless device) is refused unread.
+MAX_JSON_BYTES = 64 << 20
+
+
 def load_json(path: str | os.PathLike, schema: Schema, error: type[Exception] = ValueError) -> Any:
     """The JSON file at ``path``, checked against ``schema``; ``error`` for what is wrong."""
     with open(path, "rb") as f:
-        return schema.check(loads(f.read(), str(path), error), str(path), error)
+        text = f.read(MAX_JSON_BYTES + 1)
+    if len(text) > MAX_JSON_BYTES:
+        raise error(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB: not a record of ours")
+    return schema.check(loads(text, str(path), error), str(path), error)
 
 
 # Pieces the schemas share.

@@ -133,7 +133,7 @@ def test_every_numeric_option_is_checked_when_parsed(program):
 
 @pytest.mark.parametrize("program, argv", [
     ("mutants", ["--match", "("]), ("train_wmt", ["--alpha", "1e308"]), ("train_wmt", ["--alpha", "nan"]), ("train_wmt", ["--max-tokens", "0"]), ("translate", ["--alpha", "inf"]),
-    ("translate", ["--max-tokens", "0"]), ("tune_decoding", ["--run", "x", "--data-dir", "y", "--beam", "4,0"]),
+    ("translate", ["--max-tokens", "0"]), ("tune_decoding", ["--run", ".", "--data-dir", "y", "--beam", "4,0"]),
 ])
 def test_a_bad_option_is_one_line_naming_it(program, argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -189,6 +189,7 @@ def test_an_output_through_a_link_is_locked_beside_its_target_and_a_stream_not_a
         with pytest.raises(files.FileInUse):
             with files.lock_output(tmp_path / "real" / "out.de"):
                 pass
+    assert os.listdir(tmp_path / "real") == []  # the lock goes with its holder
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with files.lock_output(fifo):

@@ -119,11 +119,23 @@ def decode_utf8(data: bytes, source, first_line: int = 1) -> str:
     return text.removeprefix("\ufeff") if first_line == 1 else text
 
 
+# No sentence is this long: a "line" past it is a file of another kind, or an endless stream
+# (a device such as /dev/zero), refused before it fills the memory.
+MAX_LINE_BYTES = 1 << 20
+
+
+def check_line_length(pending: bytes, name, line: int) -> None:
+    """A ``CorpusError`` once the bytes of one unfinished line pass ``MAX_LINE_BYTES``."""
+    if len(pending) > MAX_LINE_BYTES:
+        raise CorpusError(f"{name}: line {line} runs past {MAX_LINE_BYTES >> 20} MiB without an end: "
+                          f"not a file of sentences")
+
+
 def read_lines(path: str | Path, chunk_bytes: int = 1 << 26) -> list[str]:
     """All lines of a plain or gzipped (``.gz``) UTF-8 file, without their "\\n" or "\\r\\n".
 
-    Raises ``FileNotFoundError`` for a missing file and ``CorpusError`` for an empty one or
-    for bytes that are not UTF-8 (naming the line).
+    Raises ``FileNotFoundError`` for a missing file and ``CorpusError`` for an empty one, for
+    bytes that are not UTF-8, or a line longer than ``MAX_LINE_BYTES`` (naming the line).
 
     The file is read and decoded ``chunk_bytes`` at a time, cut after a line's "\\n" (which no
     other UTF-8 character contains), so that its bytes and its whole text never sit in memory
@@ -140,6 +152,7 @@ def read_lines(path: str | Path, chunk_bytes: int = 1 << 26) -> list[str]:
                 if cut:
                     text = decode_utf8(data[:cut], path, first_line=len(lines) + 1).split("\n")
                     lines += [line.removesuffix("\r") for line in text[:-1]]  # text[-1]: "" after the last "\n"
+                check_line_length(rest, path, len(lines) + 1)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise CorpusError(f"{path}: not a valid gzip file ({e})") from e
     last = decode_utf8(rest, path, first_line=len(lines) + 1)

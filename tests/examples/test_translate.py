@@ -115,7 +115,7 @@ def test_sigterm_keeps_what_was_translated_as_ctrl_c_does(run, tmp_path):
     assert out.read_text() == "an earlier translation\n"
     assert 0 < len((tmp_path / "big.de.partial").read_text().splitlines()) < 3000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
-    assert (tmp_path / ".big.de.lock").read_text() == ""
+    assert not (tmp_path / ".big.de.lock").exists()  # the lock goes with its holder
 
 
 @pytest.mark.parametrize("closed", [0, 1])
@@ -301,7 +301,8 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_pa
     err = result.stderr.decode()
     assert result.returncode == 1 and "Traceback" not in err and result.stdout == b""
     assert err.strip().splitlines()[-1] == (f"error: {tmp_path / 'nan.npz'}: the weight {name.removeprefix('model/')} "
-                                            f"is not finite (1 of {weights[name].size} values NaN or infinite); "
+                                            f"is not finite in float32 (1 of {weights[name].size} values NaN, "
+                                            f"infinite or beyond its range); "
                                             f"refusing to use it")
 
 
@@ -378,6 +379,6 @@ def test_a_second_translation_into_the_same_output_is_refused_in_one_line(run, t
         other = cli(run, b"A dog runs.\n", "--output", str(tmp_path / "other.de"))  # another file: allowed
         assert other.returncode == 0 and (tmp_path / "other.de").read_text().count("\n") == 1
         first.communicate(b"A man sits.\n", timeout=120)
-        assert first.returncode == 0 and out.read_text().count("\n") == 1
+        assert first.returncode == 0 and out.read_text().count("\n") == 1 and not lock.exists()
     finally:
         first.kill()

@@ -1,0 +1,321 @@
+"""The fault suite, generated from every program's options: each option that names a file or a
+folder (``cli.input_file``, ``input_folder``, ``data_folder``, ``output_file``, ``output_folder``)
+is given each hostile kind of path, and every cell must end the way a careful program ends.
+
+Kinds: a link to a file outside the run, a dangling link, a FIFO, a character device (a
+``mknod`` of /dev/full's numbers in a tmp folder, never a real /dev node), a folder where a
+file goes, a file where a folder goes, and a read-only place (a read-only tmpfs: chmod does
+not stop root).
+
+Every cell parses the program's options in-process; a refusal is exit status 2 and one line
+naming the option, and an accepted path is one the kind legitimately is (reading through a
+link, writing a stream to a FIFO). Around every cell the folder tree is snapshotted: nothing
+changes, is replaced or deleted, the user's file outside the run included. The programs whose
+whole run costs little (``RUN``) are also run to their end through their own entry point, with
+content kinds as well (a truncated file, random bytes, valid JSON of the wrong type): exit
+status 0, 1 or 2, at most three lines on stderr, no traceback, no hang, no network, and nothing
+outside the program's own outputs changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pathlib
+import resource
+import runpy
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from minitransformer import cli
+from tests.helpers import tiny_run, tiny_test_set
+from tests.test_cli import PROGRAMS, ROOT
+
+PATH_TYPES = (cli.input_file, cli.input_folder, cli.data_folder, cli.output_file, cli.output_folder)
+# Options that take text, not a path (a test below keeps every other option typed).
+NOT_PATHS = {("ablations", "--rows"), ("plot_attention", "sentence"), ("bleu_tokens", "--note"), ("score", "--lang"),
+             ("figures", "names"), ("trained", "--trained-at"), ("trained", "--command"),
+             ("minitransformer.data.download", "--base-url")}
+KINDS = ("link-to-file", "dangling-link", "fifo", "device", "folder", "file", "read-only")
+
+
+def path_options(program: str) -> list[tuple[str, object]]:
+    """(option or positional name, its cli type) of every option of ``program`` that names a path."""
+    parser = importlib.import_module(program).build_parser()
+    return [(a.option_strings[0] if a.option_strings else a.dest, a.type) for a in parser._actions
+            if a.type in PATH_TYPES]
+
+
+def test_every_option_that_names_a_path_is_typed():
+    for program in PROGRAMS:
+        for a in importlib.import_module(program).build_parser()._actions:
+            name = a.option_strings[0] if a.option_strings else a.dest
+            if a.nargs == 0 or name == "help" or a.choices or getattr(a.type, "kind", None) or a.type is cli.regex:
+                continue
+            assert a.type in PATH_TYPES or (program, name) in NOT_PATHS, \
+                f"{program} {name}: a path option needs a cli path type (or is it text? NOT_PATHS)"
+
+
+def snapshot(root: pathlib.Path) -> dict:
+    """Every entry under ``root``: its kind, size, mtime and content or link target."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = os.lstat(path)
+        key = str(path.relative_to(root))
+        if stat.S_ISLNK(st.st_mode):
+            out[key] = ("link", os.readlink(path))
+        elif stat.S_ISREG(st.st_mode):
+            out[key] = ("file", st.st_size, st.st_mtime_ns, path.read_bytes())
+        else:
+            out[key] = (stat.S_IFMT(st.st_mode), st.st_mtime_ns if stat.S_ISDIR(st.st_mode) else 0)
+    return out
+
+
+@contextlib.contextmanager
+def read_only_tmpfs(folder: pathlib.Path):
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        if os.environ.get("MT_REQUIRE_TMPFS", "") not in ("", "0"):
+            pytest.fail(f"MT_REQUIRE_TMPFS is set but a tmpfs cannot be mounted: {mounted.stderr.decode().strip()}")
+        pytest.skip("cannot mount a read-only tmpfs here (not root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def hostile(kind: str, where: pathlib.Path, stack: contextlib.ExitStack) -> pathlib.Path:
+    """A path of ``kind`` in ``where``; a user's file beside it, outside, must never change."""
+    precious = where / "outside" / "precious.txt"
+    precious.parent.mkdir(exist_ok=True)
+    precious.write_text("a user's file\n")
+    path = where / "given"
+    if kind == "link-to-file":
+        path.symlink_to(precious)
+    elif kind == "dangling-link":
+        path.symlink_to(where / "nowhere" / "gone")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("mknod is not allowed here (not root, or no CAP_MKNOD)")
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("not a folder\n")
+    elif kind == "read-only":
+        path = stack.enter_context(read_only_tmpfs(where / "ro")) / "given"
+    return path
+
+
+# Which kinds each path type takes (the others are refused when parsed). A data folder may be
+# missing (it is downloaded into): in a read-only place too, where the download then fails.
+ACCEPTS = {
+    cli.input_file: {"file", "link-to-file", "fifo", "device"},
+    cli.input_folder: {"folder"},
+    cli.data_folder: {"folder", "read-only"},
+    cli.output_file: {"file", "link-to-file", "fifo", "device"},
+    cli.output_folder: {"folder"},
+}
+
+
+def parse(program: str, argv: list[str], capsys) -> tuple[int, list[str]]:
+    parser = importlib.import_module(program).build_parser()
+    try:
+        parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code, capsys.readouterr().err.splitlines()
+    return 0, capsys.readouterr().err.splitlines()
+
+
+CELLS = [(p, option, kind) for p in PROGRAMS for option, _ in path_options(p) for kind in KINDS]
+
+
+@pytest.mark.parametrize("program, option, kind", CELLS)
+def test_a_hostile_path_is_refused_in_one_line_or_legitimately_taken(program, option, kind, tmp_path, capsys):
+    typed = dict(path_options(program))[option]
+    with contextlib.ExitStack() as stack:
+        path = hostile(kind, tmp_path, stack)
+        before = snapshot(tmp_path)
+        status, err = parse(program, arguments(program, {**REQUIRED.get(program, {}), option: str(path)}), capsys)
+        assert snapshot(tmp_path) == before, f"{program} {option} {kind}: the folder tree changed"
+    if kind in ACCEPTS[typed]:
+        assert all(option not in line for line in err), (program, option, kind, err)
+        return
+    assert status == 2, (program, option, kind, err)
+    assert len(err) == 1 and (option in err[0] or f"argument {option}" in err[0]), (program, option, kind, err)
+    assert str(path) in err[0] and "Traceback" not in err[0]
+
+
+# Options each program requires, with values that parse, for the cells of its other options.
+REQUIRED: dict[str, dict[str, str]] = {}
+
+
+def arguments(program: str, values: dict[str, str]) -> list[str]:
+    """argv of ``values`` (option or positional name -> value), positionals in the parser's order."""
+    parser = importlib.import_module(program).build_parser()
+    positional = [a.dest for a in parser._actions if not a.option_strings]
+    argv = [values[name] for name in positional if name in values]
+    for name, value in values.items():
+        if name.startswith("-"):
+            argv += [name, value]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def required(tmp_path_factory):
+    run = tiny_run(tmp_path_factory.mktemp("run"))
+    data = tiny_test_set(tmp_path_factory.mktemp("data"))
+    text = data / "test_2016_flickr.de"
+    REQUIRED.update({
+        "translate": {"--run": str(run)}, "export_ctranslate2": {"--run": str(run)},
+        "tune_decoding": {"--run": str(run), "--data-dir": str(data)},
+        "plot_attention": {"--run": str(run), "sentence": "A dog."}, "translate_speed": {"--run": str(run)},
+        "bpe_dropout": {"--tokenizer": str(next(run.glob("*.model")))}, "subwords": {"--data-dir": str(data)},
+        "reproduction": {"--run": str(run)}, "score": {"hyp": str(text), "ref": str(text)},
+        "trained": {"--run": str(run), "--trained-at": "abc1234"},
+    })
+    yield
+    REQUIRED.clear()
+
+
+pytestmark = pytest.mark.usefixtures("required")
+
+
+# The programs run to their end in the cells below: each costs well under a second here.
+# program -> (script, {option: what a valid value is}); "out:" values are the program's own
+# outputs, in a folder of their own, which the snapshot leaves out.
+RUN = {
+    "score": ("examples/score.py", {"hyp": "text", "ref": "text"}),
+    "translate": ("examples/translate.py", {"--run": "run", "--checkpoint": "checkpoint", "--tokenizer": "tokenizer",
+                                            "--input": "text", "--output": "out:out.de"}),
+    "recipe": ("benchmarks/recipe.py", {"--record": "points", "--baseline": "points", "--plot": "out:recipe.png"}),
+    "reproduction": ("benchmarks/reproduction.py", {"--run": "run", "--out": "out:kept"}),
+}
+CONTENT_KINDS = ("truncated", "random-bytes", "wrong-json")
+RUN_CELLS = [(p, option, kind) for p, (_, spec) in RUN.items() for option, what in spec.items()
+             for kind in ("link-to-file", "dangling-link", "device", "folder",
+                          *(() if what.startswith("out:") else CONTENT_KINDS))]  # content: of what is read
+
+
+@pytest.fixture(scope="module")
+def valid(tmp_path_factory):
+    """A valid file or folder of each kind the programs above read."""
+    run = tiny_run(tmp_path_factory.mktemp("valid-run"))
+    (run / "bleu.json").write_text(json.dumps({
+        "bleu": 12.5, "bleu_lowercased": 13.0, "steps": 40, "beam": 4, "alpha": 0.6, "test_sentences": 12,
+        "preset": "multi30k", "train_minutes": 1.0, "averaged": ["averaged.npz"], "parts": []}))
+    (run / "test.hyp.de").write_text("Ein Hund.\n" * 12)
+    text = run / "sentences.txt"
+    text.write_text("A dog runs.\nTwo men sit on a bench.\n")
+    points = run / "points.json"
+    points.write_text(json.dumps({"points": [{"split": "val", "steps": 9000, "run": "runs/x", "bleu": 40.0,
+                                              "bleu_lowercased": 40.3, "length_ratio": 0.98, "target_tokens": 2e7,
+                                              "validation_nll": 1.7, "parts": [{"command": "train_wmt.py"}]}]}))
+    return {"run": run, "checkpoint": run / "averaged.npz", "tokenizer": next(run.glob("*.model")), "text": text,
+            "points": points}
+
+
+def content(kind: str, of: pathlib.Path, where: pathlib.Path) -> pathlib.Path:
+    path = where / ("given" + of.suffix)
+    if of.is_dir():  # a run folder whose files are damaged
+        shutil.copytree(of, path)
+        for file in path.iterdir():
+            if file.suffix in (".npz", ".json", ".model"):
+                file.write_bytes(damaged(kind, file.read_bytes()))
+        return path
+    path.write_bytes(damaged(kind, of.read_bytes()))
+    return path
+
+
+def damaged(kind: str, data: bytes) -> bytes:
+    return {"truncated": data[: len(data) // 2], "random-bytes": os.urandom(max(len(data), 64)),
+            "wrong-json": b'[1, "two", null]\n'}[kind]
+
+
+class NoNetwork(AssertionError):
+    pass
+
+
+def kept(tree: dict, output: bool, kind: str) -> dict:
+    """What a run must leave as it was: all but the program's own output folder; where the
+    hostile path is an output, it may be written (a folder's or a file's content; a link's
+    target, for a link to a file) but never replaced by another kind of thing."""
+    out = {}
+    for name, entry in tree.items():
+        if name == "out" or name.startswith("out/"):
+            continue
+        if output and name.startswith("given/"):
+            continue
+        if output and (name == "given" or (kind == "link-to-file" and name in ("outside", "outside/precious.txt"))):
+            entry = entry if entry[0] == "link" else entry[:1]  # its kind alone
+        out[name] = entry
+    return out
+
+
+def resident_bytes() -> int:
+    """This process's address space now (/proc/self/statm's first field, in pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("program, option, kind", RUN_CELLS)
+def test_a_program_run_on_a_hostile_path_ends_in_at_most_three_lines(program, option, kind, valid, tmp_path,
+                                                                      monkeypatch, capsys):
+    script, spec = RUN[program]
+    out = tmp_path / "out"
+    out.mkdir()
+    values = {name: str(out / v[4:]) if v.startswith("out:") else str(valid[v]) for name, v in spec.items()
+              if name not in ("--checkpoint", "--tokenizer") or name == option}
+    with contextlib.ExitStack() as stack:
+        if kind in CONTENT_KINDS:
+            path = content(kind, valid[spec[option]], tmp_path)
+        else:
+            path = hostile(kind, tmp_path, stack)
+        values[option] = str(path)
+        argv = arguments(program, values)
+        watched = {"the cell's folder": tmp_path, "the valid files": valid["run"]}
+        before = {name: snapshot(root) for name, root in watched.items()}
+
+        def no_network(*args, **kwargs):
+            raise NoNetwork("a program tried the network")
+
+        monkeypatch.setattr(socket.socket, "connect", no_network)
+        # A runaway read (an endless device read whole) becomes a MemoryError, not the OOM killer.
+        limit = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (resident_bytes() + (3 << 30), limit[1]))
+        stack.callback(resource.setrlimit, resource.RLIMIT_AS, limit)
+        monkeypatch.setattr(sys, "argv", [str(ROOT / script), *argv])
+        previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(f"{program} hung")))
+        signal.alarm(60)
+        try:
+            runpy.run_path(str(ROOT / script), run_name="__main__")
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+            if e.code not in (None, 0, 1, 2) and not isinstance(e.code, int):
+                sys.stderr.write(str(e.code) + "\n")  # SystemExit("error: ...") prints its message
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        after = {name: snapshot(root) for name, root in watched.items() if name != "the cell's folder"}
+        cell = kept(snapshot(tmp_path), spec[option].startswith("out:"), kind)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "EMULATED" not in line]
+    assert status in (0, 1, 2), (program, option, kind, status, err)
+    assert "Traceback" not in "\n".join(err), (program, option, kind, err)
+    errors = [line for line in err if "error" in line.lower()]
+    assert len(errors) <= 3, (program, option, kind, err)
+    assert cell == kept(before["the cell's folder"], spec[option].startswith("out:"), kind), \
+        f"{program} {option} {kind}: something outside its outputs changed"
+    assert after["the valid files"] == before["the valid files"], f"{program} {option} {kind}: its inputs changed"
