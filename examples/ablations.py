@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=cli.integer(1), default=BASE[field], help=f"the base row's {field}")
     # As train_wmt.py reads them (not given: the multi30k preset's, or no limit); a BPE vocabulary
     # has the 4 special ids and at least one piece more.
-    for flag, kind in (("--warmup", cli.integer(1)), ("--lr-factor", cli.real(0.0, 100.0, low_open=True)),
+    for flag, kind in (("--warmup", cli.integer(1)), ("--lr-factor", cli.real(0.0, 1e100, low_open=True)),
                        ("--max-tokens", cli.integer(1)), ("--vocab-size", cli.integer(5)),
                        ("--limit-train", cli.integer(1)), ("--limit-val", cli.integer(1))):
         p.add_argument(flag, type=kind,

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-smoothing", type=cli.real(0.0, 1.0, high_open=True), default=0.1,
                    help="epsilon_ls, in [0, 1)")
     p.add_argument("--warmup", type=cli.integer(1), default=200, help="warmup steps of the schedule")
-    p.add_argument("--lr-factor", type=cli.real(0.0, 100.0, low_open=True), default=1.0,
+    p.add_argument("--lr-factor", type=cli.real(0.0, 1e100, low_open=True), default=1.0,
                    help="scale of the paper's schedule")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model trains")
     p.add_argument("--seed", type=cli.integer(0), default=0, help="seeds the model, the data and the evaluation")

@@ -202,7 +202,9 @@ def build_parser() -> cli.ArgumentParser:
                         "|Y|^alpha (its --lenpen) (default: the preset's)")
     p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
     lr = p.add_mutually_exclusive_group()
-    lr.add_argument("--lr-factor", type=cli.real(0.0, 100.0, low_open=True),
+    # Any finite rate computes (a runaway one is what the divergence detector stops); 1e100 keeps
+    # the schedule's products finite.
+    lr.add_argument("--lr-factor", type=cli.real(0.0, 1e100, low_open=True),
                     help="scale of the schedule of section 5.3 (default: the preset's)")
     lr.add_argument("--peak-lr", type=cli.real(0.0, 1.0, low_open=True),
                     help="the schedule's largest rate, reached at the end of --warmup, as fairseq's --lr with "

@@ -120,7 +120,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--tokenizer", type=cli.input_file, help="sentencepiece .model file (overrides --run's)")
     p.add_argument("--input", type=cli.input_file, help="one sentence a line: a file, or a pipe (default: stdin)")
     p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
-                   "a stopped run leaves what it finished in OUTPUT.partial")
+                   "a stopped run leaves what it finished in OUTPUT.partial; a link is written through to its file; "
+                   "a FIFO or a device is written as a stream, as the lines come (no whole-or-nothing swap is possible "
+                   "there)")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' and activations' dtype for decoding (16-bit: for GPUs)")

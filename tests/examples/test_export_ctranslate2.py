@@ -122,9 +122,9 @@ def test_a_checkpoint_with_non_finite_weights_is_not_exported(tmp_path):
     assert not (run / "ctranslate2").exists()
 
 
-def test_threads_beyond_the_cores_are_refused():
+def test_threads_beyond_the_cores_are_refused(tmp_path):
     parser = export_ctranslate2.build_parser()
     cores = os.cpu_count()
-    assert parser.parse_args(["--run", "r", "--threads", str(cores)]).threads == cores
+    assert parser.parse_args(["--run", str(tmp_path), "--threads", str(cores)]).threads == cores
     with pytest.raises(SystemExit):
-        parser.parse_args(["--run", "r", "--threads", str(cores + 1)])
+        parser.parse_args(["--run", str(tmp_path), "--threads", str(cores + 1)])

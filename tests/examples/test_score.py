@@ -56,9 +56,10 @@ def test_files_of_different_lengths_are_one_line_naming_both(tmp_path):
     last = out.stderr.strip().splitlines()[-1]  # after the emulated device's banner
     assert last == f"error: {hyp} has 1 lines but {ref} has 2: one translation a reference, line by line"
     assert "Traceback" not in out.stderr
-    missing = score(tmp_path / "none.de", ref)
-    assert missing.returncode == 1 and "Traceback" not in missing.stderr
-    assert "none.de" in missing.stderr.strip().splitlines()[-1]
+    missing = score(tmp_path / "none.de", ref)  # refused when parsed
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"score.py: error: argument hyp: {tmp_path / 'none.de'}: no such file (see --help)")
 
 
 def test_a_pipe_is_read_and_a_folder_refused_in_one_line(tmp_path):
@@ -74,5 +75,5 @@ def test_a_pipe_is_read_and_a_folder_refused_in_one_line(tmp_path):
     assert proc.returncode == 0, err
     assert figures(out)["cased"] == f"{bleu(HYPS, REFS)[0]:.2f}"
     folder = score(tmp_path, ref)
-    assert folder.returncode == 1 and folder.stderr.strip().splitlines()[-1] == (
-        f"error: {tmp_path} is a folder, not a file of sentences")
+    assert folder.returncode == 2 and folder.stderr.strip().splitlines()[-1] == (
+        f"score.py: error: argument hyp: {tmp_path} is a folder, not a file (see --help)")
