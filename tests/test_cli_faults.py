@@ -204,12 +204,16 @@ RUN = {
     "reproduction": ("benchmarks/reproduction.py", {"--run": "run", "--out": "out:kept"}),
     "tune_decoding": ("examples/tune_decoding.py", {"--run": "run", "--data-dir": "data", "--beam": "arg:2",
                                                     "--average": "arg:1"}),
+    "plot_attention": ("examples/plot_attention.py", {"sentence": "arg:A dog runs.", "--run": "run",
+                                                      "--out": "out:maps", "--beam": "arg:1"}),
+    "bleu_tokens": ("benchmarks/bleu_tokens.py", {"--run": "run", "--data-dir": "data", "--record": "out:points.json",
+                                                  "--plot": "out:curve.png", "--no-progress": "flag"}),
 }
 # What a program writes into a folder it reads: its outputs there (tune_decoding's sweep).
 WRITES_INTO_INPUTS = {"tune_decoding": ("decoding_sweep.json", ".hyp", ".tmp-")}
 CONTENT_KINDS = ("truncated", "random-bytes", "wrong-json")
 RUN_CELLS = [(p, option, kind) for p, (_, spec) in RUN.items() for option, what in spec.items()
-             if not what.startswith("arg:") for kind in ("link-to-file", "dangling-link", "device", "folder",
+             if not what.startswith("arg:") and what != "flag" for kind in ("link-to-file", "dangling-link", "device", "folder",
                           *(() if what.startswith("out:") else CONTENT_KINDS))]  # content: of what is read
 
 
@@ -222,6 +226,9 @@ def valid(tmp_path_factory):
         "bleu": 12.5, "bleu_lowercased": 13.0, "steps": 40, "beam": 4, "alpha": 0.6, "test_sentences": 12,
         "preset": "multi30k", "train_minutes": 1.0, "averaged": ["averaged.npz"], "parts": []}))
     (run / "test.hyp.de").write_text("Ein Hund.\n" * 12)
+    (run / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"kind": "start", "command": "train_wmt.py"}, {"kind": "train", "step": 40, "tokens": 300},
+        {"kind": "val", "step": 40, "loss": 2.5})))
     text = run / "sentences.txt"
     text.write_text("A dog runs.\nTwo men sit on a bench.\n")
     points = run / "points.json"
@@ -282,14 +289,15 @@ def test_a_program_run_on_a_hostile_path_ends_in_at_most_three_lines(program, op
     out = tmp_path / "out"
     out.mkdir()
     values = {name: str(out / v[4:]) if v.startswith("out:") else v[4:] if v.startswith("arg:") else str(valid[v])
-              for name, v in spec.items() if name not in ("--checkpoint", "--tokenizer") or name == option}
+              for name, v in spec.items() if v != "flag" and (name not in ("--checkpoint", "--tokenizer") or name == option)}
+    flags = [name for name, v in spec.items() if v == "flag"]
     with contextlib.ExitStack() as stack:
         if kind in CONTENT_KINDS:
             path = content(kind, valid[spec[option]], tmp_path)
         else:
             path = hostile(kind, tmp_path, stack)
         values[option] = str(path)
-        argv = arguments(program, values)
+        argv = arguments(program, values) + flags
         watched = {"the cell's folder": tmp_path, "the valid files": valid["run"], "the valid data": valid["data"]}
         before = {name: snapshot(root) for name, root in watched.items()}
 
