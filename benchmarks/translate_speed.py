@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then decode once more, ours alone, and print the seconds each part of the search took")
     p.add_argument("--engines", choices=("all", "ours"), default="all",
                    help="ours: time our search alone (CTranslate2 is not exported or run)")
-    p.add_argument("--hyps", type=cli.input_file, help="write our hypotheses here, one line of token ids per sentence (to compare "
+    p.add_argument("--hyps", type=cli.output_file, help="write our hypotheses here, one line of token ids per sentence (to compare "
                    "two commits' outputs)")
     return p
 

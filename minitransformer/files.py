@@ -88,7 +88,7 @@ def _owner_alive(pid: int, start: str | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: alive
-        pass
+        return True
     return True
 
 

@@ -257,7 +257,7 @@ def damaged(kind: str, data: bytes) -> bytes:
 
 
 class NoNetwork(AssertionError):
-    pass
+    """A program of the suite tried to open a connection."""
 
 
 def kept(tree: dict, output: bool, kind: str) -> dict:
