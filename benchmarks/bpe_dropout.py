@@ -22,9 +22,9 @@ from minitransformer import cli, data
 from minitransformer.data.bpe_dropout import BPEDropout
 
 
-def measure(tokenizer: str, sentences: list[str], rates: list[float], seed: int) -> dict:
+def measure(tokenizer: data.Tokenizer, sentences: list[str], rates: list[float], seed: int) -> dict:
     """Relative lengths {rate: {"paper": r, "sentencepiece": r}}."""
-    sp = spm.SentencePieceProcessor(model_file=tokenizer)
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer.path))  # its own sampler, which Tokenizer hides
     total = sum(map(len, sp.encode(sentences)))
     paper = BPEDropout(sp)
     result = {}
@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    tokenizer = data.Tokenizer(args.tokenizer)  # a damaged model or other special ids: one line, before the corpus
     train = data.load_multi30k(args.data_dir, "train")
     n = min(args.sentences, len(train))
-    result = measure(args.tokenizer, list(train.src[:n]) + list(train.tgt[:n]), args.rates, args.seed)
+    result = measure(tokenizer, list(train.src[:n]) + list(train.tgt[:n]), args.rates, args.seed)
     print(f"pieces per sentence relative to the deterministic BPE, {n} training pairs, both sides")
     print(f"{'rate':>6}  {'paper (ours)':>12}  {'sentencepiece':>13}")
     for rate, row in result.items():
@@ -61,4 +62,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, user_errors=(data.CorpusError,))

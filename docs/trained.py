@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     if not os.path.isfile(bleu_path):
         raise CheckpointError(f"{bleu_path}: no such file; the run has not finished (train_wmt.py writes it last)")
     bleu = records.read_result(bleu_path)
+    if bleu["bleu"] is None:
+        raise records.RecordError(f"{bleu_path}: no cased BLEU (a {bleu.get('preprocess', 'lowercased')} run); "
+                                  "the page shows a run of the README's main job, which is cased")
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)

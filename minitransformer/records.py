@@ -34,9 +34,11 @@ LOG_ROW = Schema({
 
 RESULT = Schema({
     "type": "object",
-    "required": ["bleu", "bleu_lowercased", "steps", "beam", "alpha", "test_sentences"],
+    "required": ["bleu", "signature", "bleu_lowercased", "signature_lowercased", "steps", "beam", "alpha",
+                 "test_sentences"],
     "properties": {
         "bleu": _NUMBER_OR_NULL, "bleu_lowercased": {"type": "number"}, "literature": {"type": "number"},
+        "signature_lowercased": {"type": "string"}, "signature_literature": {"type": "string"},
         "length_ratio": {"type": "number"}, "steps": INTEGER_FROM_0, "beam": INTEGER_FROM_1,
         "alpha": {"type": "number", "minimum": 0}, "test_sentences": INTEGER_FROM_1,
         "signature": {"type": ["string", "null"]}, "preset": {"type": ["string", "null"]},

@@ -101,8 +101,10 @@ class Tokenizer:
 
     def __init__(self, model_path: str | Path):
         self.path = Path(model_path)
-        if not self.path.is_file():
+        if not self.path.exists():
             raise FileNotFoundError(f"tokenizer model not found: {self.path}")
+        if not self.path.is_file():  # a device or a FIFO would be read without end
+            raise TokenizerError(f"{self.path} is not a regular file, so not a sentencepiece model")
         try:
             self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
         except (RuntimeError, OSError, ValueError) as e:

@@ -51,9 +51,10 @@ def test_an_unfinished_run_is_refused_in_one_line(tmp_path):
     ("oops", "bleu.json: not JSON"), ("[]", "bleu.json: the content must be object"),
     ('{"preset": "multi30k-tiny"}', r"bleu.json: the content must contain \[.*'bleu_lowercased'"),
     ('{"bleu": NaN}', "bleu.json: not JSON .*NaN"),
-    ('{"bleu": 1, "bleu_lowercased": 1, "steps": "9", "beam": 4, "alpha": 1, "test_sentences": 9}',
-     r"bleu.json: steps must be integer \(got '9'\)"),
-    ('{"bleu": 1, "bleu_lowercased": 1, "steps": 9, "beam": 4, "alpha": 1, "test_sentences": 9}',
+    ('{"bleu": 1, "signature": "s", "bleu_lowercased": 1, "signature_lowercased": "s", "steps": "9", "beam": 4, '
+     '"alpha": 1, "test_sentences": 9}', r"bleu.json: steps must be integer \(got '9'\)"),
+    ('{"bleu": 1, "signature": "s", "bleu_lowercased": 1, "signature_lowercased": "s", "steps": 9, "beam": 4, '
+     '"alpha": 1, "test_sentences": 9}',
      "no preset, train_minutes, averaged")])
 def test_a_bleu_json_that_is_not_a_run_s_is_refused_in_one_line(tmp_path, text, why):
     (tmp_path / "run").mkdir()

@@ -75,3 +75,19 @@ def test_the_build_shows_them_and_fails_without_them(rendered, tmp_path):
     assert html.escape(record["walk"]["translation"]) in text and 'class="pad"' in text and "sentence BLEU" in text
     with pytest.raises(build.BuildError, match=r"index\.md:3: no .*trained\.json"):
         build.Site(str(tmp_path / "site2"), str(pictures), str(pages), trained=str(tmp_path / "none")).build()
+
+
+def test_a_lowercased_run_is_refused_in_one_line_before_any_decoding(rendered, tmp_path):
+    run, corpus, _ = rendered
+    lowercased = tmp_path / "run"
+    lowercased.mkdir()
+    for f in run.iterdir():
+        os.symlink(f, lowercased / f.name)
+    os.unlink(lowercased / "bleu.json")
+    (lowercased / "bleu.json").write_text(json.dumps({
+        "bleu": None, "signature": None, "bleu_lowercased": 40.0, "signature_lowercased": "nrefs:1|case:lc",
+        "steps": 40, "test_sentences": 12, "beam": 5, "alpha": 1.0, "preprocess": "moses-lc"}))
+    with pytest.raises(trained.records.RecordError, match=r"bleu.json: no cased BLEU \(a moses-lc run\)"):
+        trained.main(["--run", str(lowercased), "--trained-at", "abc1234", "--data-dir", str(corpus),
+                      "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
