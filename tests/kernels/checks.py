@@ -150,6 +150,40 @@ def check(name: str, dtype: str, got, ref, naive=None, slack: float = 0.0):
     assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 2 ulp + 2 x slack {slack:.3g}"
 
 
+# --------------------------------------------------------------------------- rounding, not error bounds
+# A conversion that truncates instead of rounding to nearest even moves every 16-bit output
+# towards zero by half a unit in the last place on average: inside check's bound (two ulps)
+# for each element, plain in the mean over many. RNE's errors average to zero.
+
+MANTISSA_BITS = {"float16": 10, "bfloat16": 7}
+MIN_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126}
+BIAS_OUTPUTS = 100_000  # outputs a bias is measured over: its standard error is then ~0.001 ulp
+BIAS_LIMIT = 0.05  # ulps; truncation gives about -0.5
+
+
+def rounding_bias(got, ref, dtype: str) -> tuple[float, int]:
+    """(mean signed error in ulps, outputs counted) of a 16-bit output against float64: each
+    error (got - ref) * sign(ref) in units of the 16-bit type's ulp at |ref|, so that a shift
+    towards zero is negative whatever the signs. Counted: normal references at least 1/64 of
+    the largest (where the kernel's own float32 arithmetic is far below a 16-bit ulp), errors
+    clipped to 8 ulps (a few cancellations must not decide the mean)."""
+    got = got if isinstance(got, np.ndarray) and got.dtype == np.float64 else host64(got)
+    ref = np.asarray(ref, np.float64)
+    a = np.abs(ref)
+    counted = np.isfinite(ref) & (a >= MIN_NORMAL[dtype]) & (a >= a.max(initial=0.0) / 64)
+    ulp = np.exp2(np.floor(np.log2(a[counted])) - MANTISSA_BITS[dtype])
+    err = np.clip((got[counted] - ref[counted]) * np.sign(ref[counted]) / ulp, -8, 8)
+    return float(err.mean()) if err.size else 0.0, int(err.size)
+
+
+def check_rounding(name: str, dtype: str, got, ref) -> None:
+    """The mean signed error of a 16-bit output over at least BIAS_OUTPUTS is within BIAS_LIMIT ulps."""
+    bias, n = rounding_bias(got, ref, dtype)
+    assert n >= BIAS_OUTPUTS, f"{name} ({dtype}): {n} outputs counted, fewer than {BIAS_OUTPUTS}"
+    assert abs(bias) <= BIAS_LIMIT, \
+        f"{name} ({dtype}): mean signed error {bias:+.3f} ulp over {n} outputs (rounding towards zero?)"
+
+
 # --------------------------------------------------------------------------- naive, same precision
 # Inputs are float32 arrays holding 16-bit values; rnd rounds each stored intermediate.
 

@@ -117,10 +117,10 @@ def attention_tiles(C, dtype: str, D: int, limits=LIMITS) -> dict[tuple, int]:
 def attention_boundaries(tiles: tuple) -> list[tuple]:
     """(B, T, S, lens, causal) at every boundary of one way of tiling, (forward tile, backward
     tile). For each tile size m (of either pass):
-      - causal, S - T = 0, 1 and m - 1 modulo m, with T > S and T < S: the last key that a tile
-        of queries sees (query i sees keys j <= i + S - T) is then the last of a key tile, the
-        first of a new one, or the one before the last; and the first query that a tile of keys
-        meets falls on the first row of a query tile, the second, or the last;
+      - causal, two sequences, S - T = 0, 1 and m - 1 modulo m, with T > S and T < S: the last
+        key that a tile of queries sees (query i sees keys j <= i + S - T) is then the last of a
+        key tile, the first of a new one, or the one before the last; and the first query that a
+        tile of keys meets falls on the first row of a query tile, the second, or the last;
       - T and every row's kv_len at multiples of m and one either side, in batches that mix
         kv_len 0, 1 and full, causal and not."""
     (fr, fc), (br, bc) = tiles
@@ -128,7 +128,7 @@ def attention_boundaries(tiles: tuple) -> list[tuple]:
     cases = []
     for m in sorted({fr, fc, br, bc}):
         for r in (0, 1, m - 1):
-            cases += [(1, T, S, None, True) for S in (T + r, T + m + r, T - m + r) if S > 0]
+            cases += [(2, T, S, None, True) for S in (T + r, T + m + r, T - m + r) if S > 0]
         for n in (m - 1, m, m + 1, 2 * m - 1, 2 * m, 2 * m + 1):
             S = 2 * m + 1
             cases += [(4, n, S, [0, 1, min(n, S), S], causal) for causal in (False, True)]
@@ -141,16 +141,41 @@ def attention_boundaries(tiles: tuple) -> list[tuple]:
 DECODE_LENGTHS = (1, 64, 65, 128, 129, 257)
 
 
+# What fills the rows of K and V past a row's kv_len (``poisoned``): NaN, and the largest finite
+# value, whose square overflows a score.
+POISONS = ("nan", "max")
+
+
+def poisoned(k, v, lens, dtype, poison):
+    """k and v with every row past its batch's kv_len set to ``poison`` (POISONS): padding
+    that a kernel must never read, as a reused allocation or an overflowed activation holds
+    on a GPU. (Q, dO and O have no rows past T, nor any array a column past D: they are
+    exactly sized here, and a read past them falls in AddressSanitizer's redzone.)"""
+    if lens is None or poison is None:
+        return
+    if poison == "nan":
+        fill = checks.to_kernel(np.full(1, np.nan, np.float32), dtype)[0]
+    elif dtype == "bfloat16":
+        fill = np.uint16(0x7F7F)  # its largest finite value (float32's maximum rounds to inf)
+    else:
+        fill = np.finfo(dtype).max
+    for b, n in enumerate(lens):
+        k[b, :, n:] = v[b, :, n:] = fill
+
+
 def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, smem_limit=LIMITS[-1],
-                    magnitude=1.0, drop_seed=None):
+                    magnitude=1.0, drop_seed=None, poison=None):
     """Forward and backward against the formulas; with dropout, against the NumPy twin with the
     same seed (float32: its Philox bits agree exactly; 16-bit: the naive implementation uses
     the twin's dropout factors). ``magnitude`` scales q and k, and the scores by its square;
-    ``drop_seed`` is the dropout's seed (default: drawn from ``seed``)."""
+    ``drop_seed`` is the dropout's seed (default: drawn from ``seed``); ``poison`` fills the
+    padding rows of k and v (``poisoned``), which the references never see."""
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
     (v, v64), (do, do64) = (randn(rng, s, dtype) for s in ((B, H, S, D), (B, H, T, D)))
     drop_seed = int(rng.integers(0, 2**63 - 1)) if drop_seed is None else drop_seed
+    clean = (to_f32(k), to_f32(v)) if dtype != "float32" else (None, None)  # for the naive reference
+    poisoned(k, v, lens, dtype, poison)
     o, lse, dq, dk, dv = attention(C, q, k, v, do, lens, causal, dtype, dropout_p, drop_seed, smem_limit)
     z = None
     if dropout_p:
@@ -167,7 +192,7 @@ def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, 
     np.testing.assert_allclose(lse[finite], lse_r[finite], rtol=1e-4, atol=1e-4)
     naive, slack = [None] * 4, [0.0] * 4
     if dtype != "float32":
-        naive = naive_attention(*(to_f32(a) for a in (q, k, v, do)), lens, causal, rounder(dtype), z)
+        naive = naive_attention(to_f32(q), *clean, to_f32(do), lens, causal, rounder(dtype), z)
         slack = checks.attention_grad_slack(q64, k64, o, do64, lens, causal, dtype)
     for name, got, ref, nv, sl in zip(["attention"] + ["attention_grad"] * 3, (o, dq, dk, dv), refs, naive, slack):
         check(name, dtype, got, ref, nv, sl)
@@ -184,17 +209,16 @@ def attention_naive(C, q, k, v, lens, causal, dtype):
     return o
 
 
-def check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed, magnitude=1.0):
+def check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed, magnitude=1.0, poison="nan"):
     """The naive kernels' output against the formula (16-bit: against twice the error of the
-    same-precision naive implementation); padding rows of k and v hold NaN, which must not be
-    read. ``magnitude`` scales q and k, and the scores by its square."""
+    same-precision naive implementation); padding rows of k and v hold ``poison``
+    (``poisoned``), which must not be read. ``magnitude`` scales q and k, and the scores by its
+    square."""
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
     v, v64 = randn(rng, (B, H, S, D), dtype)
     naive = checks.naive_attention_output(q, k, v, lens, causal, dtype)  # before the padding is poisoned
-    nan = checks.to_kernel(np.full(1, np.nan, np.float32), dtype)[0]
-    for b, n in enumerate([S] * B if lens is None else lens):
-        k[b, :, n:] = v[b, :, n:] = nan
+    poisoned(k, v, lens, dtype, poison)
     o = attention_naive(C, q, k, v, lens, causal, dtype)
     check("attention", dtype, o, formulas.attention(q64, k64, v64, lens, causal)[0], naive)
 
@@ -284,3 +308,51 @@ def check_cross_entropy(C, dtype, N, V, eps, use_ignore, inplace, nll, seed, spr
     if nll:
         check("cross_entropy", dtype, nll_out.astype(np.float64),
               formulas.cross_entropy(z64, t, 0.0, ignore)[0], naive[2])
+
+
+# --------------------------------------------------------------------------- rounding
+# Shapes of at least checks.BIAS_OUTPUTS outputs, inputs of one scale (so that nearly every
+# output is counted: checks.rounding_bias), each kernel's 16-bit outputs against float64.
+
+
+def rounding_of_attention(C, dtype, seed=0):
+    """{output: (kernel's, float64's)} of forward and backward, B=2, H=4, T=S=256, D=64."""
+    rng = np.random.default_rng(seed)
+    (q, q64), (k, k64), (v, v64), (do, do64) = (randn(rng, (2, 4, 256, 64), dtype) for _ in range(4))
+    o, _, dq, dk, dv = attention(C, q, k, v, do, None, False, dtype)
+    o_r, _, dq_r, dk_r, dv_r = formulas.attention(q64, k64, v64, None, False, dout=do64)
+    return {"O": (o, o_r), "dQ": (dq, dq_r), "dK": (dk, dk_r), "dV": (dv, dv_r)}
+
+
+def rounding_of_softmax(C, dtype, seed=0):
+    """{output: (kernel's, float64's)}, and y's rows: N=128 rows of V=1024 logits of spread 0.5."""
+    rng = np.random.default_rng(seed)
+    (x, x64), (g, g64) = logits(rng, (128, 1024), dtype, 0.5), randn(rng, (128, 1024), dtype)
+    y, dx = device_empty(x.shape, x.dtype), device_empty(x.shape, x.dtype)
+    C.softmax_forward(ptr(x), 0, ptr(y), CODE[dtype], 128, 1024, 1.0, 0)
+    C.softmax_backward(ptr(y), ptr(g), ptr(dx), CODE[dtype], 128, 1024, 1.0, 0)
+    y_r = formulas.softmax(x64, None, 1.0)
+    y64 = checks.host64(y)  # dx is the kernel's formula of its own 16-bit y
+    return {"y": (y, y_r), "dx": (dx, y64 * (g64 - (g64 * y64).sum(axis=1, keepdims=True)))}
+
+
+def rounding_of_layernorm(C, dtype, seed=0):
+    """{output: (kernel's, float64's)}: y of N=128 rows of D=1024, with weight and bias."""
+    rng = np.random.default_rng(seed)
+    (x, x64), (w, w64), (b, b64) = randn(rng, (128, 1024), dtype), randn(rng, (1024,), dtype), randn(rng, (1024,), dtype)
+    y, mean, rstd = device_empty(x.shape, x.dtype), device_empty(128, np.float32), device_empty(128, np.float32)
+    C.layernorm_forward(ptr(x), ptr(w), ptr(b), ptr(y), ptr(mean), ptr(rstd), CODE[dtype], 128, 1024, 1e-5, 0)
+    return {"y": (y, formulas.layer_norm(x64, w64, b64, 1e-5))}
+
+
+def rounding_of_cross_entropy(C, dtype, seed=0):
+    """{output: (kernel's, float64's)}: the gradient of N=128 rows of V=1024 logits, eps 0.1,
+    at the entries that are not a row's target."""
+    rng = np.random.default_rng(seed)
+    z, z64 = logits(rng, (128, 1024), dtype, 0.5)
+    t, _ = checks.targets(rng, 128, 1024, False)
+    target, loss, grad = device_copy(t.astype(np.int64)), device_empty(128, np.float32), device_empty(z.shape, z.dtype)
+    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), 0, ptr(grad),
+                            CODE[dtype], 128, 1024, 0.1, False, 0, 0)
+    others = np.arange(1024)[None, :] != t[:, None]  # the target's entry, near -1, would set the scale
+    return {"grad": (checks.host64(grad)[others], formulas.cross_entropy(z64, t, 0.1, None)[1][others])}

@@ -189,18 +189,22 @@ def emulator_case(draw, head_dims):
 @given(data=st.data(), limit=st.sampled_from(LIMITS), seed=seeds)
 def test_attention_kernels(C, dtype, data, limit, seed):
     case = data.draw(emulator_case(C.limits()["attention_head_dims"]))  # every dim csrc/limits.cuh names
-    emulated.check_attention(C, dtype, *case, seed, smem_limit=limit)
+    emulated.check_attention(C, dtype, *case, seed, smem_limit=limit,
+                             poison=data.draw(st.sampled_from((None, *emulated.POISONS))))
 
 
 def check_cases(C, dtype, cases, **kwargs):
-    """check_attention on each (D, limit, B, T, S, lens, causal), naming the case that fails."""
-    for D, limit, B, T, S, lens, causal in cases:
+    """check_attention on each (D, limit, B, T, S, lens, causal) at H = 3 heads, naming the case
+    that fails; the padding rows of K and V hold NaN in one case and the largest finite value
+    in the next (emulated.poisoned), so that each way of tiling meets both."""
+    for n, (D, limit, B, T, S, lens, causal) in enumerate(cases):
+        poison = emulated.POISONS[n % 2]
         try:
-            emulated.check_attention(C, dtype, B, 1, T, S, D, lens, causal, seed=T * 1000 + S,
-                                     smem_limit=limit, **kwargs)
+            emulated.check_attention(C, dtype, B, 3, T, S, D, lens, causal, seed=T * 1000 + S,
+                                     smem_limit=limit, poison=poison, **kwargs)
         except AssertionError as e:
-            raise AssertionError(f"D={D}, smem_limit={limit}, B={B}, T={T}, S={S}, lens={lens}, "
-                                 f"causal={causal}: {e}") from None
+            raise AssertionError(f"D={D}, smem_limit={limit}, B={B}, H=3, T={T}, S={S}, lens={lens}, "
+                                 f"causal={causal}, padding {poison}: {e}") from None
 
 
 def every_tiling(C, dtype):
@@ -312,6 +316,14 @@ def test_attention_falls_back_to_the_composite_op_with_one_warning(C, limit, fun
         assert warned == [f"warning: fused attention: {smallest['kernel']} needs {smallest['smem']} "
                           f"bytes of shared memory per block, the device allows {limit}; "
                           f"scaled_dot_product_attention uses the composite op instead"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_attention_rounds_its_16_bit_outputs_to_nearest_even(C, dtype):
+    """No output is biased towards zero (a truncating conversion): checks.check_rounding."""
+    outputs = emulated.rounding_of_attention(C, dtype)
+    for name, (got, ref) in outputs.items():
+        checks.check_rounding(f"attention {name}", dtype, got, ref)
 
 
 # --------------------------------------------------------------------------- kernels on the device

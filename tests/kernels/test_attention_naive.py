@@ -67,19 +67,23 @@ BLOCK_EDGES = [(1, 1, T, S, D, None, False) for T, S, D in
                ((16, 16, 1), (15, 17, 1), (257, 1, 1), (255, 1, 1), (128, 2, 2), (1, 257, 1), (256, 1, 1))]
 MASK_EDGES = (
     [(1, 2, T, S, 8, None, True) for T in (1, 20) for S in (T, T + 1, T - 1, T + 7, T - 7) if S > 0]
-    + [(4, 1, T, 9, 8, [0, 1, 8, 9], causal) for T in (1, 8, 9, 10) for causal in (False, True)]
-    + [(B, 1, 1, S, 8, lens, causal) for S in emulated.DECODE_LENGTHS for causal in (True, False)
+    + [(4, 3, T, 9, 8, [0, 1, 8, 9], causal) for T in (1, 8, 9, 10) for causal in (False, True)]
+    + [(B, 3, 1, S, 8, lens, causal) for S in emulated.DECODE_LENGTHS for causal in (True, False)
        for B, lens in ((1, None), (2, (S, S - 1)))]
 )
 HEAD_DIMS = [(1, 1, 5, 7, D, [7], True) for D in (1, 3, 31, 32, 64, 65, 128)]
 
 
 def check_cases(C, dtype, cases, **kwargs):
-    for B, H, T, S, D, lens, causal in cases:
+    """check_attention_naive on each case, the padding NaN and the largest finite value in turn."""
+    for n, (B, H, T, S, D, lens, causal) in enumerate(cases):
+        poison = emulated.POISONS[n % 2]
         try:
-            emulated.check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed=T * 1000 + S, **kwargs)
+            emulated.check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed=T * 1000 + S,
+                                           poison=poison, **kwargs)
         except AssertionError as e:
-            raise AssertionError(f"B={B}, H={H}, T={T}, S={S}, D={D}, lens={lens}, causal={causal}: {e}") from None
+            raise AssertionError(f"B={B}, H={H}, T={T}, S={S}, D={D}, lens={lens}, causal={causal}, "
+                                 f"padding {poison}: {e}") from None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -75,6 +75,31 @@ def test_cross_entropy_kernel_across_the_range(C, dtype, V, eps):
             emulated.check_cross_entropy(C, dtype, 7, V, eps, use_ignore, inplace, True, V, spread, offset)
 
 
+def test_cross_entropy_smoothing_constants_at_a_realistic_vocabulary(C):
+    """eps / V, not eps / (V - 1), at V = 1,000, where the two differ by 1e-7 an entry: below
+    the gradient's tolerance, but not in its row sums, which the smoothed target's mass makes
+    exactly 0 (eps / (V - 1) leaves -1e-4; float32 leaves < 1e-6), nor in the loss's mean term
+    at logits around 10 (a 1 / (V - 1) there moves the loss by ~1e-4)."""
+    N, V = 64, 1000
+    rng = np.random.default_rng(0)
+    z, z64 = emulated.logits(rng, (N, V), "float32", 1.0, 10.0)
+    t, _ = checks.targets(rng, N, V, False)
+    target = emulated.device_copy(t.astype(np.int64))
+    loss, grad = emulated.device_empty(N, np.float32), emulated.device_empty((N, V), np.float32)
+    C.cross_entropy_forward(*map(emulated.ptr, (z, target, loss)), 0, emulated.ptr(grad), 0, N, V, 0.1, False, 0, 0)
+    loss_r, _ = formulas.cross_entropy(z64, t, 0.1, None)
+    assert np.abs(grad.astype(np.float64).sum(axis=1)).max() <= 1e-5
+    np.testing.assert_allclose(loss, loss_r, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cross_entropy_rounds_its_16_bit_outputs_to_nearest_even(C, dtype):
+    """No output is biased towards zero (a truncating conversion): checks.check_rounding."""
+    outputs = emulated.rounding_of_cross_entropy(C, dtype)
+    for name, (got, ref) in outputs.items():
+        checks.check_rounding(f"cross_entropy {name}", dtype, got, ref)
+
+
 # --------------------------------------------------------------------------- kernels on the device
 
 

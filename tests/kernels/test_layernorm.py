@@ -15,6 +15,7 @@ import minitransformer.functional as F
 from minitransformer import kernels
 from minitransformer.kernels import reference as R
 
+import checks
 import emulated
 from minitransformer.kernels.reference import formulas
 from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
@@ -95,6 +96,14 @@ def test_layernorm_kernels_on_constant_and_narrow_rows(C, dtype, D):
     for spread, offset in ((0.0, 3.0), (0.1, 1.0), (1e-3, 0.0)):
         for limit in LIMITS:
             emulated.check_layernorm(C, dtype, 13, D, True, D, smem_limit=limit, spread=spread, offset=offset)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_layernorm_rounds_its_16_bit_outputs_to_nearest_even(C, dtype):
+    """No output is biased towards zero (a truncating conversion): checks.check_rounding."""
+    outputs = emulated.rounding_of_layernorm(C, dtype)
+    for name, (got, ref) in outputs.items():
+        checks.check_rounding(f"layernorm {name}", dtype, got, ref)
 
 
 # --------------------------------------------------------------------------- kernels on the device

@@ -70,6 +70,20 @@ def test_softmax_kernels_across_the_range(C, dtype, V):
             emulated.check_softmax(C, dtype, 5, V, masked, 1.0, V, spread, offset)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_softmax_rounds_its_16_bit_outputs_to_nearest_even(C, dtype):
+    """No output is biased towards zero (a truncating conversion): checks.check_rounding. The rows of
+    y sum to 1 within the spread of their elements' roundings to nearest (five standard deviations
+    of a sum of independent errors, each uniform over one ulp)."""
+    outputs = emulated.rounding_of_softmax(C, dtype)
+    for name, (got, ref) in outputs.items():
+        checks.check_rounding(f"softmax {name}", dtype, got, ref)
+    y = checks.host64(outputs["y"][0])
+    ulp = np.exp2(np.floor(np.log2(y)) - checks.MANTISSA_BITS[dtype])
+    spread = 5 * np.sqrt((ulp**2 / 12).sum(axis=1))
+    assert (np.abs(y.sum(axis=1) - 1) <= spread).all(), np.abs(y.sum(axis=1) - 1).max()
+
+
 # --------------------------------------------------------------------------- kernels on the device
 
 
