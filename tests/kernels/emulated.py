@@ -174,7 +174,6 @@ def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, 
     (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
     (v, v64), (do, do64) = (randn(rng, s, dtype) for s in ((B, H, S, D), (B, H, T, D)))
     drop_seed = int(rng.integers(0, 2**63 - 1)) if drop_seed is None else drop_seed
-    clean = (to_f32(k), to_f32(v)) if dtype != "float32" else (None, None)  # for the naive reference
     poisoned(k, v, lens, dtype, poison)
     o, lse, dq, dk, dv = attention(C, q, k, v, do, lens, causal, dtype, dropout_p, drop_seed, smem_limit)
     z = None
@@ -192,7 +191,8 @@ def check_attention(C, dtype, B, H, T, S, D, lens, causal, seed, dropout_p=0.0, 
     np.testing.assert_allclose(lse[finite], lse_r[finite], rtol=1e-4, atol=1e-4)
     naive, slack = [None] * 4, [0.0] * 4
     if dtype != "float32":
-        naive = naive_attention(to_f32(q), *clean, to_f32(do), lens, causal, rounder(dtype), z)
+        naive = naive_attention(to_f32(q), k64.astype(np.float32), v64.astype(np.float32), to_f32(do), lens,
+                                causal, rounder(dtype), z)  # k64, v64: exact and unpoisoned
         slack = checks.attention_grad_slack(q64, k64, o, do64, lens, causal, dtype)
     for name, got, ref, nv, sl in zip(["attention"] + ["attention_grad"] * 3, (o, dq, dk, dv), refs, naive, slack):
         check(name, dtype, got, ref, nv, sl)
@@ -345,14 +345,20 @@ def rounding_of_layernorm(C, dtype, seed=0):
     return {"y": (y, formulas.layer_norm(x64, w64, b64, 1e-5))}
 
 
+def cross_entropy(C, z, t, dtype, eps):
+    """The kernel's (loss, gradient) of logits z against targets t, nothing ignored."""
+    N, V = z.shape
+    target, loss, grad = device_copy(t.astype(np.int64)), device_empty(N, np.float32), device_empty(z.shape, z.dtype)
+    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), 0, ptr(grad), CODE[dtype], N, V, eps, False, 0, 0)
+    return loss, grad
+
+
 def rounding_of_cross_entropy(C, dtype, seed=0):
     """{output: (kernel's, float64's)}: the gradient of N=128 rows of V=1024 logits, eps 0.1,
     at the entries that are not a row's target."""
     rng = np.random.default_rng(seed)
     z, z64 = logits(rng, (128, 1024), dtype, 0.5)
     t, _ = checks.targets(rng, 128, 1024, False)
-    target, loss, grad = device_copy(t.astype(np.int64)), device_empty(128, np.float32), device_empty(z.shape, z.dtype)
-    C.cross_entropy_forward(ptr(z), ptr(target), ptr(loss), 0, ptr(grad),
-                            CODE[dtype], 128, 1024, 0.1, False, 0, 0)
+    _, grad = cross_entropy(C, z, t, dtype, 0.1)
     others = np.arange(1024)[None, :] != t[:, None]  # the target's entry, near -1, would set the scale
     return {"grad": (checks.host64(grad)[others], formulas.cross_entropy(z64, t, 0.1, None)[1][others])}
