@@ -18,7 +18,8 @@ has no cased figure.
 
 Each function returns the score and a signature that says how it was computed, to print
 beside it (sacreBLEU's own, and for the literature's figure what was done to the text first).
-``bleu_scores`` gives all three of one translation at once, keyed as a run's ``bleu.json``
+``literature_parts`` splits the literature's figure into its n-gram precisions and brevity
+penalty. ``bleu_scores`` gives all three of one translation at once, keyed as a run's ``bleu.json``
 keeps them: the one place where training, decoding sweeps and ``examples/score.py`` score.
 """
 
@@ -60,12 +61,24 @@ def bleu_literature(hyps: Sequence[str], refs: Sequence[str], lang: str = "de",
     become ``&amp;quot;``)."""
     from sacrebleu.metrics import BLEU
 
-    metric = BLEU(tokenize="none")
+    metric = BLEU(tokenize="none", force=True)  # tokenized text is what this metric scores: no warning
     if not tokenized:
         hyps, refs = moses_lc(hyps, lang), moses_lc(refs, lang)
     score = metric.corpus_score(list(hyps), [list(refs)])
     return (score.score, f"{LITERATURE_TEXT.format(lang=lang)} | {metric.get_signature()}",
             score.sys_len / max(score.ref_len, 1))
+
+
+def literature_parts(tokens: Sequence[str], refs_tokens: Sequence[str]) -> dict:
+    """What the literature's figure of lowercased Moses ``tokens`` against ``refs_tokens`` is made
+    of: the n-gram precisions (1 to 4, in percent), the brevity penalty and the two lengths, so
+    that ``score = bp * geometric mean of the precisions``. Two translations of one score can
+    differ in either part: one matches fewer n-grams, the other is shorter."""
+    from sacrebleu.metrics import BLEU
+
+    score = BLEU(tokenize="none", force=True).corpus_score(list(tokens), [list(refs_tokens)])
+    return dict(score=score.score, precisions=list(score.precisions), bp=score.bp, sys_len=score.sys_len,
+                ref_len=score.ref_len)
 
 
 def bleu_scores(hyps: Sequence[str], refs: Sequence[str], lang: str = "de",

@@ -1,8 +1,10 @@
 """BLEU three ways (minitransformer.bleu): known answers, computed by hand where they can be."""
 
+import math
+
 import pytest
 
-from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased, bleu_scores
+from minitransformer.bleu import bleu, bleu_literature, bleu_lowercased, bleu_scores, literature_parts
 from minitransformer.data.moses import detokenize
 from minitransformer.data.moses import moses_lc
 
@@ -63,3 +65,18 @@ def test_a_lowercased_model_s_tokens_are_scored_as_they_are_with_no_cased_figure
     assert got["bleu_lowercased"] == bleu_lowercased(text, REFS[::-1])[0]
     given = bleu_scores(text, REFS[::-1], tokens=tokens, refs_tokens=moses_lc(REFS[::-1], "de"))
     assert given == got
+
+
+def test_the_literature_s_figure_is_its_brevity_penalty_times_its_precisions_by_hand():
+    """'ein mann fährt .' (4 tokens) against 'ein mann fährt mit dem fahrrad .' (7): every n-gram
+    of the hypothesis but the ones spanning 'fährt .' matches: 4/4, 2/3, 1/2 and 0/1, which
+    sacreBLEU's default 'exp' smoothing turns into 1/(2 * 1) for the four-gram (its first zero).
+    The hypothesis is shorter: BP = exp(1 - 7/4)."""
+    got = literature_parts(["ein mann fährt ."], ["ein mann fährt mit dem fahrrad ."])
+    precisions = [4 / 4, 2 / 3, 1 / 2, 1 / 2]
+    assert got["precisions"] == pytest.approx([100 * p for p in precisions])  # as smoothed
+    assert got["bp"] == pytest.approx(math.exp(1 - 7 / 4)) and (got["sys_len"], got["ref_len"]) == (4, 7)
+    by_hand = 100 * math.exp(1 - 7 / 4) * math.prod(precisions) ** 0.25
+    assert got["score"] == pytest.approx(by_hand, rel=1e-9)
+    assert got["score"] == pytest.approx(bleu_literature(["ein mann fährt ."], ["ein mann fährt mit dem fahrrad ."],
+                                                         tokenized=True)[0], rel=1e-12)

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from minitransformer import bleu
+from minitransformer import data as data_module
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import reproduction  # noqa: E402
 
@@ -62,3 +65,33 @@ def test_a_bleu_json_that_is_not_a_run_s_is_refused_in_one_line(tmp_path, text, 
     with pytest.raises(SystemExit, match=why):
         reproduction.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "kept")])
     assert not (tmp_path / "kept").exists()
+
+
+def test_with_the_references_the_figure_is_split_into_its_parts_beside_the_anchor_s(tmp_path, capsys):
+    run = finished_run(tmp_path / "run")
+    (run / "test.tok.de").write_text("ein hund läuft .\nzwei katzen schlafen .\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test_2016_flickr.en").write_text("A dog runs.\nTwo cats sleep.\n")
+    (data / "test_2016_flickr.de").write_text("Ein Hund läuft schnell.\nZwei Katzen schlafen.\n")
+    record = reproduction.main(["--run", str(run), "--data-dir", str(data), "--out", str(tmp_path / "kept")])
+    refs = ["ein hund läuft schnell .", "zwei katzen schlafen ."]
+    assert record["literature_parts"] == bleu.literature_parts(["ein hund läuft .", "zwei katzen schlafen ."], refs)
+    assert record["literature_parts"]["bp"] < 1 and (record["literature_parts"]["sys_len"], record["literature_parts"]["ref_len"]) == (8, 9)
+    saved = json.loads((tmp_path / "kept" / "seed2" / "summary.json").read_text())
+    assert saved["literature_parts"] == record["literature_parts"]
+    out = capsys.readouterr().out
+    parts = record["literature_parts"]
+    assert (f"| seed 2, 5,800 updates | {parts['score']:.2f} | {'/'.join(f'{x:.1f}' for x in parts['precisions'])} | "
+            f"{parts['bp']:.3f} | 8 / 9 | {parts['score'] / parts['bp']:.2f} |") in out
+    assert "| the anchor (Wu et al. 2021) | 41.02 | 71.0/47.5/34.3/24.5 | 0.999 | 12,096 / 12,103 | 41.06 |" in out
+
+
+def test_a_test_output_of_another_length_than_the_references_is_refused_in_one_line(tmp_path):
+    run = finished_run(tmp_path / "run")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test_2016_flickr.en").write_text("A dog runs.\nTwo cats sleep.\n")
+    (data / "test_2016_flickr.de").write_text("Ein Hund läuft.\nZwei Katzen schlafen.\n")
+    with pytest.raises(data_module.CorpusError, match="test output has 1 translations for 2 references"):
+        reproduction.main(["--run", str(run), "--data-dir", str(data), "--out", str(tmp_path / "kept")])
