@@ -195,6 +195,9 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --out-dir/last.npz")
     p.add_argument("--average-last", type=cli.integer(1),
                    help="checkpoints averaged for the final model (default: the preset's)")
+    p.add_argument("--keep-checkpoints", type=cli.integer(0),
+                   help="step checkpoints kept on disk: the last N, at least those averaged (default: those "
+                        "averaged); 0 keeps every one, for a curve of the run's progress (benchmarks/bleu_minutes.py)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
     p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), help="length penalty (default: the preset's)")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
@@ -338,6 +341,13 @@ def average_last(args) -> int:
     return max(args.average_last or PRESETS[args.preset].average_last, 1)
 
 
+def kept_checkpoints(args) -> float:
+    """How many of the last step checkpoints stay on disk (math.inf: every one)."""
+    if args.keep_checkpoints is None:
+        return average_last(args)
+    return math.inf if args.keep_checkpoints == 0 else max(args.keep_checkpoints, average_last(args))
+
+
 def checkpoint_step(path: str) -> int | None:
     """The step of ckpt-<step>.npz; None for another ckpt-*.npz (a user's ckpt-best.npz)."""
     stem = os.path.basename(path)[len("ckpt-"):-len(".npz")]
@@ -447,6 +457,8 @@ def train_and_evaluate(args) -> dict:
             # beam search), or the preset's
             if getattr(args, key) is None:
                 setattr(args, key, saved.get("args", {}).get(key, getattr(preset, key)))
+        if args.keep_checkpoints is None:  # a resumed run keeps what it kept: its curve's checkpoints survive
+            args.keep_checkpoints = saved.get("args", {}).get("keep_checkpoints")
         train, val, test = read_data(args, preset, world)
         if args.resume:
             check_same_data(args, saved, train)  # before the tokenizer is trained into the folder
@@ -922,7 +934,8 @@ def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, fin
         log.info("%s replaces %s, %d steps older", os.path.basename(saved[-1]), os.path.basename(saved[-2]),
                  step - checkpoint_step(saved[-2]))
         os.remove(saved.pop(-2))
-    for old in saved[:-average_last(args)]:
+    keep = kept_checkpoints(args)
+    for old in saved[:-keep] if keep < len(saved) else []:
         os.remove(old)
     return spent
 

@@ -26,7 +26,7 @@ for folder in FOLDERS:
 
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
-            "bleu_tokens", "recipe", "subwords", "reproduction", "score", "build", "figures", "trained",
+            "bleu_tokens", "bleu_minutes", "recipe", "subwords", "reproduction", "score", "build", "figures", "trained",
             "minitransformer.data.download"]
 
 

@@ -281,6 +281,22 @@ def test_a_stop_just_after_a_checkpoint_replaces_it_rather_than_averaging_a_near
     assert far["averaged"] == ["ckpt-4.npz", "ckpt-8.npz", "ckpt-11.npz"]
 
 
+def test_every_checkpoint_is_kept_on_request_and_across_a_resume_while_the_last_are_averaged(tmp_path):
+    """--keep-checkpoints 0 keeps every step checkpoint (a curve of the run's progress reads
+    them); a resumed run keeps doing so without being told again; the final model still
+    averages only the last --average-last. By default only those are kept."""
+    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--eval-every", "2", "--out-dir", str(tmp_path)]
+    train_wmt.main(args + ["--max-steps", "6", "--keep-checkpoints", "0"])
+    result = train_wmt.main(args + ["--max-steps", "10", "--resume"])
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.npz")) == [f"ckpt-{s}.npz" for s in (10, 2, 4, 6, 8)]
+    assert result["averaged"] == ["ckpt-8.npz", "ckpt-10.npz"]
+    train_wmt.main(args + ["--max-steps", "12", "--resume", "--keep-checkpoints", "3"])  # told otherwise
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.npz")) == ["ckpt-10.npz", "ckpt-12.npz", "ckpt-8.npz"]
+    default = train_wmt.main(args + ["--out-dir", str(tmp_path / "default"), "--max-steps", "6"])
+    assert sorted(p.name for p in (tmp_path / "default").glob("ckpt-*.npz")) == ["ckpt-4.npz", "ckpt-6.npz"]
+    assert default["averaged"] == ["ckpt-4.npz", "ckpt-6.npz"]
+
+
 def test_the_step_batch_is_shared_among_the_ranks():
     """--max-tokens (or the preset's) is the step's batch, whatever the number of ranks (each
     takes a share of its sentences, data.TokenBatcher), so the schedule tuned for it holds; a
