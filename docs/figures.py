@@ -46,7 +46,7 @@ INK, MUTED, ENCODER, DECODER, SHARED = "#1d1f23", "#5b6270", "#dbe7f6", "#f8e3cf
 
 
 def save(fig, out: str, name: str) -> None:
-    files.save_figure(fig, os.path.join(out, name))
+    files.save_figure(fig, os.path.join(out, name), readable=True)
 
 
 def box(ax, x: float, y: float, w: float, h: float, text: str, color: str, size: float = 9, **kw) -> None:
@@ -120,9 +120,8 @@ def stacks(out: str) -> None:
         for name, module, residual in parts:
             label = f"{name}: {type(module).__name__}"
             if isinstance(module, nn.MultiHeadAttention):
-                label += f"\nh={module.h}, d_k={module.d_k}, d_v={module.d_v}"
-                if name == "self_attn" and side > 0:
-                    label = label.replace("self_attn:", "self_attn (causal):")
+                causal = "causal, " if name == "self_attn" and side > 0 else ""  # the decoder's
+                label += f"\n{causal}h={module.h}, d_k={module.d_k}, d_v={module.d_v}"
             else:
                 widths = [module.w_1.in_features, module.w_1.out_features, module.w_2.out_features]
                 label += "\n" + " → ".join(map(str, widths))
@@ -185,24 +184,27 @@ def multi_head(out: str) -> None:
     grid = fig.add_gridspec(3, h, height_ratios=[1.0, 0.8, 1.0])
 
     def stripes(ax, m, title):
-        ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-np.abs(m).max(), vmax=np.abs(m).max())
+        image = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-np.abs(m).max(), vmax=np.abs(m).max())
         for i in range(1, h):
             ax.axvline(i * d_k - 0.5, color="k", lw=1.2)
         ax.set_xticks([i * d_k + d_k / 2 for i in range(h)], [f"head {i + 1}" for i in range(h)], fontsize=8)
         ax.set_yticks([0, t - 1])
         ax.set_ylabel("position")
+        ax.set_xlabel(f"column, {d_k} a head", fontsize=8)
         ax.set_title(title)
+        fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="value")
 
     stripes(fig.add_subplot(grid[0, :]), q, f"Q = X W^Q, ({t}, h·d_k = {h}·{d_k}): head i takes its {d_k} columns "
             "(so do K and V)")
-    for i in range(h):
-        a = fig.add_subplot(grid[1, i])
-        a.imshow(w[i], cmap="Blues", vmin=0, vmax=1)
+    heads = [fig.add_subplot(grid[1, i]) for i in range(h)]
+    for i, a in enumerate(heads):
+        weights = a.imshow(w[i], cmap="Blues", vmin=0, vmax=1)
         a.set_xticks([])
         a.set_yticks([])
         a.set_xlabel(f"head {i + 1}", fontsize=8)
         if i == 0:
             a.set_ylabel("softmax(Q_i K_iᵀ/√d_k)", fontsize=8)
+    fig.colorbar(weights, ax=heads, fraction=0.025, pad=0.01, label="weight")
     stripes(fig.add_subplot(grid[2, :]), concat,
             f"Concat(head_1, …, head_{h}), head_i = softmax(Q_i K_iᵀ/√{d_k}) V_i; then × W^O ({h * d_v}×{mha.d_model})")
     fig.suptitle(f"nn.MultiHeadAttention({mha.d_model}, {h}) on one sentence of {t} positions\n"
@@ -234,11 +236,13 @@ def uses_of_attention(out: str) -> None:
     titles = ["encoder self-attention\nQ, K, V: the encoder's states",
               "decoder self-attention (causal)\nQ, K, V: the decoder's states",
               "encoder-decoder attention\nQ: decoder; K, V: the encoder's output"]
-    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.3), gridspec_kw={"width_ratios": [9, 7, 9]})
-    for ax, m, title, (rows, cols) in zip(axes, layers, titles, [("source", "source"), ("target", "target"),
+    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.5), gridspec_kw={"width_ratios": [9, 7, 9]},
+                             layout="constrained")
+    weights = [m.last_weights.numpy()[1].mean(axis=0) for m in layers]  # sentence 2, heads averaged
+    top = max(w.max() for w in weights)  # one colour scale for the three, so that one bar reads them
+    for ax, w, title, (rows, cols) in zip(axes, weights, titles, [("source", "source"), ("target", "target"),
                                                                   ("target", "source")]):
-        w = m.last_weights.numpy()[1].mean(axis=0)  # sentence 2, heads averaged
-        ax.imshow(w, cmap="Blues", vmin=0, vmax=w.max())
+        image = ax.imshow(w, cmap="Blues", vmin=0, vmax=top)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(0, w.shape[1], 2))
         ax.set_yticks(range(0, w.shape[0], 2))
@@ -247,6 +251,7 @@ def uses_of_attention(out: str) -> None:
         if cols == "source":
             ax.axvspan(5.5, 8.5, color="#f3b0a0", alpha=0.35, lw=0)
             ax.text(7, len(w) / 2 - 0.5, "padding:\nmasked", ha="center", va="center", fontsize=8, color="#a33")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="attention weight")
     fig.suptitle("The three uses of attention in one nn.Transformer (random weights, heads averaged),\n"
                  "on a sentence of 6 source tokens padded to 9 and 7 target tokens")
     save(fig, out, "uses-of-attention.png")
@@ -268,6 +273,7 @@ def feed_forward(out: str) -> None:
                         label=f"{name}: {ffn.num_parameters() / 1e6:.1f}M parameters a layer")
         left.bar_label(bars, fontsize=8)
     left.set_xticks(range(3), layers, fontsize=8.5)
+    left.set_xlabel("the network at one position: input, hidden layer, output")
     left.set_ylabel("width (features per position)")
     left.set_ylim(0, 5000)
     left.legend(fontsize=8, loc="upper left", frameon=False)
@@ -309,9 +315,12 @@ def embeddings(out: str) -> None:
                     (0.6, "pre-softmax linear: logits = y Eᵀ")]:
         box(ax, 1.9, y, 3.4, 0.6, text, "white", 8.5)
         arrow(ax, (3.95, 2.0 + (y - 2.0) * 0.3), (3.65, y))
-    ax.text(5.6, -0.3, f"One gradient sums all three uses. Shared, the base model (N = 1 here) has "
-            f"{model.num_parameters() / 1e6:.1f}M parameters; unshared, {(model.num_parameters() + 2 * shared) / 1e6:.1f}M.",
-            ha="center", fontsize=8.5, color=MUTED)
+    # The counts of the whole base model (N = 6), from the architecture: the N = 1 model drawn
+    # here shares its matrix as the base model does (nn.Transformer checks its count against it).
+    tied = nn.transformer.expected_num_parameters(nn.TransformerConfig.base(cfg.vocab_size))
+    untied = nn.transformer.expected_num_parameters(nn.TransformerConfig.base(cfg.vocab_size, share_embeddings=False))
+    ax.text(5.6, -0.3, f"One gradient sums all three uses. Shared, the base model has {tied / 1e6:.1f}M "
+            f"parameters; unshared, {untied / 1e6:.1f}M.", ha="center", fontsize=8.5, color=MUTED)
     ax.set_title("Section 3.4: one embedding matrix in three places (nn.Transformer's src_embed, tgt_embed and project)")
     save(fig, out, "embeddings.png")
 
@@ -425,66 +434,79 @@ def mixed_precision(out: str) -> None:
     g = np.abs(np.concatenate([p.grad.numpy().ravel() for p in model.parameters()]))
     g = g[g > 0]
     scale = GradScaler().scale_value  # its initial loss scale
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.8))
-    formats = [("float32", np.finfo(np.float32)), ("float16", np.finfo(np.float16))]
-    if backend.bfloat16 is not None:  # from ml_dtypes, which the [dev] extra installs
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.8), layout="constrained")
+    # Each format's line from its bits (exponent, explicit mantissa): normal numbers from 2^(1-bias),
+    # subnormals down to 2^(1-bias-mantissa), the largest (2 - 2^-mantissa) 2^bias.
+    formats = [("float32", 8, 23, np.finfo(np.float32)), ("bfloat16", 8, 7, None), ("float16", 5, 10, np.finfo(np.float16))]
+    if backend.bfloat16 is not None:  # ml_dtypes (the [dev] extra) checks bfloat16's line too
         import ml_dtypes
 
-        formats.insert(1, ("bfloat16", ml_dtypes.finfo(backend.bfloat16)))
-    for k, (name, fi) in enumerate(formats):
-        y = 3 + k
-        lo, normal, hi = np.log2(float(fi.smallest_subnormal)), np.log2(float(fi.smallest_normal)), np.log2(float(fi.max))
-        ax.plot([lo, normal], [y, y], color="#9aa3b0", lw=6, solid_capstyle="butt")
-        ax.plot([normal, hi], [y, y], color="#2f5f9f", lw=6, solid_capstyle="butt")
-        ax.text(-152, y, name, va="center", ha="right", fontsize=9)
+        formats[1] = formats[1][:3] + (ml_dtypes.finfo(backend.bfloat16),)
+    names = []
+    for k, (name, exponent, mantissa, fi) in enumerate(formats):
+        bias = 2 ** (exponent - 1) - 1
+        line = (2.0 ** (1 - bias - mantissa), 2.0 ** (1 - bias), (2 - 2.0**-mantissa) * 2.0**bias)
+        if fi is not None and line != tuple(float(v) for v in (fi.smallest_subnormal, fi.smallest_normal, fi.max)):
+            raise AssertionError(f"{name}'s line is not its finfo's: redraw this picture")
+        lo, normal, hi = np.log2(line)
+        ax.plot([lo, normal], [3 + k, 3 + k], color="#9aa3b0", lw=6, solid_capstyle="butt")
+        ax.plot([normal, hi], [3 + k, 3 + k], color="#2f5f9f", lw=6, solid_capstyle="butt")
+        names.append(name)
     bins = np.arange(-60, 40, 1.0)
-    for values, color, label, y0 in [(g, "#c0392b", "gradients", 0.0), (g * scale, "#27ae60", f"× scale 2^{int(np.log2(scale))}", 1.4)]:
+    shift = int(np.log2(scale))
+    for values, color, label, y0 in [(g, "#c0392b", "gradients", 0.0), (g * scale, "#27ae60", f"× scale 2^{shift}", 1.4)]:
         hist, edges = np.histogram(np.log2(values), bins)
         ax.bar(edges[:-1], hist / hist.max() * 1.1, width=1.0, bottom=y0, color=color, align="edge", label=label)
         lost = (values < float(np.finfo(np.float16).smallest_subnormal) / 2).mean()
-        ax.text(42, y0 + 0.4, f"{label}: {lost:.1%} flush to 0 in float16", fontsize=8.5)
+        ax.text(-148, y0 + 0.4, f"{lost:.1%} flush to 0 in float16", fontsize=8.5)
     ax.axvline(np.log2(float(np.finfo(np.float16).smallest_subnormal)), color="#888", ls=":", lw=0.8)
     ax.set_xlim(-152, 132)
-    ax.set_yticks([])
+    ax.set_yticks([0.55, 1.95, 3, 4, 5], ["gradients", f"gradients × 2^{shift}", *names], fontsize=8.5)
+    ax.set_ylabel("format (its range)\nand gradients (how many)", fontsize=8.5)
     ax.set_xlabel("log₂ |value|   (grey: subnormal, blue: normal range)")
-    ax.set_title("Mixed precision: each format's range, and a small model's gradients before and after the loss scale")
+    ax.set_title("Mixed precision: each format's range, and a small model's gradients\nbefore and after the loss scale")
     save(fig, out, "mixed-precision.png")
 
 
 def data_parallel(out: str) -> None:
-    """DistributedDataParallel's buckets on a real backward pass of the base model (one rank,
-    CPU): each bucket's gradients arrive as backward walks the layers from the top, and its
-    all-reduce starts the moment its last one is written, while backward goes on below."""
+    """DistributedDataParallel's buckets on a real backward pass of the base model (V = 37,000,
+    one rank, CPU): each bucket's gradients arrive as backward walks the layers from the top, and
+    its all-reduce starts the moment its last one is written, while backward goes on below. The
+    walk is measured by the gradient it has completed, in MiB, not by a clock: the picture is
+    the same on every machine."""
     from minitransformer.distributed.grad_hooks import register_post_accumulate_grad_hook
 
-    model = base_model()
+    model = base_model(vocab_size=37000)
+    done, ready, launched = [0.0], {}, []  # MiB complete; where each parameter and bucket got there
+
+    def complete(p):
+        done[0] += p.data.size * 4 / 2**20
+        ready[id(p)] = done[0]
+
+    for p in model.parameters():  # registered before DDP's own hooks, so they run first
+        register_post_accumulate_grad_hook(p, complete)
     comm = LocalCommunicator()
-    launched = []
     real_launch = comm.all_reduce_async
-    comm.all_reduce_async = lambda buf, op="sum": (launched.append((time.perf_counter(), buf.size)), real_launch(buf, op))[1]
+    comm.all_reduce_async = lambda buf, op="sum": (launched.append(done[0]), real_launch(buf, op))[1]
     ddp = ddp_module.DistributedDataParallel(model, World(0, 1, 0, "cpu", comm))
-    ready = {}
-    for i, p in enumerate(ddp.params):
-        register_post_accumulate_grad_hook(p, lambda _p, i=i: ready.setdefault(i, time.perf_counter()))
     rng = np.random.default_rng(0)
-    src, tgt = mt.tensor(rng.integers(4, 8000, (2, 10))), rng.integers(4, 8000, (2, 11))
+    src, tgt = mt.tensor(rng.integers(4, 37000, (2, 10))), rng.integers(4, 37000, (2, 11))
     loss = F.cross_entropy(model(src, mt.tensor(tgt[:, :-1])), mt.tensor(tgt[:, 1:]), 0.1)
-    start = time.perf_counter()
     loss.backward()
-    end = time.perf_counter()
-    ms = lambda t: (t - start) * 1e3  # noqa: E731
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.2))
     for k, bucket in enumerate(ddp.buckets):
-        arrivals = [ms(ready[i]) for i in bucket.params if i in ready]
+        arrivals = [ready[id(ddp.params[i])] for i in bucket.params]
         ax.plot(arrivals, [k] * len(arrivals), "|", color="#2f5f9f", ms=9)
-        ax.plot([min(arrivals), ms(launched[k][0])], [k, k], color="#2f5f9f", lw=1)
-        ax.plot(ms(launched[k][0]), k, "o", color="#c0392b", ms=6)
-        ax.text(ms(end) * 1.02, k, f"{(bucket.stop - bucket.start) * 4 / 2**20:.0f} MiB", va="center", fontsize=8)
-    ax.axvline(ms(end), color=MUTED, ls="--", lw=0.8)
-    ax.text(ms(end), -0.9, "backward ends", ha="right", fontsize=8, color=MUTED)
+        ax.plot([min(arrivals), launched[k]], [k, k], color="#2f5f9f", lw=1)
+        ax.plot(launched[k], k, "o", color="#c0392b", ms=6)
+        ax.text(done[0] * 1.02, k, f"{(bucket.stop - bucket.start) * 4 / 2**20:.1f} MiB", va="center", fontsize=8)
+    ax.axvline(done[0], color=MUTED, ls="--", lw=0.8)
+    ax.text(done[0], -0.9, "backward ends", ha="right", fontsize=8, color=MUTED)
+    ax.set_xlim(0, done[0] * 1.12)
     ax.set_ylim(len(ddp.buckets) - 0.4, -1.2)
     ax.set_yticks(range(len(ddp.buckets)), [f"bucket {k}" for k in range(len(ddp.buckets))], fontsize=8)
-    ax.set_xlabel("ms into loss.backward() (base model, 2 × 10 tokens, one CPU rank)")
+    ax.set_ylabel("bucket")
+    ax.set_xlabel("MiB of gradients complete as backward walks down the base model (V = 37,000, one CPU rank)")
     ax.set_title(f"DistributedDataParallel, {ddp_module.DEFAULT_BUCKET_BYTES // 2**20} MiB buckets: "
                  "gradients written (|), all-reduce launched (●)")
     save(fig, out, "data-parallel.png")
@@ -525,6 +547,7 @@ def fused_attention(out: str) -> None:
     held.plot(lengths, [mib(4 * n) for n in lengths], "-", color="#2f5f9f", marker="o", ms=3.5,
               label="fused: lse, float32, T")
     held.set_title("held besides Q, K, V and O")
+    held.set_ylabel("MiB")
     held.legend(fontsize=8, loc="upper left")
     for ax in (moved, held):
         ax.set_xscale("log", base=2)

@@ -19,14 +19,17 @@ import numpy as np
 
 import minitransformer as mt
 from minitransformer import cli, data, decoding, files
-from minitransformer.checkpoint import CheckpointError
+from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search
-from translate import find_run_files, load_model, refuse_wide_beams
+from translate import find_run_files, load_model, refuse_wide_beams, text_settings
 
 logger = logging.getLogger("plot_attention")
 
 
-def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str) -> None:
+def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str,
+         axes_labels: tuple[str, str] = ("key", "query")) -> None:
+    """One panel per layer (rows) and head (columns), one colour bar for all (weights 0 to 1);
+    ``axes_labels``: what the columns and the rows of a map are."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,17 +37,20 @@ def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, p
 
     layers, heads = len(maps), maps[0].shape[0]
     size = 0.22 * max(len(rows), len(cols)) + 1.2
-    fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers), squeeze=False)
+    fig, axes = plt.subplots(layers, heads, figsize=(size * heads + 1.0, size * layers + 0.6), squeeze=False,
+                             layout="constrained")
     for i, layer in enumerate(maps):
         for j in range(heads):
             ax = axes[i, j]
-            ax.imshow(layer[j], cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
-            ax.set_yticks(range(len(rows)), rows, fontsize=6)
-            ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=7)
+            image = ax.imshow(layer[j], cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(rows)), rows, fontsize=7)
+            ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
+    fig.supxlabel(axes_labels[0])
+    fig.supylabel(axes_labels[1])
     fig.suptitle(title)
-    fig.tight_layout()
-    files.save_figure(fig, path, dpi=110)
+    files.save_figure(fig, path, dpi=110, readable=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,12 +71,15 @@ def main(argv=None) -> None:
     tok = data.Tokenizer(tokenizer)
     model = load_model(checkpoint, "cpu", tokenizer=tok)
     refuse_wide_beams(p, [args.beam], tok)
+    # A moses-lc run reads lowercased Moses tokens, as translate.py gives them to it.
+    _, preprocess = text_settings(load_checkpoint(checkpoint, metadata_only=True), None)
+    (sentence,) = data.moses.preprocess([args.sentence], "en", preprocess)
 
     # As translate.py does: a text longer than the model's positions is cut at sentence ends,
     # and each part drawn on its own (in part-<k>/); a part still too long is refused.
     limit = model.config.max_len - 1  # pieces, EOS not counted
-    (ids,) = tok.encode([args.sentence])
-    parts = [ids] if len(ids) <= limit else decoding.sentence_parts(args.sentence, tok)
+    (ids,) = tok.encode([sentence])
+    parts = [ids] if len(ids) <= limit else decoding.sentence_parts(sentence, tok)
     for k, part in enumerate(parts, 1):
         if len(part) > limit:
             p.error(f"{'the sentence' if len(parts) == 1 else f'sentence {k} of the text'} has {len(part)} "
@@ -81,6 +90,8 @@ def main(argv=None) -> None:
     for k, part in enumerate(parts, 1):
         folder = out if len(parts) == 1 else os.path.join(out, f"part-{k}")
         translation = draw_part(model, tok, part, args.beam, folder)
+        if preprocess == "moses-lc":  # read as translate.py writes it
+            (translation,) = data.moses.detokenize([translation], "de")
         print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
         print(f"wrote encoder_self.png, decoder_self.png, cross.png to {folder}")
 
@@ -102,9 +113,12 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str) -> str:
     enc = [layer.self_attn for layer in model.encoder.layers]
     dec = [layer.self_attn for layer in model.decoder.layers]
     cross = [layer.cross_attn for layer in model.decoder.layers]
-    draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"))
-    draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"))
-    draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"))
+    draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"),
+         ("source piece (key)", "source piece (query)"))
+    draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"),
+         ("translation piece (key)", "translation piece (query)"))
+    draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"),
+         ("source piece (key)", "translation piece (query)"))
     return tok.decode([hyp])[0]
 
 

@@ -42,6 +42,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
 import numpy as np  # noqa: E402
 
 import copy_task  # noqa: E402 - examples/, beside this file
@@ -89,7 +90,7 @@ def spell(ids) -> str:
 
 
 def save(fig, out: str, name: str) -> None:
-    files.save_figure(fig, os.path.join(out, name))
+    files.save_figure(fig, os.path.join(out, name), readable=True)
     say(f"    wrote {name}")
 
 
@@ -158,13 +159,16 @@ def draw_masks(model: nn.Transformer, seed: int, out: str) -> None:
     say("    causal, T = S: query i sees keys j <= i; with a KV cache (T < S) query i sees "
         "j <= i + S - T: all the cached keys")
 
-    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.4), layout="constrained")
+    two = ListedColormap(["#d6e4f3", "#1f5fa8"])  # masked, may attend
     panels = [(padding, f"key padding (B={len(src)}, S={S})", "sentence b"),
               (causal, f"causal, T = S = {S}", "query i"),
               (cached, f"KV cache: T = {new} new queries,\nS = {S} keys ({S - new} cached)", "position of the query")]
     for ax, (mask, title, ylabel) in zip(axes, panels):
-        ax.imshow(mask, cmap="Blues", vmin=-0.3, vmax=1.2)
+        image = ax.imshow(mask, cmap=two, vmin=-0.5, vmax=1.5)
         ax.set(title=title, xlabel="key j", ylabel=ylabel, xticks=range(mask.shape[1]), yticks=range(mask.shape[0]))
+    bar = fig.colorbar(image, ax=axes.tolist(), shrink=0.6, ticks=[0, 1])
+    bar.ax.set_yticklabels(["masked", "may attend"])
     for (b, j), token in np.ndenumerate(src):  # the tokens behind the padding mask
         axes[0].text(j, b, symbol(token), ha="center", va="center", fontsize=8,
                      color="white" if padding[b, j] else "dimgray")
@@ -384,8 +388,7 @@ def train_copy_task(seed: int, out: str):
         image = ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
         ax.set_xticks(range(n), [symbol(t) for t in held_out[0][b, :n]])
         ax.set_yticks(range(n + 1), [symbol(t) for t in held_out[1][b, : n + 1]])
-        ax.set(title=f"head {head + 1}", xlabel="source token (key)")
-    axes[0, 0].set_ylabel("decoder input (query)")
+        ax.set(title=f"head {head + 1}", xlabel="source token (key)", ylabel="decoder input (query)")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention weight")
     fig.suptitle(f"Encoder-decoder attention of the copy model after {steps} steps "
                  f"({mass:.0%} on the diagonal)")
@@ -452,8 +455,14 @@ def draw_beam_search(model, args, seed: int, out: str, beam_size: int = 3, alpha
         w = int(values.argmax())
         bars.text(values[w], w + dy, f"{what} ->  ", ha="right", va="center", fontsize=8)
     bars.set_yticks(rows, names)
-    bars.set(title="Finished hypotheses: lp(Y) = ((5 + |Y|) / 6)^alpha favours longer ones",
-             xlabel="score (higher wins)", xlim=(min(log_probs.min(), scores.min()) * 1.15, 0))
+    bars.set_ylabel("finished hypothesis")
+    lengths = {len(tokens) + 1 for _, tokens, _, _ in finished}  # EOS counted, as lp counts it
+    if len(lengths) > 1:
+        title = "Finished hypotheses: lp(Y) = ((5 + |Y|) / 6)^alpha divides a longer one's log P by more"
+    else:  # the copy task's answers are all as long as its question
+        title = (f"Finished hypotheses, all of |Y| = {lengths.pop()}: lp(Y) = ((5 + |Y|) / 6)^alpha divides "
+                 f"each alike,\nso their order is log P's")
+    bars.set(title=title, xlabel="score (higher wins)", xlim=(min(log_probs.min(), scores.min()) * 1.15, 0))
     bars.invert_yaxis()
     bars.legend(fontsize=8, loc="lower left")
     no_penalty = beam_search(model, mt.tensor(src), beam_size, 0.0, max_len_extra=2)[0]

@@ -167,11 +167,41 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         os.close(folder_fd)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> None:
+def unreadable(fig) -> list[str]:
+    """What a reader of ``fig`` could not read off it: each heat map (an image) whose colours no
+    colour bar of the figure explains (one of the same colour map and limits will do, as one bar
+    serves a grid of maps), and each axis whose tick labels are shown without a label (the
+    figure's own x or y label, ``fig.supxlabel``, serves all; a panel that shares a neighbour's
+    ticks and hides their labels needs none). Panels are named by their titles."""
+    fig.draw_without_rendering()  # the tick labels' texts and visibility, as they will be drawn
+    bars = [a._colorbar.mappable for a in fig.axes if getattr(a, "_colorbar", None) is not None]
+    shared = {axis: getattr(fig, f"_sup{axis}label", None) is not None for axis in "xy"}
+    problems = []
+    for i, ax in enumerate(a for a in fig.axes if getattr(a, "_colorbar", None) is None):
+        name = repr(ax.get_title() or f"panel {i + 1}")
+        if not ax.axison:
+            continue
+        for image in ax.get_images():
+            if not any(b.get_cmap().name == image.get_cmap().name and b.get_clim() == image.get_clim() for b in bars):
+                problems.append(f"{name}: a heat map without a colour bar")
+        for axis in "xy":
+            shown = any(t.get_visible() and t.get_text() for t in getattr(ax, f"get_{axis}ticklabels")())
+            if getattr(ax, f"get_{axis}axis")().get_visible() and shown \
+                    and not getattr(ax, f"get_{axis}label")() and not shared[axis]:
+                problems.append(f"{name}: the {axis} axis has no label")
+    return problems
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 100, readable: bool = False) -> None:
     """Write a pyplot figure to ``path`` as PNG, atomically (a reader never sees half a
-    picture), and close it. Only a caller that drew one has imported matplotlib."""
+    picture), and close it. Only a caller that drew one has imported matplotlib.
+    ``readable``: refuse (ValueError) a figure that ``unreadable`` finds fault with, before
+    anything is written: the reading's pictures and the attention maps ask for it."""
     import matplotlib.pyplot as plt
 
+    if readable and (problems := unreadable(fig)):
+        plt.close(fig)
+        raise ValueError(f"{os.fspath(path)}: {'; '.join(problems)}")
     with atomic_write(path, "wb") as f:
         fig.savefig(f, format="png", dpi=dpi)
     plt.close(fig)

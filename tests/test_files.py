@@ -209,3 +209,51 @@ def test_a_figure_is_saved_whole_and_closed(tmp_path):
     files.save_figure(fig, path, dpi=50)
     assert path.read_bytes().startswith(b"\x89PNG") and os.listdir(tmp_path) == ["line.png"]
     assert not plt.fignum_exists(fig.number)
+
+
+def test_a_reader_can_read_a_figure_only_with_its_colour_bars_and_axis_labels(tmp_path):
+    """files.unreadable: a heat map needs a colour bar of its colours (one serves a grid of maps
+    of one scale), an axis that shows tick labels needs a label (the figure's own serves all;
+    a panel whose shared ticks are hidden needs none); save_figure(readable=True) refuses a
+    figure with any such fault and writes nothing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    def grid(bar: str = "", labels: bool = True):
+        fig, axes = plt.subplots(1, 2, sharey=True)
+        for k, ax in enumerate(axes):
+            image = ax.imshow(np.eye(3), cmap="Blues", vmin=0, vmax=1)
+            ax.set_title(f"head {k + 1}")
+            if labels:
+                ax.set_xlabel("key")
+        axes[0].set_ylabel("query")
+        if bar == "shared":
+            fig.colorbar(image, ax=axes.tolist())
+        elif bar == "other scale":
+            fig.colorbar(axes[0].imshow(np.eye(3), cmap="Blues", vmin=0, vmax=2), ax=axes.tolist())
+        return fig
+
+    assert files.unreadable(grid("shared")) == []  # head 2 shares head 1's y ticks, hidden
+    assert files.unreadable(grid()) == ["'head 1': a heat map without a colour bar",
+                                        "'head 2': a heat map without a colour bar"]
+    assert "'head 2': a heat map without a colour bar" in files.unreadable(grid("other scale"))
+    unlabelled = grid("shared", labels=False)
+    assert files.unreadable(unlabelled) == ["'head 1': the x axis has no label", "'head 2': the x axis has no label"]
+    unlabelled.supxlabel("key")
+    assert files.unreadable(unlabelled) == []
+
+    fig, ax = plt.subplots()
+    ax.axis("off")  # a diagram: no axis to label
+    ax.text(0.5, 0.5, "box")
+    assert files.unreadable(fig) == []
+    plt.close("all")
+
+    path = tmp_path / "maps.png"
+    with pytest.raises(ValueError, match=r"maps\.png: 'head 1': a heat map without a colour bar"):
+        files.save_figure(grid(), path, readable=True)
+    assert not path.exists() and os.listdir(tmp_path) == []
+    files.save_figure(grid("shared"), path, readable=True)
+    assert path.read_bytes().startswith(b"\x89PNG")

@@ -414,6 +414,18 @@ def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s
                          input="\n".join(sources) + "\n", capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.splitlines() == (tmp_path / "test.hyp.de").read_text().splitlines()[:2]
     assert "text moses-lc" in out.stderr and "(fairseq)" in out.stderr
+    # plot_attention.py gives the model the same text: its maps are of lowercased Moses tokens.
+    import plot_attention
+
+    drawn = []
+    real_draw = plot_attention.draw
+    plot_attention.draw = lambda maps, rows, cols, *a, **k: (drawn.append(cols), real_draw(maps, rows, cols, *a, **k))
+    try:
+        plot_attention.main([sources[0], "--run", str(tmp_path), "--out", str(tmp_path / "maps"), "--beam", "2"])
+    finally:
+        plot_attention.draw = real_draw
+    (expected,) = tok.encode(moses.moses_lc(sources[:1], "en"))
+    assert drawn[0] == tok.id_to_piece(expected + [tok.eos_id])  # the encoder's map: the source's pieces
     with pytest.raises(SystemExit, match="--preprocess moses-lc, not with --preprocess raw"):
         train_wmt.main(TINY + ["--out-dir", str(tmp_path), "--max-steps", "4", "--resume", "--preprocess", "raw"])
     with pytest.raises(SystemExit, match="peak rate of 0.005, not --peak-lr 0.001"):
