@@ -39,6 +39,7 @@ import time
 import jinja2
 from latex2mathml.converter import convert as latex_to_mathml
 from markdown_it import MarkdownIt
+from mdit_py_plugins.anchors import anchors_plugin
 from mdit_py_plugins.dollarmath import dollarmath_plugin
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
@@ -169,6 +170,7 @@ class Site:
         # indented block (a table, a command) stays as written. No raw HTML: ``<T>`` is text.
         self.notes = MarkdownIt("commonmark", {"html": False}).enable("table")
         dollarmath_plugin(self.md, renderer=self.math, allow_space=True, allow_digits=False)
+        anchors_plugin(self.md, min_level=2, max_level=3)  # every section can be linked to
         for rule in ("fence", "link_open", "image"):  # markdown-it binds a rule to its renderer
             self.md.add_render_rule(rule, lambda renderer, *args, method=getattr(self, rule): method(*args))
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(DOCS), autoescape=True,
@@ -281,6 +283,7 @@ class Site:
             for child in token.children or []:
                 child.meta.setdefault("line", token.map[0] + 1 if token.map else "?")
         body = self.md.renderer.render(tokens, self.md.options, {})
+        body = body.replace("</h1>", "</h1>\n" + contents(tokens), 1)
         out = self.env.get_template("template.html").render(
             page=page, body=body, pages=PAGES, prev=PAGES[i - 1] if i > 0 else None,
             next=PAGES[i + 1] if i + 1 < len(PAGES) else None, root="")
@@ -306,6 +309,21 @@ class Site:
             shutil.copyfile(os.path.join(DOCS, image), os.path.join(self.out, image))
         if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
             shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
+
+
+# A page of this many sections or more opens with their list.
+CONTENTS_FROM = 5
+
+
+def contents(tokens) -> str:
+    """The page's sections (its ## headings, with the ids the anchors plugin gave them) as a
+    list of links, for a page of CONTENTS_FROM sections or more; else nothing."""
+    sections = [(token.attrGet("id"), "".join(c.content for c in tokens[i + 1].children or []))
+                for i, token in enumerate(tokens) if token.type == "heading_open" and token.tag == "h2"]
+    if len(sections) < CONTENTS_FROM:
+        return ""
+    items = "".join(f'<li><a href="#{html.escape(i)}">{html.escape(text)}</a></li>' for i, text in sections)
+    return f'<nav class="contents" aria-label="On this page"><p>On this page</p><ol>{items}</ol></nav>\n'
 
 
 # The stages of one sentence's walk, as ```trained <stage> blocks show them.

@@ -111,6 +111,25 @@ def test_the_pages_tell_no_development_history(site):
         assert not found, f"{page.name}.html tells development history: {found}"
 
 
+def test_every_heading_can_be_linked_to_and_a_long_page_lists_its_sections(site):
+    """Every ## and ### heading has an id; a page of build.CONTENTS_FROM sections or more opens
+    with their list, each entry a link to its section on the page."""
+    out, _ = site
+    listed = 0
+    for page in build.PAGES:
+        text = (out / f"{page.name}.html").read_text()
+        headings = re.findall(r"<h([23])( id=\"[^\"]+\")?>", text)
+        assert headings and all(ident for _, ident in headings), f"{page.name}: a heading without an id"
+        sections = re.findall(r'<h2 id="([^"]+)">', text)
+        links = re.findall(r'<nav class="contents".*?</nav>', text, re.S)
+        if len(sections) >= build.CONTENTS_FROM:
+            listed += 1
+            assert len(links) == 1 and re.findall(r'href="#([^"]+)"', links[0]) == sections, page.name
+        else:
+            assert not links, page.name
+    assert listed >= 1  # fused-attention, at least
+
+
 def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
     """Notes are Markdown: a docstring's ``literals`` are code, its indented blocks kept."""
     out, _ = site
