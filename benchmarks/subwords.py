@@ -29,12 +29,15 @@ from minitransformer import cli, data
 
 def subword_nmt(sentences: dict[str, list[str]], merges: int) -> dict:
     """Types used and mean pieces per sentence of a joint subword-nmt BPE of ``merges`` merges."""
-    os.environ.setdefault("TQDM_DISABLE", "1")  # learn_bpe's bar, a line per merge in a log
+    from subword_nmt import learn_bpe as learning
     from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
+
+    # learn_bpe wraps its merges in a tqdm bar, which writes a line per update into a log; tqdm
+    # read TQDM_DISABLE when it was first imported, so the bar goes, not the environment.
+    learning.tqdm = lambda merges, *args, **kwargs: merges
 
     codes = io.StringIO()
-    learn_bpe(io.StringIO("\n".join(sentences["en"] + sentences["de"]) + "\n"), codes, merges)
+    learning.learn_bpe(io.StringIO("\n".join(sentences["en"] + sentences["de"]) + "\n"), codes, merges)
     codes.seek(0)
     bpe = BPE(codes)
     return _figures({lang: [bpe.process_line(s).split() for s in lines] for lang, lines in sentences.items()})
