@@ -81,6 +81,21 @@ PAGES = [
 ]
 
 
+class ListingFormatter(HtmlFormatter):
+    """Pygments' HTML with each line of code in a block of its own, its indentation in ``--i``,
+    so that a line too long for the listing's column wraps under its own start (style.css)."""
+
+    def wrap(self, source):
+        for is_line, text in super().wrap(source):
+            if is_line:
+                code = text.rstrip("\n")
+                plain = re.sub(r"<[^>]*>", "", code)
+                indent = len(plain) - len(plain.lstrip(" "))
+                style = f' style="--i: {indent}"' if indent else ""
+                text = f'<span class="line"{style}>{code}</span>'
+            yield is_line, text
+
+
 class BuildError(Exception):
     """A page names something the source no longer has, or a picture that is missing."""
 
@@ -165,6 +180,7 @@ class Site:
         self.sources: set[str] = set()  # files a page points into, written under src/
         self.images: set[str] = set()  # pictures of docs/ the pages show
         self.formatter = HtmlFormatter(cssclass="hl")
+        self.listing_formatter = ListingFormatter(cssclass="hl")
         self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
         # A docstring is Markdown too, with its ``literals`` as code: paragraphs reflow, an
         # indented block (a table, a command) stays as written. No raw HTML: ``<T>`` is text.
@@ -265,10 +281,10 @@ class Site:
             d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
             body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
             notes = self.notes.render(rst_literals(doc))
-        code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.formatter)
+        code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.listing_formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
         return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'
-                f'{html.escape(label)}, line {ref.first}</a>{notes}</div><div class="code">{code}</div></div>\n')
+                f'{html.escape(label).replace("/", "/<wbr>")}, line {ref.first}</a>{notes}</div><div class="code">{code}</div></div>\n')
 
     # -- the pages ---------------------------------------------------------------------------
 
@@ -283,7 +299,8 @@ class Site:
             for child in token.children or []:
                 child.meta.setdefault("line", token.map[0] + 1 if token.map else "?")
         body = self.md.renderer.render(tokens, self.md.options, {})
-        body = body.replace("</h1>", "</h1>\n" + contents(tokens), 1)
+        heading = lambda inline: self.md.renderer.renderInline(inline.children or [], self.md.options, {})
+        body = body.replace("</h1>", "</h1>\n" + contents(tokens, heading), 1)
         out = self.env.get_template("template.html").render(
             page=page, body=body, pages=PAGES, prev=PAGES[i - 1] if i > 0 else None,
             next=PAGES[i + 1] if i + 1 < len(PAGES) else None, root="")
@@ -315,14 +332,15 @@ class Site:
 CONTENTS_FROM = 5
 
 
-def contents(tokens) -> str:
+def contents(tokens, render) -> str:
     """The page's sections (its ## headings, with the ids the anchors plugin gave them) as a
-    list of links, for a page of CONTENTS_FROM sections or more; else nothing."""
-    sections = [(token.attrGet("id"), "".join(c.content for c in tokens[i + 1].children or []))
+    list of links, for a page of CONTENTS_FROM sections or more; else nothing. ``render`` turns a
+    heading's inline token into HTML, its math typeset as in the heading."""
+    sections = [(token.attrGet("id"), render(tokens[i + 1]))
                 for i, token in enumerate(tokens) if token.type == "heading_open" and token.tag == "h2"]
     if len(sections) < CONTENTS_FROM:
         return ""
-    items = "".join(f'<li><a href="#{html.escape(i)}">{html.escape(text)}</a></li>' for i, text in sections)
+    items = "".join(f'<li><a href="#{html.escape(i)}">{text}</a></li>' for i, text in sections)
     return f'<nav class="contents" aria-label="On this page"><p>On this page</p><ol>{items}</ol></nav>\n'
 
 

@@ -246,18 +246,29 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-# Loads every page in turn in a 1280-pixel frame and lists the listings wider than their column.
+# Loads every page in turn in a frame of the given width and reports how its listings lie: those
+# wider than their column, those whose notes are not beside their code, and the lines of code
+# that wrap (a line box taller than one line of text).
 _FRAMES = """<!doctype html><html><body><pre id="probe"></pre><script>
-const pages = %s, found = {};
+const pages = %s, width = %d, found = {};
 let i = 0;
 function next() {
   if (i === pages.length) { document.getElementById("probe").textContent = JSON.stringify(found); return; }
   const frame = document.createElement("iframe");
-  frame.style.width = "1280px"; frame.style.height = "800px";
+  frame.style.width = width + "px"; frame.style.height = "800px";
   frame.onload = () => {
-    const doc = frame.contentDocument;
-    found[pages[i]] = [...doc.querySelectorAll(".listing .hl")].filter(e => e.scrollWidth > e.clientWidth)
-                      .map(e => e.parentElement.parentElement.querySelector(".where").textContent);
+    const doc = frame.contentDocument, where = e => e.querySelector(".where").textContent;
+    const listings = [...doc.querySelectorAll(".listing")];
+    const lines = [...doc.querySelectorAll(".listing .hl .line")];
+    found[pages[i]] = {
+      listings: listings.length,
+      overflowing: listings.filter(e => { const c = e.querySelector(".hl"); return c.scrollWidth > c.clientWidth; }).map(where),
+      beside: listings.filter(e => { const n = e.querySelector(".notes").getBoundingClientRect(),
+                                          c = e.querySelector(".code").getBoundingClientRect();
+                                     return n.right <= c.left && Math.abs(n.top - c.top) < 2; }).length,
+      lines: lines.length,
+      wrapped: lines.filter(e => e.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(e).lineHeight)).length,
+    };
     frame.remove(); i += 1; next();
   };
   frame.src = pages[i] + ".html";
@@ -267,20 +278,38 @@ next();
 </script></body></html>"""
 
 
-def test_no_listing_overflows_its_column_on_any_page(site, chromium):
-    """At 1280 pixels, the listings of every page fit their column: lines of the source run to
-    120 characters, and none needs a horizontal scroll."""
+def _listings_at(site, chromium, width: int) -> dict:
     out, _ = site
-    probe = out / "frames.probe.html"
-    probe.write_text(_FRAMES % json.dumps([page.name for page in build.PAGES]))
+    probe = out / f"frames{width}.probe.html"
+    probe.write_text(_FRAMES % (json.dumps([page.name for page in build.PAGES]), width))
     try:
-        dom = _run_chromium(chromium, "--window-size=1400,1000", "--virtual-time-budget=30000", "--dump-dom",
+        dom = _run_chromium(chromium, "--window-size=1900,1000", "--virtual-time-budget=30000", "--dump-dom",
                             probe.as_uri()).stdout
     finally:
         probe.unlink()
     found = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1)))
     assert sorted(found) == sorted(page.name for page in build.PAGES), "not every page loaded"
-    assert {name: where for name, where in found.items() if where} == {}
+    assert sum(page["lines"] for page in found.values()) > 1000, "the probe found almost no listed code"
+    return found
+
+
+def test_notes_sit_beside_their_code_from_1100_pixels(site, chromium):
+    """At 1280 pixels (most laptops) every listing has its notes beside its code and the code's
+    lines (to 120 columns) fit whole; at 1100 the notes are still beside, and a line too long
+    for the column wraps under itself (at most 1 in 12) instead of scrolling."""
+    for width, wrapped in ((1280, 0), (1100, 1 / 12)):
+        found = _listings_at(site, chromium, width)
+        assert {name: p["overflowing"] for name, p in found.items() if p["overflowing"]} == {}, width
+        assert {name: p["listings"] - p["beside"] for name, p in found.items() if p["beside"] != p["listings"]} == {}, width
+        lines = sum(p["lines"] for p in found.values())
+        assert sum(p["wrapped"] for p in found.values()) <= wrapped * lines, (width, {
+            name: p["wrapped"] for name, p in found.items() if p["wrapped"]})
+
+
+def test_notes_go_above_their_code_on_a_narrow_screen(site, chromium):
+    found = _listings_at(site, chromium, 900)
+    assert sum(p["beside"] for p in found.values()) == 0
+    assert {name: p["overflowing"] for name, p in found.items() if p["overflowing"]} == {}
 
 
 @pytest.mark.parametrize("name", MAIN_PAGES)

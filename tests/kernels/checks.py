@@ -147,7 +147,8 @@ def check(name: str, dtype: str, got, ref, naive=None, slack: float = 0.0):
     err = np.abs(got - ref).max(initial=0.0)
     naive_err = np.abs(naive - ref).max(initial=0.0)
     bound = 2 * naive_err + 2 * ULP[dtype] * max(np.abs(ref).max(initial=0.0), 0.01) + 2 * slack
-    assert err <= bound, f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 2 ulp + 2 x slack {slack:.3g}"
+    assert err <= bound, (f"{name} ({dtype}): error {err:.3g} > 2 x naive {naive_err:.3g} + 2 ulp"
+                          f" + 2 x slack {slack:.3g}")
 
 
 # --------------------------------------------------------------------------- rounding, not error bounds
