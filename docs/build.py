@@ -182,10 +182,12 @@ class Site:
         self.formatter = HtmlFormatter(cssclass="hl")
         self.listing_formatter = ListingFormatter(cssclass="hl")
         self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
-        # A docstring is Markdown too, with its ``literals`` as code: paragraphs reflow, an
-        # indented block (a table, a command) stays as written. No raw HTML: ``<T>`` is text.
+        # A docstring is Markdown too, with its ``literals`` as code and its $math$ typeset as the
+        # pages' is: paragraphs reflow, an indented block (a table, a command) stays as written.
+        # No raw HTML: ``<T>`` is text.
         self.notes = MarkdownIt("commonmark", {"html": False}).enable("table")
-        dollarmath_plugin(self.md, renderer=self.math, allow_space=True, allow_digits=False)
+        for md in (self.md, self.notes):
+            dollarmath_plugin(md, renderer=self.math, allow_space=True, allow_digits=False)
         anchors_plugin(self.md, min_level=2, max_level=3)  # every section can be linked to
         for rule in ("fence", "link_open", "image"):  # markdown-it binds a rule to its renderer
             self.md.add_render_rule(rule, lambda renderer, *args, method=getattr(self, rule): method(*args))

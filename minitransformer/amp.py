@@ -149,7 +149,7 @@ class GradScaler:
     def update(self, found_inf: bool) -> None:
         """After each step: back off on an overflow, grow after a run of good steps.
 
-        Raises FloatingPointError once S falls below 2^-24: gradients that overflow at such a
+        Raises FloatingPointError once the scale $S$ falls below $2^{-24}$: gradients that overflow at such a
         scale are not finite at any scale (a NaN in the weights or the data), and skipping
         steps forever would hide that."""
         if not self.enabled:

@@ -105,8 +105,10 @@ class Context:
 
 
 class Function:
-    """Base class of differentiable ops: subclasses define the static methods ``forward`` and
-    ``backward`` described in the module docstring, and are called through ``apply``."""
+    """Base class of differentiable ops. A subclass defines two static methods on raw arrays
+    (NumPy or CuPy), never Tensors: ``forward(ctx, *args)`` returns the output array, and
+    ``backward(ctx, grad_out)`` one gradient per forward argument (None where there is none).
+    ``apply`` unwraps Tensors, runs ``forward``, and records the context when gradients are on."""
 
     @classmethod
     def apply(cls, *args) -> Tensor:
@@ -175,8 +177,8 @@ def sum_to_shape(grad, shape: tuple):
 
 
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
-    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
-    ``root.backward()`` calls it."""
+    r"""Accumulate $\partial\,\mathrm{root} / \partial\,\mathrm{leaf}$ into ``leaf.grad`` for every
+    leaf that requires grad. ``root.backward()`` calls it."""
     grad = _seed_gradient(root, grad)
     if root._ctx is None:
         _accumulate(root, grad)

@@ -69,8 +69,8 @@ def _eval_mode(model):
 
 
 def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
-    """lp(Y) for a hypothesis of ``length`` tokens, EOS included: GNMT's ((5 + |Y|) / 6) ** alpha,
-    or fairseq's |Y| ** alpha (``kind``, one of LENGTH_PENALTIES)."""
+    r"""$\mathrm{lp}(Y)$ for a hypothesis of ``length`` $= |Y|$ tokens, EOS included: GNMT's
+    $((5 + |Y|) / 6)^\alpha$, or fairseq's $|Y|^\alpha$ (``kind``, one of LENGTH_PENALTIES)."""
     if kind == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
     if kind == "fairseq":

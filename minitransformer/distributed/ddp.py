@@ -225,9 +225,12 @@ class DistributedDataParallel:
             self._handles.append(self.comm.all_reduce_async(self._bucket_array(b)))
 
     def reduce_gradients(self, num_tokens, loss_sum=0.0) -> StepStats:
-        """All-reduce this step's gradients and divide them by the global token count.
+        r"""All-reduce this step's gradients and divide them by the global token count.
 
-        ``num_tokens``: the target tokens this rank's summed loss covers (n_r above).
+        ``num_tokens``: the target tokens $n_r$ this rank's summed loss covers. The gradient
+        of the mean over all $N = \sum_r n_r$ tokens is $\frac{1}{N} \sum_r G_r$, with $G_r$ the
+        gradient of rank $r$'s summed loss: not the mean of the ranks' per-token means unless
+        every $n_r$ is equal.
         ``loss_sum``: this rank's summed loss (a float, or a one-element Tensor, which stays on
         its device), returned summed over ranks for logging. Every rank must call this once
         per step. Returns ``StepStats``; when ``finite`` is False every ``.grad`` is None.

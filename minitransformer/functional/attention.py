@@ -81,12 +81,12 @@ class KeyMask:
 
 
 def causal_mask(xp, t: int, s: int):
-    """(T, S) boolean mask, True where query i may see key j: j <= i + (S - T)."""
+    r"""(T, S) boolean mask, True where query $i$ may see key $j$: $j \le i + (S - T)$."""
     return xp.tril(xp.ones((t, s), dtype=bool), k=s - t)
 
 
 def attention_scores(q, k, attn_mask, is_causal: bool, scale: float):
-    """Masked, scaled scores Q K^T * scale, -inf where masked: (..., T, S)."""
+    r"""Masked, scaled scores $QK^\top \cdot \mathrm{scale}$, $-\infty$ where masked: (..., T, S)."""
     xp = backend.array_module_of(q)
     # Scaled before the product, as PyTorch's math path does: in float16, q . k itself can
     # exceed 65504 (64 terms of 32 x 32) while the scaled score is far from it.
@@ -217,11 +217,13 @@ def _checked_mask(q: Tensor, k: Tensor, v: Tensor, attn_mask):
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None,
                                  is_causal: bool = False, dropout_p: float = 0.0,
                                  scale: float | None = None) -> Tensor:
-    """softmax(q k^T * scale + M) v with scale = 1/sqrt(d_k) by default; see the module doc.
+    r"""$\mathrm{softmax}(QK^\top \cdot \mathrm{scale} + M)\,V$, with scale $1/\sqrt{d_k}$ by default:
+    equation (1), with the mask $M$ added to the scores (0 where a query may attend, $-\infty$
+    where not).
 
     ``attn_mask``: None, a boolean (True = may attend) or float mask broadcasting to
-    (..., T, S), or a ``KeyMask``. ``dropout_p`` drops attention weights (pass 0.0 when not
-    training, as with PyTorch).
+    (..., T, S), or a ``KeyMask``. ``is_causal``: query $i$ sees keys $j \le i + (S - T)$.
+    ``dropout_p`` drops attention weights (pass 0.0 when not training, as with PyTorch).
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")

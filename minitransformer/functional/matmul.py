@@ -81,7 +81,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight + bias`` with ``weight`` of shape (in_features, out_features)."""
+    """$xW + b$: ``x @ weight + bias``, with ``weight`` of shape (in_features, out_features)."""
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (in_features, out_features), got {weight.shape}")
     _check_matmul_shapes(x.shape, weight.shape, "linear")

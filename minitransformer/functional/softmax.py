@@ -40,8 +40,8 @@ _SHORT_ROW = 64  # keys; from about 96 on, NumPy's own reduction is as fast
 
 
 def stable_softmax_parts(x, axis: int):
-    """``(x - m, exp(x - m), sum exp(x - m))`` per row, with the fully-masked-row guard; in
-    float32 for 16-bit ``x``."""
+    r"""$x - m$, $e^{x - m}$ and $\sum e^{x - m}$ per row, $m$ the row's maximum, with the
+    fully-masked-row guard; in float32 for 16-bit ``x``."""
     xp = backend.array_module_of(x)
     x = x.astype(backend.compute_dtype(x.dtype), copy=False)
     m = row_max(x, axis)

@@ -15,10 +15,10 @@ from .module import Module, Parameter
 
 
 class Embedding(Module):
-    """A (num_embeddings, d_model) table of learned vectors, looked up by integer id.
+    r"""A (num_embeddings, d_model) table of learned vectors, looked up by integer id.
 
-    Initialised from a normal distribution of standard deviation d_model^-1/2 (variance
-    1/d_model): the Transformer multiplies embeddings by sqrt(d_model) (section 3.4), which
+    Initialised from a normal distribution of standard deviation $d_{model}^{-1/2}$ (variance
+    $1/d_{model}$): the Transformer multiplies embeddings by $\sqrt{d_{model}}$ (section 3.4), which
     brings them to unit scale, and with tied weights the same matrix maps decoder states to
     logits of moderate size.
     """
@@ -37,7 +37,8 @@ class Embedding(Module):
 
 
 def sinusoid_table(length: int, d_model: int) -> np.ndarray:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): (length, d_model)."""
+    r"""$PE_{(pos, 2i)} = \sin(pos / 10000^{2i/d_{model}})$ and $PE_{(pos, 2i+1)} = \cos(pos /
+    10000^{2i/d_{model}})$, section 3.5: a (length, d_model) table."""
     pos = np.arange(length, dtype=np.float64)[:, None]
     inv_freq = np.exp(-math.log(10000.0) * np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     table = np.zeros((length, d_model))

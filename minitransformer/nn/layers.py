@@ -38,7 +38,7 @@ def check_positive(owner: str, name: str, value) -> None:
 
 
 class Linear(Module):
-    """y = xW + b with W of shape (in_features, out_features), Xavier-uniform initialised."""
+    """$y = xW + b$ with $W$ of shape (in_features, out_features), Xavier-uniform initialised."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()

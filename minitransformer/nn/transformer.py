@@ -108,7 +108,7 @@ class TransformerConfig:
 
 
 class PositionwiseFeedForward(Module):
-    """FFN(x) = max(0, xW_1 + b_1)W_2 + b_2, equation (2)."""
+    r"""$\mathrm{FFN}(x) = \max(0, xW_1 + b_1)W_2 + b_2$, equation (2)."""
 
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
@@ -120,7 +120,8 @@ class PositionwiseFeedForward(Module):
 
 
 class _Residual(Module):
-    """Wraps one sublayer: LayerNorm(x + Dropout(f(x))), or x + Dropout(f(LayerNorm(x)))."""
+    r"""Wraps one sublayer $f$: $\mathrm{LayerNorm}(x + \mathrm{Dropout}(f(x)))$ (section 3.1), or
+    $x + \mathrm{Dropout}(f(\mathrm{LayerNorm}(x)))$ (pre-norm)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -159,7 +160,8 @@ class DecoderLayer(Module):
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: F.KeyMask | None = None,
                 cache: dict | None = None) -> Tensor:
-        """``cache``: {"self": KVCache(), "cross": {}} for incremental decoding (see nn.attention).
+        """``cache``: {"self": KVCache(), "cross": {}} for incremental decoding: the self-attention's
+        keys and values of the steps so far, and the source's, projected once at the first step.
 
         ``memory`` may hold fewer rows than ``x``, for beam search: x (n * width, 1, d_model)
         is then ``width`` beams of each of memory's n sentences (row = sentence * width + beam),
@@ -241,7 +243,8 @@ class Transformer(Module):
 
     def decode(self, tgt_in, memory: Tensor, src_mask: F.KeyMask | None = None, cache: list | None = None,
                offset: int = 0) -> Tensor:
-        """tgt_in (B, T) ids at positions offset..offset+T-1 -> decoder states (B, T, d_model)."""
+        """tgt_in (B, T) ids at positions ``offset`` to ``offset + T - 1`` -> decoder states
+        (B, T, d_model)."""
         x = self._embed(self.tgt_embed, tgt_in, offset)
         return self.decoder(x, memory, src_mask, cache)
 
@@ -252,9 +255,9 @@ class Transformer(Module):
         return F.linear(states, F.transpose(self.tgt_embed.weight, 0, 1))  # x W_emb^T
 
     def projector(self):
-        """``project`` for decoding, which calls it at every step with the weights fixed: the
-        tied embedding's transpose W_emb^T is copied once into a (d_model, V) matrix in C
-        order. ``project`` multiplies by a transposed view of W_emb, which OpenBLAS packs
+        r"""``project`` for decoding, which calls it at every step with the weights fixed: the
+        tied embedding's transpose $W_{emb}^\top$ is copied once into a (d_model, V) matrix in C
+        order. ``project`` multiplies by a transposed view of $W_{emb}$, which OpenBLAS packs
         afresh at each call, up to 40% slower when a step's rows are few (3.5% of a whole beam
         search). The copy takes no gradient, and a change of the weights after this call does
         not reach it: for one search at a time."""

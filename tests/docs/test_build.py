@@ -139,6 +139,37 @@ def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
     assert "<pre>" in notes  # the docstring's indented table, kept as written
 
 
+# A formula written in ASCII, or a pointer to text the page does not show: what a note (a
+# docstring shown beside its code) may not contain outside its code and its typeset math.
+ASCII_MATH = re.compile(r"\^|\bsqrt\(|\*\*|<=|>=|\bexp\(|\bsum_|\bsoftmax\(|module doc|\bsee nn\.|\babove\)")
+
+
+@pytest.mark.parametrize("note", [
+    # What the notes said before the third edition (issue 61 §1): each must be caught.
+    "softmax(q k^T * scale + M) v with scale = 1/sqrt(d_k) by default; see the module doc.",
+    "(T, S) boolean mask, True where query i may see key j: j <= i + (S - T).",
+    "num_tokens: the target tokens this rank's summed loss covers (n_r above).",
+    "lp(Y) for a hypothesis of length tokens, EOS included: GNMT's ((5 + |Y|) / 6) ** alpha",
+    "the sum l = sum_j exp(s_j - m) over them",
+    "cache: {\"self\": KVCache(), \"cross\": {}} for incremental decoding (see nn.attention).",
+])
+def test_the_notes_check_catches_what_the_notes_once_said(note):
+    assert ASCII_MATH.search(note), note
+
+
+def test_notes_typeset_their_math_and_point_only_at_what_the_page_shows(site):
+    out, _ = site
+    typeset = 0
+    for page in build.PAGES:
+        text = (out / f"{page.name}.html").read_text()
+        for notes in re.findall(r'<div class="notes">(.*?)</div><div class="code">', text, re.S):
+            typeset += notes.count("<math")
+            prose = re.sub(r"<(code|pre|math)\b.*?</\1>", " ", notes, flags=re.S)
+            prose = html.unescape(re.sub(r"<[^>]+>", " ", prose))
+            assert not ASCII_MATH.search(prose), f"{page.name}: {' '.join(prose.split())[:300]}"
+    assert typeset >= 20  # the notes do carry formulas, typeset
+
+
 def test_every_page_has_a_picture_and_every_picture_a_page(site, tour):
     out, _ = site
     import figures

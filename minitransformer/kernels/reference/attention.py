@@ -34,10 +34,10 @@ def philox_bits(c0, c1, c2, seed: int, c3=0):
 
 
 def dropout_factor(bh, i, j, dropout_p: float, seed: int, dtype=np.float32):
-    """The factor dropout applies to attention weight (bh, i, j): 0 or 1/(1-p).
+    r"""The factor dropout applies to attention weight (bh, i, j): 0 or $1/(1-p)$.
 
-    Bit-exact with the kernel: keep where philox_bits(j, i, bh) >= p * 2^32, with p and
-    1/(1-p) rounded to float32 as the kernel receives and computes them.
+    Bit-exact with the kernel: kept where ``philox_bits(j, i, bh)`` $\ge p \cdot 2^{32}$, with
+    $p$ and $1/(1-p)$ rounded to float32 as the kernel receives and computes them.
     """
     p32 = np.float32(dropout_p)
     threshold = np.uint32(min(float(p32) * 2.0**32, 2.0**32 - 1))
@@ -72,17 +72,17 @@ def _bh(B: int, H: int):
 def attention_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None,
                       dropout_p: float = 0.0, seed: int = 0, block_q: int = 64, block_k: int = 64,
                       observer=None):
-    """Tiled attention with online softmax. q (B, H, T, D), k and v (B, H, S, D).
+    r"""Tiled attention with online softmax. q (B, H, T, D), k and v (B, H, S, D).
 
     Returns ``(o, lse)``: o (B, H, T, D) and the log-sum-exp of each query's scaled scores,
-    lse (B, H, T), -inf for a query that sees no key (its o is 0).
+    lse (B, H, T), $-\infty$ for a query that sees no key (its o is 0).
 
     ``observer``: called as ``observer(rows, cols, m, l, o_acc)`` after each key tile of each
-    query tile, to watch the online softmax: the tile's query and key indices, the max m of
-    the scores seen so far and the sum l = sum_j exp(s_j - m) over them (B, H, br), and the
-    output o_acc (B, H, br, D), not yet normalised: o_acc / l is the softmax-weighted mean of
-    the values seen so far (without dropout). The arrays are the loop's own: read them, do
-    not write them.
+    query tile, to watch the online softmax: the tile's query and key indices, the max $m$ of
+    the scores seen so far and the sum $\ell = \sum_j e^{s_j - m}$ over them (B, H, br), and
+    the output o_acc (B, H, br, D), not yet normalised: $o_{acc} / \ell$ is the
+    softmax-weighted mean of the values seen so far (without dropout). The arrays are the
+    loop's own: read them, do not write them.
     """
     B, H, T, D = q.shape
     S = k.shape[2]

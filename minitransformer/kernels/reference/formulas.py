@@ -23,9 +23,11 @@ def attention_mask(B, T, S, lens, causal):
 
 
 def attention(q, k, v, lens=None, causal=False, scale=None, z=None, dout=None):
-    """O = (softmax(Q K^T scale, masked) * Z) V and lse; with dout also (dq, dk, dv).
+    r"""$O = (\mathrm{softmax}(QK^\top \cdot \mathrm{scale}, \text{masked}) \odot Z)\,V$ and the
+    log-sum-exp of each row's scores; with ``dout`` also (dq, dk, dv).
 
-    Z is the dropout factor array (B, H, T, S) or None. Fully masked rows: O = 0, lse = -inf.
+    $Z$ is the dropout factor array (B, H, T, S) or None. Fully masked rows: $O = 0$ and
+    $\mathrm{lse} = -\infty$.
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     B, H, T, D = q.shape
@@ -86,8 +88,9 @@ def softmax(x, mask=None, scale=1.0, g=None):
 
 
 def cross_entropy(logits, target, eps=0.0, ignore_index=None):
-    """Per-row loss -sum_k q_k log softmax(z)_k, q = (1-eps) onehot + eps/V, and its gradient
-    softmax - q; rows with target == ignore_index: 0 and 0."""
+    r"""Per-row loss $-\sum_k q_k \log \mathrm{softmax}(z)_k$ with $q = (1 - \varepsilon)\,
+    \mathrm{onehot} + \varepsilon / V$, and its gradient $\mathrm{softmax}(z) - q$; rows with
+    ``target == ignore_index``: 0 and 0."""
     z = np.asarray(logits, dtype=np.float64)
     N, V = z.shape
     t = np.asarray(target)
