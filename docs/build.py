@@ -75,7 +75,8 @@ PAGES = [
     Page("variations", "Table 3: the variations, at small scale", "6.2"),
     Page("one-sentence", "One sentence, from text to BLEU", ""),
     Page("autograd", "The engine: a backward walk over the graph", ""),
-    Page("fused-attention", "The fused attention kernel and its online softmax", ""),
+    Page("online-softmax", "The online softmax: attention a tile at a time", ""),
+    Page("fused-attention", "The fused attention kernels, rung by rung", ""),
     Page("mixed-precision", "Mixed precision", ""),
     Page("data-parallel", "Data parallel: the gradients' all-reduce", ""),
 ]
