@@ -4,11 +4,12 @@ references, and its BLEU, rendered once from a run of the README's main job into
     python docs/trained.py --run runs/multi30k --trained-at <commit> --seed 1
 
 runs/ is not in git, so what this writes is committed, and the reading shows the committed
-copy: the three attention maps of plot_attention.py for the first validation sentence, and
-trained.json (the run's test BLEU with its sacreBLEU signatures, a few validation sentences
-translated with the run's beam and alpha beside their references, the first one's walk from
-text to BLEU, and the caption: the command that trained it, its seed and the commit it ran at). Validation sentences only: the
-test set gives the run's one figure and nothing else.
+copy: the three attention maps of plot_attention.py (the last layer, head by head) for the
+first validation sentence, and trained.json (the run's test BLEU with its sacreBLEU
+signatures, a few validation sentences translated with the run's beam and alpha beside their
+references, the first one's walk from text to BLEU, and the caption: the command that trained
+it, its seed and the commit it ran at). Validation sentences only: the test set gives the
+run's one figure and nothing else.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     hypotheses = translate(model, tok, sources, "cpu", beam, alpha, progress=False)
     os.makedirs(args.out, exist_ok=True)
     (ids,) = tok.encode(sources[:1])
-    plot_attention.draw_part(model, tok, ids, beam, args.out)
+    plot_attention.draw_part(model, tok, ids, beam, args.out, layers="last")  # the page reads the last layer
     record = {
         "command": args.command, "seed": args.seed, "commit": args.trained_at,
         "steps": bleu["steps"], "beam": beam, "alpha": alpha,

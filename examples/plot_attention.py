@@ -6,7 +6,8 @@ Figures 3-5).
 
 The translation is the model's own (beam search); the maps are those of the decoder reading
 that translation. Files: <out>/encoder_self.png, decoder_self.png, cross.png, one row of
-panels per layer, one column per head.
+panels per layer, one column per head; with ``--layers last``, the last layer's heads alone, two
+to a row, large enough to read each piece.
 """
 
 from __future__ import annotations
@@ -26,26 +27,36 @@ from translate import find_run_files, load_model, refuse_wide_beams, text_settin
 logger = logging.getLogger("plot_attention")
 
 
+LAYERS = ("all", "last")
+
+
 def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str,
-         axes_labels: tuple[str, str] = ("key", "query")) -> None:
+         axes_labels: tuple[str, str] = ("key", "query"), layers: str = "all") -> None:
     """One panel per layer (rows) and head (columns), one colour bar for all (weights 0 to 1);
-    ``axes_labels``: what the columns and the rows of a map are."""
+    ``axes_labels``: what the columns and the rows of a map are. ``layers="last"``: the last
+    layer's heads only, two to a row, each panel twice as large."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    layers, heads = len(maps), maps[0].shape[0]
-    size = 0.22 * max(len(rows), len(cols)) + 1.2
-    fig, axes = plt.subplots(layers, heads, figsize=(size * heads + 1.0, size * layers + 0.6), squeeze=False,
+    heads = maps[0].shape[0]
+    panels = [(i, j) for i in range(len(maps)) for j in range(heads)]
+    if layers == "last":
+        panels = [(len(maps) - 1, j) for j in range(heads)]
+        grid, cell, font = (-(-heads // 2), min(heads, 2)), 0.3, 9
+    else:
+        grid, cell, font = (len(maps), heads), 0.22, 7
+    size = cell * max(len(rows), len(cols)) + 1.2
+    fig, axes = plt.subplots(*grid, figsize=(size * grid[1] + 1.0, size * grid[0] + 0.6), squeeze=False,
                              layout="constrained")
-    for i, layer in enumerate(maps):
-        for j in range(heads):
-            ax = axes[i, j]
-            image = ax.imshow(layer[j], cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(rows)), rows, fontsize=7)
-            ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=8)
+    for ax, (i, j) in zip(axes.ravel(), panels):
+        image = ax.imshow(maps[i][j], cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
+        ax.set_yticks(range(len(rows)), rows, fontsize=font)
+        ax.set_title(f"layer {i + 1}, head {j + 1}", fontsize=font + 1)
+    for ax in axes.ravel()[len(panels):]:  # an odd number of heads leaves a cell empty
+        ax.set_axis_off()
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
     fig.supxlabel(axes_labels[0])
     fig.supylabel(axes_labels[1])
@@ -59,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention)")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
+    p.add_argument("--layers", choices=LAYERS, default="all",
+                   help="every layer's heads (a row each), or the last layer's alone, larger")
     return p
 
 
@@ -89,15 +102,16 @@ def main(argv=None) -> None:
     out = args.out or os.path.join(args.run, "attention")
     for k, part in enumerate(parts, 1):
         folder = out if len(parts) == 1 else os.path.join(out, f"part-{k}")
-        translation = draw_part(model, tok, part, args.beam, folder)
+        translation = draw_part(model, tok, part, args.beam, folder, args.layers)
         if preprocess == "moses-lc":  # read as translate.py writes it
             (translation,) = data.moses.detokenize([translation], "de")
         print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
         print(f"wrote encoder_self.png, decoder_self.png, cross.png to {folder}")
 
 
-def draw_part(model, tok, ids: list[int], beam: int, out: str) -> str:
-    """The three maps of one sentence (piece ids) into ``out``; returns its translation."""
+def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "all") -> str:
+    """The three maps of one sentence (piece ids) into ``out`` (``layers``: as ``draw``'s);
+    returns its translation."""
     batch = data.collate([ids])
     hyp = beam_search(model, mt.tensor(batch.src), beam_size=beam)[0]
     tgt_in = np.array([[data.BOS_ID] + hyp])
@@ -114,11 +128,11 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str) -> str:
     dec = [layer.self_attn for layer in model.decoder.layers]
     cross = [layer.cross_attn for layer in model.decoder.layers]
     draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"),
-         ("source piece (key)", "source piece (query)"))
+         ("source piece (key)", "source piece (query)"), layers)
     draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"),
-         ("translation piece (key)", "translation piece (query)"))
+         ("translation piece (key)", "translation piece (query)"), layers)
     draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"),
-         ("source piece (key)", "translation piece (query)"))
+         ("source piece (key)", "translation piece (query)"), layers)
     return tok.decode([hyp])[0]
 
 

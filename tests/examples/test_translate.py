@@ -260,6 +260,27 @@ def test_plot_attention_refuses_an_empty_sentence(run, capsys):
     assert "the sentence is empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("layers, titles", [
+    ("all", [f"layer {i}, head {j}" for i in (1, 2) for j in (1, 2, 3)]),
+    ("last", ["layer 2, head 1", "layer 2, head 2", "layer 2, head 3"]),
+])
+def test_plot_attention_draws_every_layer_or_the_last_alone(monkeypatch, tmp_path, layers, titles):
+    """--layers last: the last layer's heads only, two to a row (a cell left empty for an odd
+    count), each map the last layer's own."""
+    rng = np.random.default_rng(0)
+    maps = [rng.random((3, 4, 5)) for _ in range(2)]  # 2 layers of 3 heads, T = 4, S = 5
+    drawn = {}
+    monkeypatch.setattr(plot_attention.files, "save_figure", lambda fig, path, **kw: drawn.setdefault("fig", fig))
+    plot_attention.draw(maps, list("abcd"), list("vwxyz"), "t", str(tmp_path / "x.png"), layers=layers)
+    panels = [ax for ax in drawn["fig"].axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == titles
+    for ax, title in zip(panels, titles):
+        i, j = (int(n) - 1 for n in title.replace(",", "").split()[1::2])
+        np.testing.assert_array_equal(ax.get_images()[0].get_array(), maps[i][j])
+    if layers == "last":
+        assert drawn["fig"].axes[0].get_gridspec().get_geometry() == (2, 2)
+
+
 def test_beam_and_alpha_default_to_the_runs(run, tmp_path, monkeypatch):
     """train_wmt.py saves the beam and alpha it chose beside the averaged model; translate.py
     uses them unless told otherwise, and 4 and 0.6 for a checkpoint without them."""
