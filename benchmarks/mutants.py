@@ -20,6 +20,12 @@ hand-written list:
     online-max   the online softmax's running maximum taken as 0 (a plain sum of exponentials);
                  a rescale factor (alpha, exp2f(a.m - m)) applied twice or not at all
     tile         tile sizes, leading dimensions (LDT, LDO, ...) and shared-memory carves +-1
+    rounding     a 16-bit conversion's round-to-nearest-even (_rn) made _rz, _rd or _ru
+    valid-length a bound by a row's valid keys (kv_len) widened to the padded length S, and
+                 a bound by S narrowed to kv_len
+    index-swap   / <-> % by a dimension (B, H, T, S, D, 32: batch and head, row and column,
+                 warp and lane), bh / H -> bh % B, blockIdx.x <-> blockIdx.y
+    constant     eps / V -> eps / (V - 1), the log2 e of exp2f dropped, a scale dropped or doubled
 
 Each mutant is built on the emulator (emulator.compile_variant: only the changed file is
 recompiled, and objects are cached) and put to CI's kernel checks, cheapest first, until one
@@ -88,7 +94,8 @@ SANITIZER_CPU_SECONDS = 900
 # array without changing a result would survive, and be explained or fixed.
 SANITIZERS_FOR = {"relational": ["address"], "off-by-one": ["address"], "min-max": ["address"],
                   "tile": [], "barrier": ["thread"], "atomic": ["thread"],
-                  "pipeline": ["address", "thread"], "online-max": []}
+                  "pipeline": ["address", "thread"], "online-max": [], "rounding": [],
+                  "valid-length": ["address"], "index-swap": ["address"], "constant": []}
 
 
 # --------------------------------------------------------------------------- the mutants
@@ -309,9 +316,70 @@ def tile(code):
             yield a, b, f"{code[a:b].strip()} {delta}"
 
 
+DIRECTED = ("rz", "rd", "ru")  # toward zero, down, up: CUDA's other rounding modes
+PAIRS = {"__floats2half2_rn": ("__halves2half2", "__float2half"),
+         "__floats2bfloat162_rn": ("__halves2bfloat162", "__float2bfloat16")}
+
+
+def rounding(code):
+    # Round-to-nearest-even replaced by a directed rounding at a 16-bit conversion: each value
+    # is off by less than an ulp, but every one the same way, a bias no error bound sees.
+    for m in calls(code, "__float2half_rn|__float2bfloat16_rn"):
+        for mode in DIRECTED:
+            yield m.start(), m.end() - 1, f"{m.group(1)[:-3]}_{mode}"
+    for m in calls(code, "|".join(PAIRS)):  # a packed pair has no directed form: two scalars joined
+        join, one = PAIRS[m.group(1)]
+        (a, b), (c, d) = arguments(code, m.end() - 1)
+        for mode in DIRECTED:
+            yield (m.start(), call_end(code, m.end() - 1),
+                   f"{join}({one}_{mode}({code[a:b].strip()}), {one}_{mode}({code[c:d].strip()}))")
+
+
+def valid_length(code):
+    # A bound by a row's valid keys widened to the padded length (the padding, which may hold
+    # NaN, is then read), and a bound by the padded length narrowed to the valid one.
+    for m in re.finditer(r"(?<![\w.])kv_len(?!\w)", code):
+        if not re.search(r"\bint\s+$", code[:m.start()]):  # a use, not its declaration
+            yield m.start(), m.end(), "p.S"
+    for m in re.finditer(r"(?<![\w.])(p\.)?kv_lens\[b\]", code):
+        yield m.start(), m.end(), f"{m.group(1) or ''}S"
+    for m in re.finditer(r"\bfor \(int (\w+) = 0; \1 < (end)\b", code):
+        yield m.start(2), m.end(2), "S"
+    for m in re.finditer(r"\bp\.S(?= - k0\b)", code):
+        yield m.start(), m.end(), "kv_len"
+
+
+def index_swap(code):
+    # Index expressions exchanged: the batch for the head (bh / H <-> bh % H, or bh % B), the
+    # row for the column (idx / D <-> idx % D), the warp for the lane, one grid axis for the other.
+    for m in re.finditer(r"(?<=\s)(/|%)(?=\s+(p\.)?(B|H|T|S|D|32)\b)", code):
+        yield m.start(), m.end(), {"/": "%", "%": "/"}[m.group(1)]
+    for m in re.finditer(r"(?<=\s)/(?=\s+(p\.)?H\b)", code):
+        yield m.start(), m.end() + len(code[m.end():].split("H", 1)[0]) + 1, f"% {m.group(1) or ''}B"
+    for m in re.finditer(r"\bblockIdx\.([xy])\b", code):
+        yield m.start(1), m.end(1), {"x": "y", "y": "x"}[m.group(1)]
+
+
+def constant(code):
+    # A constant of the formula wrong: eps / V as eps / (V - 1) (label smoothing's share, a
+    # mean), the log2 e of exp(x) = 2^(x log2 e) dropped, the attention or softmax scale
+    # dropped or doubled where it multiplies.
+    for m in re.finditer(r"/ V\b", code):
+        yield m.start(), m.end(), "/ (V - 1)"
+    for m in re.finditer(r"\s\*\s*kLog2e\b", code):
+        yield m.start(), m.end(), ""
+    for m in re.finditer(r"\s\*\s((p\.)?scale)\b", code):
+        yield m.start(), m.end(), ""
+        yield m.start(1), m.end(1), f"(2.f * {m.group(1)})"
+    for m in re.finditer(r"(?<![\w.])(scale)\s\*\s", code):
+        yield m.start(), m.end(), ""
+        yield m.start(1), m.end(1), "2.f * scale"
+
+
 RULES = {"relational": relational, "off-by-one": off_by_one, "min-max": min_max,
          "barrier": barrier, "atomic": atomic, "pipeline": pipeline, "online-max": online_max,
-         "tile": tile}
+         "tile": tile, "rounding": rounding, "valid-length": valid_length, "index-swap": index_swap,
+         "constant": constant}
 
 
 def lines(text: str, start: int, end: int) -> str:
@@ -668,10 +736,11 @@ def report(outcomes: dict[str, dict], entries: list[dict], survivors: list[dict]
 
 
 def load_record(path: Path) -> dict:
-    """The record of the last full run: {"complete": bool, "mutants": {name: {"status", "by",
-    "key", "seconds"}}}. Committed, it carries the run's results to another machine: a mutant
-    whose key (its sources and the checks) is unchanged is not tested again."""
-    return json.loads(path.read_text()) if path.exists() else {"complete": False, "mutants": {}}
+    """The record of the last full run: {"complete": bool, "rules": [the rule classes it holds
+    every mutant of], "mutants": {name: {"status", "by", "key", "seconds"}}}. Committed, it
+    carries the run's results to another machine: a mutant whose key (its sources and the
+    checks) is unchanged is not tested again."""
+    return json.loads(path.read_text()) if path.exists() else {"complete": False, "rules": [], "mutants": {}}
 
 
 def known_results(record: dict) -> dict[str, dict]:
@@ -693,6 +762,7 @@ def write_record(path: Path, outcomes: dict[str, dict], every: list[Mutant], ent
     current = {m.name: key(m, sources) for m in every}
     record["mutants"] = {n: r for n, r in sorted(record["mutants"].items()) if current.get(n) == r.get("key")}
     record["complete"] = set(current) <= set(record["mutants"])
+    record["rules"] = sorted({m.rule for m in every} - {m.rule for m in every if m.name not in record["mutants"]})
     with atomic_write(path) as f:
         json.dump(record, f, indent=1)
         f.write("\n")
@@ -705,14 +775,15 @@ def eligible_for_sample(mutants: list[Mutant], entries: list[dict], record: dict
                         quick: bool = False) -> list[Mutant]:
     """What a sample may draw: not listed in mutants_equivalent.toml, and killed in the last
     full run's record (with ``quick``, by the tests, not by a sanitizer, which takes minutes),
-    or not in it when that record was complete (a mutant the sources have gained since). A
-    partial record vouches only for what it measured."""
+    or not in it when that record held every mutant of its rule class (a mutant the sources
+    have gained since). A record vouches only for what it measured: not for a rule class added
+    after it."""
     recorded = record["mutants"]
 
     def vouched(m):
         r = recorded.get(m.name)
         if r is None:
-            return record["complete"]
+            return record["complete"] or m.rule in record.get("rules", [])
         return r["status"] == "killed" and (not quick or r.get("by") in QUICK)
 
     return [m for m in mutants if not equivalent_reason(m, entries) and vouched(m)]

@@ -4,6 +4,7 @@ is explained; and a seeded sample of the mutants that run killed by the tests is
 (the seed is printed: rerun it with MT_MUTANT_SEED=<seed>)."""
 
 import ast
+import dataclasses
 import json
 import os
 import random
@@ -74,6 +75,47 @@ def test_the_online_maximum_dropped_and_the_rescale_applied_twice_or_not_at_all(
     assert any("\n\n" in s[s.index("alpha + s;"):] for s in got)  # the *= statement removed
 
 
+def test_rounding_made_directed_at_every_16_bit_conversion_packed_pairs_too():
+    source = ("return __float2half_rn(v);\n__half2 h = __floats2half2_rn(lo, hi);\n"
+              "__device__ __half __float2half_rn(float v);\n")
+    got = sites("rounding", source)
+    assert [s.splitlines()[0] for s in got[:3]] == [f"return __float2half_{m}(v);" for m in ("rz", "rd", "ru")]
+    assert [s.splitlines()[1] for s in got[3:]] == [
+        f"__half2 h = __halves2half2(__float2half_{m}(lo), __float2half_{m}(hi));" for m in ("rz", "rd", "ru")]
+    assert len(got) == 6  # not the declaration
+
+
+def test_valid_length_widened_to_the_padded_one_and_the_reverse():
+    source = ("const int kv_len = p.kv_lens ? min(max(p.kv_lens[b], 0), p.S) : p.S;\n"
+              "load(sK, min(BC, kv_len - k0));\nconst int k_valid = min(BC, p.S - k0);\n"
+              "for (int j = 0; j < end; ++j) acc += w[j];\n")
+    got = sites("valid-length", source)
+    assert any("load(sK, min(BC, p.S - k0));" in s for s in got)
+    assert any("min(max(p.S, 0), p.S)" in s for s in got)
+    assert any("const int k_valid = min(BC, kv_len - k0);" in s for s in got)
+    assert any("for (int j = 0; j < S; ++j)" in s for s in got)
+    assert not any("const int p.S =" in s for s in got) and len(got) == 4
+
+
+def test_index_swaps_batch_head_row_column_and_grid_axes():
+    source = "const int bh = blockIdx.y, b = bh / p.H;\nint r = idx / D, d = idx % D;\nx = a / n;\n"
+    got = sites("index-swap", source)
+    assert "b = bh % p.H;" in got[0] and "b = bh % p.B;" in got[3]
+    assert "int r = idx % D, d = idx % D;" in got[1] and "int r = idx / D, d = idx / D;" in got[2]
+    assert "const int bh = blockIdx.x," in got[4]
+    assert len(got) == 5  # not a / n: n is no dimension
+
+
+def test_constants_label_smoothing_share_log2e_and_scale():
+    source = ("const float off = smoothing / V;\nreturn exp2f((x - m) * kLog2e);\n"
+              "float s = sS[c] * p.scale;\nacc = maxsum_add(acc, scale * z);\n")
+    got = sites("constant", source)
+    assert "const float off = smoothing / (V - 1);" in got[0] and "return exp2f((x - m));" in got[1]
+    assert "float s = sS[c];" in got[2] and "float s = sS[c] * (2.f * p.scale);" in got[3]
+    assert "maxsum_add(acc, z);" in got[4] and "maxsum_add(acc, 2.f * scale * z);" in got[5]
+    assert len(got) == 6
+
+
 def test_every_rule_finds_sites_in_csrc_and_each_mutant_is_one_change():
     found = mutants.generate()
     assert {m.rule for m in found} == set(mutants.RULES)
@@ -135,6 +177,10 @@ def test_a_sample_draws_only_what_the_record_vouches_for():
     assert mutants.eligible_for_sample(found, [], record) == [found[0], found[2], found[3]]
     record["mutants"][found[0].name]["by"] = "thread sanitizer"
     assert mutants.eligible_for_sample(found, [], record, quick=True) == [found[2], found[3]]
+    # A record made before a rule class existed vouches for none of its mutants.
+    new = dataclasses.replace(found[3], rule="a class added since")
+    record = {"complete": False, "rules": [found[2].rule], "mutants": {}}
+    assert found[2].rule != new.rule and mutants.eligible_for_sample([found[2], new], [], record) == [found[2]]
 
 
 needs_emulator = pytest.mark.skipif(
