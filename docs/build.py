@@ -82,6 +82,9 @@ PAGES = [
 ]
 
 
+PRIMED = re.compile(r"<msup>(<mi>[^<]*</mi>)(?:<mrow>)?<mi>&#x02032;</mi>(?:</mrow>)?</msup>")
+
+
 class ListingFormatter(HtmlFormatter):
     """Pygments' HTML with each line of code in a block of its own, its indentation in ``--i``,
     so that a line too long for the listing's column wraps under its own start (style.css)."""
@@ -200,7 +203,10 @@ class Site:
 
     @staticmethod
     def math(latex: str, options: dict) -> str:
-        return latex_to_mathml(latex, display="block" if options.get("display_mode") else "inline")
+        mathml = latex_to_mathml(latex, display="block" if options.get("display_mode") else "inline")
+        # x' is x with a prime beside it: as a superscript (latex2mathml's msup) Chromium raises
+        # the prime glyph, which already sits high, a second time, far above the letter.
+        return PRIMED.sub(r"\1<mo>&#x02032;</mo>", mathml)
 
     def where(self, token) -> str:
         line = token.map[0] + 1 if token.map else token.meta.get("line", "?")

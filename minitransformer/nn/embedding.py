@@ -17,10 +17,10 @@ from .module import Module, Parameter
 class Embedding(Module):
     r"""A (num_embeddings, d_model) table of learned vectors, looked up by integer id.
 
-    Initialised from a normal distribution of standard deviation $d_{model}^{-1/2}$ (variance
-    $1/d_{model}$): the Transformer multiplies embeddings by $\sqrt{d_{model}}$ (section 3.4), which
-    brings them to unit scale, and with tied weights the same matrix maps decoder states to
-    logits of moderate size.
+    Initialised from a normal distribution of standard deviation $d_{\mathrm{model}}^{-1/2}$
+    (variance $1/d_{\mathrm{model}}$): the Transformer multiplies embeddings by
+    $\sqrt{d_{\mathrm{model}}}$ (section 3.4), which brings them to unit scale, and with tied
+    weights the same matrix maps decoder states to logits of moderate size.
     """
 
     def __init__(self, num_embeddings: int, d_model: int) -> None:
@@ -37,8 +37,9 @@ class Embedding(Module):
 
 
 def sinusoid_table(length: int, d_model: int) -> np.ndarray:
-    r"""$PE_{(pos, 2i)} = \sin(pos / 10000^{2i/d_{model}})$ and $PE_{(pos, 2i+1)} = \cos(pos /
-    10000^{2i/d_{model}})$, section 3.5: a (length, d_model) table."""
+    r"""$\mathrm{PE}_{(pos, 2i)} = \sin(pos / 10000^{2i/d_{\mathrm{model}}})$ and
+    $\mathrm{PE}_{(pos, 2i+1)} = \cos(pos / 10000^{2i/d_{\mathrm{model}}})$, section 3.5: a
+    (length, d_model) table."""
     pos = np.arange(length, dtype=np.float64)[:, None]
     inv_freq = np.exp(-math.log(10000.0) * np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     table = np.zeros((length, d_model))

@@ -256,8 +256,8 @@ class Transformer(Module):
 
     def projector(self):
         r"""``project`` for decoding, which calls it at every step with the weights fixed: the
-        tied embedding's transpose $W_{emb}^\top$ is copied once into a (d_model, V) matrix in C
-        order. ``project`` multiplies by a transposed view of $W_{emb}$, which OpenBLAS packs
+        tied embedding's transpose $W_{\mathrm{emb}}^\top$ is copied once into a (d_model, V) matrix in C
+        order. ``project`` multiplies by a transposed view of $W_{\mathrm{emb}}$, which OpenBLAS packs
         afresh at each call, up to 40% slower when a step's rows are few (3.5% of a whole beam
         search). The copy takes no gradient, and a change of the weights after this call does
         not reach it: for one search at a time."""

@@ -130,6 +130,13 @@ def test_every_heading_can_be_linked_to_and_a_long_page_lists_its_sections(site)
     assert listed >= 1  # fused-attention, at least
 
 
+def test_a_prime_sits_beside_its_letter_not_above_it():
+    """x' as the letter and a prime (latex2mathml makes it a superscript, which Chromium raises
+    far above the letter)."""
+    mathml = build.Site.math("(pos, pos')", {})
+    assert "<msup>" not in mathml and "<mi>s</mi><mo>&#x02032;</mo>" in mathml
+
+
 def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
     """Notes are Markdown: a docstring's ``literals`` are code, its indented blocks kept."""
     out, _ = site
