@@ -12,8 +12,10 @@ time, so the reading cannot drift from the code:
     ```
 
 shows that function (a class, ``Class.method``, a C++/CUDA function of csrc/, or a whole file
-without ``::``): its docstring
-as notes beside its code, highlighted, with a link to the line it starts on. An inline link
+without ``::``): its docstring as notes beside its code, highlighted, with a link to the line it
+starts on. ``... from "text" to "text"`` after the name shows a piece of it (from the first line
+holding the one to the next holding the other), and lines ``: ...`` under a name are the page's
+own notes on that listing, set beside it after its docstring. An inline link
 ``[text](src:minitransformer/nn/attention.py::MultiHeadAttention)`` points into the highlighted
 copy of the file that the build writes under src/. A name that no longer exists fails the
 build, with the page and line that named it. ``$...$`` and ``$$...$$`` are LaTeX, typeset to
@@ -113,8 +115,26 @@ class SourceRef:
     node: ast.AST | None
 
 
+PIECE = re.compile(r'^(?P<ref>\S+)\s+from\s+"(?P<start>[^"]+)"(?:\s+to\s+"(?P<stop>[^"]+)")?\s*$')
+
+
 def resolve(ref: str, where: str) -> SourceRef:
-    """``path`` or ``path::Name`` or ``path::Class.method``, checked against the source."""
+    """``path`` or ``path::Name`` or ``path::Class.method``, checked against the source; with
+    ``from "text"`` (and ``to "text"``) after it, a piece of that: from the first of its lines
+    holding the one text to the first line after it holding the other (or to its end)."""
+    piece = PIECE.match(ref.strip())
+    if piece:
+        whole = resolve(piece["ref"], where)
+        lines = open(os.path.join(ROOT, whole.path), encoding="utf-8").read().splitlines()
+        span = range(whole.first - 1, whole.last)
+        first = next((n for n in span if piece["start"] in lines[n]), None)
+        if first is None:
+            raise BuildError(f'{where}: {piece["ref"]} has no line with "{piece["start"]}"')
+        last = whole.last - 1 if piece["stop"] is None else next(
+            (n for n in span if n >= first and piece["stop"] in lines[n]), None)
+        if last is None:
+            raise BuildError(f'{where}: {piece["ref"]} has no line with "{piece["stop"]}" after "{piece["start"]}"')
+        return SourceRef(whole.path, whole.name, first + 1, last + 1, None)  # no docstring of its own
     path, _, name = ref.strip().partition("::")
     full = os.path.join(ROOT, path)
     if not os.path.isfile(full):
@@ -218,8 +238,15 @@ class Site:
             return self.trained_model(token, (token.info.split() + [""])[1])
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
-        return "".join(self.listing(resolve(line, self.where(token)))
-                       for line in token.content.splitlines() if line.strip())
+        listings = []  # [(ref, its notes)]: a line ": text" is a note on the listing above it
+        for line in token.content.splitlines():
+            if line.startswith(": ") and listings:
+                listings[-1][1].append(line[2:])
+            elif line.startswith(": "):
+                raise BuildError(f"{self.where(token)}: a note (': ...') before any listing")
+            elif line.strip():
+                listings.append((resolve(line, self.where(token)), []))
+        return "".join(self.listing(ref, "\n".join(notes)) for ref, notes in listings)
 
     def link_open(self, tokens, idx, options, env):
         token = tokens[idx]
@@ -278,8 +305,9 @@ class Site:
             lexer = get_lexer_by_name("text")
         return highlight(text, lexer, self.formatter)
 
-    def listing(self, ref: SourceRef) -> str:
-        """A piece of the source: its docstring as notes on the left, its code on the right."""
+    def listing(self, ref: SourceRef, notes_md: str = "") -> str:
+        """A piece of the source: its docstring, then the page's own notes on it (``notes_md``,
+        Markdown), on the left; its code on the right."""
         self.sources.add(ref.path)
         lines = open(os.path.join(ROOT, ref.path), encoding="utf-8").read().splitlines()
         body = lines[ref.first - 1:ref.last]
@@ -290,6 +318,8 @@ class Site:
             d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
             body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
             notes = self.notes.render(rst_literals(doc))
+        if notes_md:
+            notes += self.notes.render(notes_md)
         code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.listing_formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
         return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'

@@ -216,6 +216,32 @@ def test_the_listings_are_the_source_itself(site):
     assert last_line in html.unescape(re.sub(r"<[^>]+>", "", text))
 
 
+def test_a_piece_of_a_function_is_its_lines_from_one_text_to_the_next(tmp_path):
+    """``from "a" to "b"`` after a name: the function's lines from the first holding a to the
+    next holding b (to its end without ``to``); a text the function lacks fails the build."""
+    name = "csrc/attention.cu::attention_forward_f32_kernel"
+    whole = build.resolve(name, "p.md:1")
+    lines = open(os.path.join(ROOT, "csrc", "attention.cu")).read().splitlines()
+    piece = build.resolve(f'{name} from "const float m_new" to "*= alpha;"', "p.md:1")
+    assert whole.first < piece.first < piece.last < whole.last
+    assert "const float m_new" in lines[piece.first - 1] and "*= alpha;" in lines[piece.last - 1]
+    assert not any("*= alpha;" in line for line in lines[piece.first - 1:piece.last - 1])
+    assert build.resolve(f'{name} from "const float m_new"', "p.md:1").last == whole.last
+    with pytest.raises(build.BuildError, match=r'p\.md:7: .* has no line with "m_newest"'):
+        build.resolve(f'{name} from "m_newest"', "p.md:7")
+    with pytest.raises(build.BuildError, match=r'p\.md:7: .* has no line with "no such text" after'):
+        build.resolve(f'{name} from "const float m_new" to "no such text"', "p.md:7")
+
+
+def test_a_pages_notes_on_a_listing_are_set_beside_it_with_their_math(tmp_path):
+    site = build.Site(str(tmp_path / "out"), str(tmp_path))
+    listing = site.listing(build.resolve("minitransformer/nn/layers.py::Linear", "p.md:1"),
+                           "**The map.** It computes $xW + b$.")
+    notes = re.search(r'<div class="notes">(.*?)</div><div class="code">', listing, re.S).group(1)
+    assert notes.index("Xavier-uniform") < notes.index("<strong>The map.</strong>")  # docstring first
+    assert notes.count("<math") == 3  # the docstring's $y = xW + b$ and $W$, and the note's
+
+
 def test_a_name_that_no_longer_exists_fails_the_build(tour, tmp_path):
     pages = tmp_path / "pages"
     shutil.copytree(os.path.join(ROOT, "docs", "pages"), pages)
