@@ -354,8 +354,8 @@ def index_swap(code):
     # row for the column (idx / D <-> idx % D), the warp for the lane, one grid axis for the other.
     for m in re.finditer(r"(?<=\s)(/|%)(?=\s+(p\.)?(B|H|T|S|D|32)\b)", code):
         yield m.start(), m.end(), {"/": "%", "%": "/"}[m.group(1)]
-    for m in re.finditer(r"(?<=\s)/(?=\s+(p\.)?H\b)", code):
-        yield m.start(), m.end() + len(code[m.end():].split("H", 1)[0]) + 1, f"% {m.group(1) or ''}B"
+    for m in re.finditer(r"(?<=\s)/\s+(p\.)?H\b", code):
+        yield m.start(), m.end(), f"% {m.group(1) or ''}B"
     for m in re.finditer(r"\bblockIdx\.([xy])\b", code):
         yield m.start(1), m.end(1), {"x": "y", "y": "x"}[m.group(1)]
 
