@@ -558,6 +558,10 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         step = ckpt.extra["step"]
         if run.world.is_main:
             log.info("resumed from %s at step %d, epoch %d", last_path, step, run.batcher.position[0])
+            before = ckpt.extra.get("args", {}).get("patience", args.patience)
+            if before != args.patience:
+                log.info("--patience %d where the run had %d (0: never): it goes on as a run with --patience %d "
+                         "from the start would have", args.patience, before, args.patience)
             truncate_log(run.log_path, step)
             log_start(run, step)
             averaged_copy = os.path.join(args.out_dir, f"ckpt-{step}.npz")
@@ -799,15 +803,27 @@ def check_resume_flags(args, preset: Preset) -> dict:
     if "precision" in flags and flags["precision"] != args.precision:
         raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
                          f"resume with --precision {flags['precision']}, or start a new run")
-    # Another optimiser or stopping rule would make the run's figure one of no recipe.
-    for flag, key in (("--adam-eps", "adam_eps"), ("--clip-norm", "clip_norm"), ("--patience", "patience")):
+    # Another optimiser would make the run's figure one of no recipe.
+    for flag, key in (("--adam-eps", "adam_eps"), ("--clip-norm", "clip_norm")):
         if key in flags and flags[key] != getattr(args, key):
             raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume with "
                              f"{flag} {flags[key]}, or start a new run")
+    # The stopping rule decides only where a run ends, never what it trains on, so a longer
+    # patience (or none, 0) continues the very run it would have been from the start; a shorter
+    # one might have stopped it earlier than where it is.
+    if "patience" in flags and not patience_extends(flags["patience"], args.patience):
+        raise SetupError(f"{path} was trained with --patience {flags['patience']}, not {args.patience}: a shorter "
+                         f"patience might have stopped it before now; resume with --patience {flags['patience']} "
+                         f"or longer (0: never), or start a new run")
     if flags.get("accumulate", 1) != args.accumulate:
         raise SetupError(f"{path} was trained with --accumulate {flags.get('accumulate', 1)}, not {args.accumulate}: "
                          f"resume with --accumulate {flags.get('accumulate', 1)}, or start a new run")
     return meta.extra
+
+
+def patience_extends(before: int, now: int) -> bool:
+    """Whether --patience ``now`` stops a run no earlier than ``before`` does, wherever it is (0: never)."""
+    return now == before or now == 0 or (before != 0 and now > before)
 
 
 def _with(flag: str, value) -> str:

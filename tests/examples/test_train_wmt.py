@@ -465,3 +465,44 @@ def test_patience_stops_on_the_validation_loss_and_a_resumed_run_counts_on(tmp_p
     assert losses(tmp_path / "split") == losses(tmp_path / "straight")
     again = train_wmt.main(args + ["--out-dir", str(tmp_path / "split"), "--resume"])
     assert again["steps"] == 4 and again["stopped"] == straight["stopped"]
+
+
+def test_a_stopped_run_resumes_with_a_longer_patience_but_not_a_shorter_one(tmp_path, monkeypatch, caplog):
+    """Patience decides where a run ends, not what it trains on: a run stopped by --patience 2
+    and resumed with --patience 0 (never) or 3 trains on as that run would have from the start,
+    to the same losses; --patience 1 might have stopped it earlier, and is refused, as is a
+    finite patience after none."""
+    common = TINY + ["--eval-every", "1", "--limit-test", "2", "--average-last", "10"]
+    curve = [5.0, 4.0, 4.5, 4.2, 3.9, 4.3]
+    scripted_validation(monkeypatch, curve)
+    never = train_wmt.main(common + ["--patience", "0", "--max-steps", "6", "--out-dir", str(tmp_path / "never")])
+    assert never["steps"] == 6 and never["stopped"] == "max steps"
+
+    scripted_validation(monkeypatch, curve)
+    stopped = train_wmt.main(common + ["--patience", "2", "--max-steps", "6", "--out-dir", str(tmp_path / "run")])
+    assert stopped["steps"] == 4
+    with pytest.raises(SystemExit, match=r"--patience 2, not 1: a shorter patience might have stopped it"):
+        train_wmt.main(common + ["--patience", "1", "--max-steps", "6", "--out-dir", str(tmp_path / "run"), "--resume"])
+    scripted_validation(monkeypatch, curve[4:])
+    with caplog.at_level("INFO", logger="train_wmt"):
+        resumed = train_wmt.main(common + ["--patience", "0", "--max-steps", "6", "--out-dir", str(tmp_path / "run"),
+                                           "--resume"])
+    assert "--patience 0 where the run had 2" in caplog.text
+    assert resumed["steps"] == 6 and resumed["stopped"] == "max steps"
+    assert losses(tmp_path / "run") == losses(tmp_path / "never")
+    assert load_checkpoint(str(tmp_path / "run" / "last.npz"), metadata_only=True).extra["args"]["patience"] == 0
+    with pytest.raises(SystemExit, match=r"--patience 0, not 3: a shorter patience"):
+        train_wmt.main(common + ["--patience", "3", "--max-steps", "7", "--out-dir", str(tmp_path / "run"), "--resume"])
+
+    scripted_validation(monkeypatch, curve)
+    train_wmt.main(common + ["--patience", "2", "--max-steps", "6", "--out-dir", str(tmp_path / "longer")])
+    scripted_validation(monkeypatch, curve[4:])
+    longer = train_wmt.main(common + ["--patience", "3", "--max-steps", "6", "--out-dir", str(tmp_path / "longer"),
+                                      "--resume"])
+    assert longer["steps"] == 6 and losses(tmp_path / "longer") == losses(tmp_path / "never")
+
+
+@pytest.mark.parametrize("before, now, extends", [(10, 10, True), (10, 0, True), (10, 11, True), (10, 9, False),
+                                                  (0, 0, True), (0, 10, False)])
+def test_patience_extends(before, now, extends):
+    assert train_wmt.patience_extends(before, now) is extends
