@@ -31,10 +31,10 @@
 //   float16 / bfloat16   tensor cores (PTX mma.sync, float32 accumulation) with
 //                        FlashAttention-2's warp layout: each warp keeps its rows' scores,
 //                        softmax state and accumulators in registers. The block's own tile
-//                        (Q forward, K/V backward) is staged once through shared memory into
-//                        register fragments; the streamed tiles (K/V forward, Q/dO backward)
-//                        are double-buffered there with cp.async, and dS^T passes through it
-//                        once per query tile. P and dS are rounded to the 16-bit type as
+//                        is loaded once into shared memory (Q forward, kept as fragments;
+//                        K/V backward, read as fragments each query tile); the streamed tiles
+//                        (K/V forward, Q/dO backward) are double-buffered there with cp.async,
+//                        and dS^T passes through it once per query tile. P and dS are rounded to the 16-bit type as
 //                        mma.sync inputs.
 //   float32              the reference-precision path: every tile in shared memory, products
 //                        as register-blocked float32 FMAs, the same algorithm step by step.
@@ -581,8 +581,11 @@ struct F32BwdLayout {
     }
 };
 
+// Its tiles fill most of an SM's shared memory, so a block has the SM to itself: saying so
+// (at least 1 block per SM) lets ptxas use the registers, where its default occupancy target
+// held it to 80 on sm_80 and spilled.
 template <int D, int BR, int BC>
-__global__ void __launch_bounds__(kThreads) attention_backward_f32_kernel(AttnParams p) {
+__global__ void __launch_bounds__(kThreads, 1) attention_backward_f32_kernel(AttnParams p) {
     using T = float;
     using L = F32BwdLayout<D, BR, BC>;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -739,15 +742,6 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
         load_tile<T, D, BC>(sK, LDT, static_cast<const T*>(p.k) + kv_off, min(BC, kv_len - k0));
         load_tile<T, D, BC>(sV, LDT, static_cast<const T*>(p.v) + kv_off, min(BC, kv_len - k0));
         __syncthreads();
-        uint32_t kf[D / 16][4];  // this warp's 16 keys of K as A fragments
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const T* row = sK + (kr + g) * LDT + kk * 16 + 2 * t;
-            kf[kk][0] = load2(row);
-            kf[kk][1] = load2(row + 8 * LDT);
-            kf[kk][2] = load2(row + 8);
-            kf[kk][3] = load2(row + 8 * LDT + 8);
-        }
         for (int tile = 0; tile < n_tiles; ++tile) {
             const int q0 = q_first + tile * BR, q_valid = min(BR, p.T - q0);
             const size_t q_off = (size_t(bh) * p.T + q0) * D;
@@ -763,11 +757,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
             const float* sLse = sLse2 + (tile & 1) * BR;
             const float* sDelta = sDelta2 + (tile & 1) * BR;
 
-            // S^T = K Q^T and dP^T = V dO^T: B(d, query) is a row pair of Q or dO.
+            // S^T = K Q^T and dP^T = V dO^T: A is this warp's 16 keys of K or V, read from shared
+            // memory each tile (kept in registers beside dK and dV, K alone would spill at
+            // D = 128); B(d, query) is a row pair of Q or dO.
             float st[NQ][4] = {}, dpt[NQ][4] = {};
             #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
+                const T* krow = sK + (kr + g) * LDT + kk * 16 + 2 * t;
                 const T* vrow = sV + (kr + g) * LDT + kk * 16 + 2 * t;
+                uint32_t kf[4] = {load2(krow), load2(krow + 8 * LDT), load2(krow + 8), load2(krow + 8 * LDT + 8)};
                 uint32_t vf[4] = {load2(vrow), load2(vrow + 8 * LDT), load2(vrow + 8), load2(vrow + 8 * LDT + 8)};
                 #pragma unroll
                 for (int n = 0; n < NQ; ++n) {
@@ -775,7 +773,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_mma_kernel(AttnPa
                     const T* orow = sdO + (n * 8 + g) * LDT + kk * 16 + 2 * t;
                     uint32_t qb[2] = {load2(qrow), load2(qrow + 8)};
                     uint32_t ob[2] = {load2(orow), load2(orow + 8)};
-                    mma_16816<T>(st[n], kf[kk], qb);
+                    mma_16816<T>(st[n], kf, qb);
                     mma_16816<T>(dpt[n], vf, ob);
                 }
             }

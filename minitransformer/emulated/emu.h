@@ -80,6 +80,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <algorithm>
 #include <barrier>
@@ -970,8 +971,27 @@ inline cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr
     return cudaSuccess;
 }
 
+// While on (mt_emu_log_launches), every launch's kernel, grid, block and dynamic shared memory,
+// in order: which instantiation each launcher chose, and with how many threads
+// (emulator.logged_launches reads them).
+struct LaunchLog {
+    std::mutex mutex;
+    bool on = false;
+    std::vector<std::array<unsigned long long, 8>> records;  // kernel, grid x y z, block x y z, smem
+};
+inline LaunchLog& launch_log() {
+    static LaunchLog one;
+    return one;
+}
+
 template <typename... KArgs>
 Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+    {
+        std::lock_guard lock(launch_log().mutex);
+        if (launch_log().on)
+            launch_log().records.push_back({reinterpret_cast<uintptr_t>(kernel), grid.x, grid.y, grid.z,
+                                            block.x, block.y, block.z, smem});
+    }
     if (smem > kDefaultDynamicSmem) {
         std::lock_guard lock(opt_ins().mutex);
         const auto granted = opt_ins().bytes.find(reinterpret_cast<const void*>(kernel));
@@ -1027,6 +1047,21 @@ extern "C" __attribute__((used, visibility("default"))) inline unsigned long lon
 }
 extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_restart_block_order() {
     mt_emu::block_order_state().launches = 0;
+}
+// The launch log: turned on (and emptied) or off; its length; record i as 8 numbers.
+extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_log_launches(int on) {
+    std::lock_guard lock(mt_emu::launch_log().mutex);
+    mt_emu::launch_log().on = on;
+    if (on) mt_emu::launch_log().records.clear();
+}
+extern "C" __attribute__((used, visibility("default"))) inline size_t mt_emu_launch_count() {
+    std::lock_guard lock(mt_emu::launch_log().mutex);
+    return mt_emu::launch_log().records.size();
+}
+extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_launch_record(size_t i,
+                                                                                      unsigned long long* out) {
+    std::lock_guard lock(mt_emu::launch_log().mutex);
+    std::copy_n(mt_emu::launch_log().records.at(i).begin(), 8, out);
 }
 
 #define threadIdx (mt_emu::ts.thread)

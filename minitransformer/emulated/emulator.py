@@ -27,6 +27,7 @@ files it changes, and bindings.cpp, host code, is compiled once, plain, for ever
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -271,6 +272,60 @@ def restart_block_order(path: Path | None = None) -> None:
     library = _library(path)
     if library is not None:
         library.mt_emu_restart_block_order()
+
+
+@dataclass(frozen=True)
+class LoggedLaunch:
+    """One kernel launch of the emulated module, as logged_launches records it."""
+
+    kernel: str                    # the kernel's symbol, demangled: "void mt::...::name<args>(params)"
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int                      # dynamic shared memory, bytes
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@functools.cache
+def _symbols(path: Path) -> dict[int, str]:
+    """Offset in the module at ``path`` -> demangled name, for every function it defines (local
+    ones too: the kernels live in an anonymous namespace)."""
+    listing = subprocess.run(["nm", "--defined-only", "--demangle", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    symbols = {}
+    for line in listing.splitlines():
+        value, kind, name = line.split(" ", 2)
+        if kind in "tTwW":
+            symbols[int(value, 16)] = name
+    return symbols
+
+
+@contextlib.contextmanager
+def logged_launches(path: Path | None = None):
+    """``with logged_launches() as log:`` fills ``log`` (a list) with the LoggedLaunch of every
+    kernel launched inside the block, in order, when the block ends: the kernel instance each
+    launcher chose and its threads. For the module at ``path`` (default: build()'s), loaded here."""
+    path = path or _built
+    if path is None:
+        raise RuntimeError("logged_launches: the emulated kernels are not loaded (emulator.build())")
+    library = _library(path)
+    library.mt_emu_launch_count.restype = ctypes.c_size_t
+    names = _symbols(path)
+    anchor = ctypes.cast(library.mt_emu_launch_count, ctypes.c_void_p).value
+    base = anchor - next(offset for offset, name in names.items() if name == "mt_emu_launch_count")
+    log: list[LoggedLaunch] = []
+    library.mt_emu_log_launches(1)
+    try:
+        yield log
+    finally:
+        library.mt_emu_log_launches(0)
+        record = (ctypes.c_ulonglong * 8)()
+        for i in range(library.mt_emu_launch_count()):
+            library.mt_emu_launch_record(ctypes.c_size_t(i), record)
+            kernel, *dims, smem = list(record)
+            log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem))
 
 
 def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,

@@ -1,6 +1,6 @@
 """What each CUDA kernel of csrc/ asks of every GPU architecture setup.py builds for.
 
-    python -m minitransformer.kernels.resources     prints the table below (needs nvcc and g++)
+    python -m minitransformer.kernels.resources     prints the tables below (needs nvcc and g++)
 
 A block runs only if its shared memory (static, from the kernel's code, plus dynamic, from the
 launch) fits the device's cudaDevAttrMaxSharedMemoryPerBlockOptin, and each thread's registers
@@ -13,6 +13,13 @@ launchers report the variants they choose from (``_C.launch_configs``, here from
 build, which needs no GPU). ``rows`` joins the two; tests/kernels/test_resources.py
 checks them against the limits. The compilation (about a minute on two cores) is cached
 in the temp directory under a hash of the sources, the flags and the compiler.
+
+The second table is the occupancy of every kernel instance the launchers launch: how many of
+its blocks one SM holds at once, and whether registers, shared memory or the SM's thread or
+block slots stop it holding more (the rules of the toolkit's cuda_occupancy.h). Which instances
+are launched, with how many threads and how much dynamic shared memory, is recorded on the
+emulated device (``launched``): every launcher is run at every dtype and width, once with
+each architecture's shared memory per block.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -31,10 +39,31 @@ from pathlib import Path
 from ..emulated import emulator
 from ..emulated.emulator import CSRC, cuda_home, setup_module
 
-# cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture, bytes (CUDA C++ Programming
-# Guide, "Technical Specifications per Compute Capability"). An architecture added to setup.py
-# needs its figure here.
-SHARED_MEMORY_PER_BLOCK = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+
+
+@dataclass(frozen=True)
+class SM:
+    """What one streaming multiprocessor of an architecture holds at once (CUDA C++ Programming
+    Guide, "Technical Specifications per Compute Capability"). An architecture added to
+    setup.py needs its figures here."""
+
+    threads: int    # resident threads
+    blocks: int     # resident blocks
+    registers: int  # 32-bit registers
+    shared: int     # shared memory, bytes (the largest carveout)
+
+
+SMS = {80: SM(2048, 32, 65536, 167936), 86: SM(1536, 16, 65536, 102400), 89: SM(1536, 24, 65536, 102400),
+       90: SM(2048, 32, 65536, 233472)}
+# How the hardware allocates them, on every architecture here (the rules of the toolkit's
+# cuda_occupancy.h): registers to warps in units of 256, each warp within one of the SM's 4
+# sub-partitions; shared memory to blocks in units of 128 bytes, 1 KiB of each reserved by the
+# driver.
+REGISTER_UNIT, SUB_PARTITIONS, SHARED_UNIT, RESERVED_SHARED = 256, 4, 128, 1024
+MAX_REGISTERS = 255  # per thread
+
+# cudaDevAttrMaxSharedMemoryPerBlockOptin: all of an SM's shared memory but the reserved KiB.
+SHARED_MEMORY_PER_BLOCK = {arch: sm.shared - RESERVED_SHARED for arch, sm in SMS.items()}
 
 
 @dataclass(frozen=True)
@@ -231,8 +260,161 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- occupancy
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """How many blocks of a kernel one SM holds at once, and what stops it holding more."""
+
+    blocks: int
+    limited_by: str  # "registers", "shared memory", "threads" or "blocks" (the SM's slots), or several
+    warps: int       # resident warps
+    fraction: float  # of the SM's warp slots
+
+
+def occupancy(arch: int, threads: int, registers: int, shared: int) -> Occupancy:
+    """Resident blocks per SM of a kernel with ``threads`` per block, ``registers`` per thread
+    and ``shared`` bytes of shared memory per block (static plus dynamic), by the allocation
+    rules above. 0 blocks: the block cannot run there at all."""
+    sm = SMS[arch]
+    warps = -(-threads // 32)
+    per_warp = _round_up(registers * 32, REGISTER_UNIT)
+    per_block = _round_up(shared + RESERVED_SHARED, SHARED_UNIT)
+    limits = {
+        "registers": (sm.registers // SUB_PARTITIONS // per_warp * SUB_PARTITIONS) // warps if per_warp else sm.blocks,
+        "shared memory": sm.shared // per_block,
+        "threads": sm.threads // 32 // warps,
+        "blocks": sm.blocks,
+    }
+    # A block's registers are checked as if its warps filled every sub-partition alike.
+    if registers > MAX_REGISTERS or per_warp * _round_up(warps, SUB_PARTITIONS) > sm.registers:
+        limits["registers"] = 0
+    blocks = min(limits.values())
+    limited_by = " and ".join(name for name, n in limits.items() if n == blocks)
+    return Occupancy(blocks, limited_by, blocks * warps, blocks * warps / (sm.threads // 32))
+
+
+def _short(name: str) -> str:
+    """A demangled symbol's kernel instance, as ptxas's table names it (kernel_name)."""
+    return kernel_name(name, name)
+
+
+def _launch_everything(launch, cupy) -> None:
+    """Every launcher at every dtype and width it takes a separate kernel instance for, on small
+    shapes: what matters is which instance each launches, with how many threads."""
+    import numpy as np
+
+    lim = launch.limits()
+    rng = np.random.default_rng(0)
+    for dtype in ("float32", "float16", "bfloat16"):
+        def array(*shape):
+            return cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+
+        for D in lim["attention_head_dims"]:
+            q, k, v, do = (array(1, 2, 8, D) for _ in range(4))
+            o, lse = launch.attention_forward(q, k, v)
+            launch.attention_backward(q, k, v, o, lse, do)
+            launch.attention_naive_forward(q, k, v)
+        for D in (lim["layernorm_max_d"], lim["layernorm_max_d"] - 1):  # 16-byte vectors, and not
+            x = array(2, D)
+            y, mean, rstd = launch.layernorm_forward(x, array(D), array(D))
+            launch.layernorm_backward(x, array(D), mean, rstd, array(2, D))
+        for V in (40, 2000):  # a warp per row, and a block per row
+            x = array(2, V)
+            launch.softmax_backward(launch.softmax_forward(x), array(2, V))
+            launch.cross_entropy_forward(x, cupy.zeros(2, dtype=cupy.int64))
+
+
+def _launched_here() -> dict[str, dict[str, list[int]]]:
+    """On the emulated device (MT_EMULATE_CUDA=1): arch -> kernel instance -> [threads, dynamic
+    shared memory] of what _launch_everything launches where the shared memory per block is
+    that architecture's."""
+    from .. import backend
+    from . import launch
+
+    if not backend.is_emulated("cuda"):
+        raise RuntimeError("_launched_here runs on the emulated device: set MT_EMULATE_CUDA=1")
+    out = {}
+    real_limit = launch.shared_memory_limit
+    try:
+        for arch, limit in sorted(SHARED_MEMORY_PER_BLOCK.items()):
+            launch.shared_memory_limit = lambda limit=limit: limit
+            with emulator.logged_launches() as log:
+                _launch_everything(launch, backend._cupy)
+            kernels: dict[str, list[int]] = {}
+            for record in log:
+                seen = kernels.setdefault(_short(record.kernel), [record.threads, record.smem])
+                if seen != [record.threads, record.smem]:
+                    raise RuntimeError(f"{_short(record.kernel)} was launched with {seen} and with "
+                                       f"{[record.threads, record.smem]} threads and bytes")
+            out[str(arch)] = kernels
+    finally:
+        launch.shared_memory_limit = real_limit
+    return out
+
+
+def launched() -> dict[int, dict[str, tuple[int, int]]]:
+    """Architecture -> kernel instance -> (threads, dynamic shared memory) of every launch the
+    launchers make there, recorded on the emulated device (a subprocess; about a minute)."""
+    code = "import json; from minitransformer.kernels import resources; print(json.dumps(resources._launched_here()))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, MT_EMULATE_CUDA="1"), cwd=emulator.ROOT)
+    if result.returncode:
+        raise RuntimeError(f"recording the launches failed:\n{result.stderr[-4000:]}")
+    table = json.loads(result.stdout.splitlines()[-1])
+    return {int(arch): {k: tuple(v) for k, v in kernels.items()} for arch, kernels in table.items()}
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A launched kernel instance on one architecture: what it asks of an SM, and how many of
+    its blocks an SM holds."""
+
+    kernel: str
+    arch: int
+    threads: int
+    usage: Usage
+    dynamic_smem: int
+    occupancy: Occupancy
+
+    @property
+    def spilled(self) -> int:
+        return self.usage.spill_stores + self.usage.spill_loads
+
+
+def residents(usage: dict[int, dict[str, Usage]], launches: dict[int, dict[str, tuple[int, int]]]) -> list[Resident]:
+    """Every launched instance on every architecture, with ptxas's figures and its occupancy."""
+    out = []
+    for arch, kernels in sorted(launches.items()):
+        for kernel, (threads, smem) in sorted(kernels.items()):
+            u = usage[arch][kernel]
+            out.append(Resident(kernel, arch, threads, u, smem,
+                                occupancy(arch, threads, u.registers, u.static_smem + smem)))
+    return out
+
+
+def occupancy_table(residents: list[Resident]) -> str:
+    """The launched instances as a Markdown table, a line each per architecture."""
+    lines = ["arch | kernel | threads | registers | spilled | shared memory | blocks / SM | limited by | warps",
+             "--- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---:"]
+    for r in residents:
+        o = r.occupancy
+        lines.append(f"sm_{r.arch} | `{r.kernel}` | {r.threads} | {r.usage.registers} | {r.spilled} B | "
+                     f"{r.usage.static_smem + r.dynamic_smem} B | {o.blocks} | {o.limited_by} | "
+                     f"{o.warps} ({o.fraction:.0%})")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     for reason in (unavailable_reason(), emulator.unavailable_reason()):
         if reason:
             raise SystemExit(f"cannot build the table: {reason}")
-    print(table(rows(emulator.build(), kernel_usage())))
+    usage = kernel_usage()
+    print(table(rows(emulator.build(), usage)))
+    print()
+    print(occupancy_table(residents(usage, launched())))
