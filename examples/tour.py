@@ -241,12 +241,12 @@ def draw_positions(out: str) -> None:
     length, d_model = 100, 64
     say(f"[4/8] Sinusoidal positional encoding (section 3.5): {length} positions, d_model={d_model}")
     table = nn.PositionalEncoding(d_model).table(length, "cpu").numpy()[:length]  # the module's own, float32
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(WIDTH, 3.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(WIDTH, 4.2))
     for d in (4, 5, 10, 20):
         period = 2 * math.pi * 10000 ** ((d - d % 2) / d_model)
         ax1.plot(table[:, d], label=f"dim {d} ({'sin' if d % 2 == 0 else 'cos'}, period {period:.0f})")
-    ax1.set(title="PE(pos, dim) for a few dimensions", xlabel="position", ylabel="value", ylim=(-1.1, 2.0))
-    ax1.legend(fontsize=8, ncol=2, loc="upper center")
+    ax1.set(title="PE(pos, dim) for a few dimensions", xlabel="position", ylabel="value", ylim=(-1.1, 1.1))
+    ax1.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below: off the curves
     image = ax2.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
     ax2.set(title="the whole table", xlabel="dimension", ylabel="position")
     fig.colorbar(image, ax=ax2)
