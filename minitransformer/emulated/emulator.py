@@ -289,17 +289,20 @@ class LoggedLaunch:
 
 
 @functools.cache
-def _symbols(path: Path) -> dict[int, str]:
-    """Offset in the module at ``path`` -> demangled name, for every function it defines (local
-    ones too: the kernels live in an anonymous namespace)."""
+def _functions(path: Path) -> dict[int, str]:
+    """Address in this process -> demangled name, for every function of the module at ``path``
+    (local ones too: the kernels live in an anonymous namespace), loaded here. nm gives offsets
+    in the file; one known symbol's address gives where the loader put them."""
     listing = subprocess.run(["nm", "--defined-only", "--demangle", str(path)], capture_output=True, text=True,
                              check=True).stdout
-    symbols = {}
+    names = {}
     for line in listing.splitlines():
         value, kind, name = line.split(" ", 2)
         if kind in "tTwW":
-            symbols[int(value, 16)] = name
-    return symbols
+            names[int(value, 16)] = name
+    anchor = ctypes.cast(_library(path).mt_emu_launch_count, ctypes.c_void_p).value
+    base = anchor - next(offset for offset, name in names.items() if name == "mt_emu_launch_count")
+    return {base + offset: name for offset, name in names.items()}
 
 
 @contextlib.contextmanager
@@ -312,9 +315,7 @@ def logged_launches(path: Path | None = None):
         raise RuntimeError("logged_launches: the emulated kernels are not loaded (emulator.build())")
     library = _library(path)
     library.mt_emu_launch_count.restype = ctypes.c_size_t
-    names = _symbols(path)
-    anchor = ctypes.cast(library.mt_emu_launch_count, ctypes.c_void_p).value
-    base = anchor - next(offset for offset, name in names.items() if name == "mt_emu_launch_count")
+    names = _functions(path)
     log: list[LoggedLaunch] = []
     library.mt_emu_log_launches(1)
     try:
@@ -325,7 +326,7 @@ def logged_launches(path: Path | None = None):
         for i in range(library.mt_emu_launch_count()):
             library.mt_emu_launch_record(ctypes.c_size_t(i), record)
             kernel, *dims, smem = list(record)
-            log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem))
+            log.append(LoggedLaunch(names[kernel], tuple(dims[:3]), tuple(dims[3:]), smem))
 
 
 def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,

@@ -124,12 +124,12 @@ def parse_ptxas(log: str) -> dict[str, Usage]:
     return usage
 
 
-def kernel_name(mangled: str, demangled: str) -> str:
-    """The instance's name as the launchers report it: 'void mt::(anonymous namespace)::
-    attention_forward_f32_kernel<64, 32, 64>(mt::...)' -> 'attention_forward_f32_kernel<64, 32, 64>'."""
+def kernel_name(demangled: str) -> str:
+    """A demangled symbol's kernel instance, as the launchers report it: 'void mt::(anonymous
+    namespace)::attention_forward_f32_kernel<64, 32, 64>(mt::...)' -> 'attention_forward_f32_kernel<64, 32, 64>'."""
     m = re.search(r"(\w+(?:<[^()]*>)?)\(", demangled)
     if m is None:
-        raise ValueError(f"cannot read the kernel name in {demangled!r} (from {mangled})")
+        raise ValueError(f"cannot read the kernel name in {demangled!r}")
     return m.group(1)
 
 
@@ -163,7 +163,7 @@ def kernel_usage() -> dict[int, dict[str, Usage]]:
         mangled = sorted({name for _, usage in logs for name in usage})
         demangled = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True,
                                    text=True, check=True).stdout.splitlines()
-        names = {m: kernel_name(m, d) for m, d in zip(mangled, demangled)}
+        names = {m: kernel_name(d) for m, d in zip(mangled, demangled)}
         table: dict[str, dict[str, dict]] = {str(arch): {} for arch in archs}
         for arch, usage in logs:
             table[str(arch)].update({names[m]: asdict(u) for m, u in usage.items()})
@@ -299,11 +299,6 @@ def occupancy(arch: int, threads: int, registers: int, shared: int) -> Occupancy
     return Occupancy(blocks, limited_by, blocks * warps, blocks * warps / (sm.threads // 32))
 
 
-def _short(name: str) -> str:
-    """A demangled symbol's kernel instance, as ptxas's table names it (kernel_name)."""
-    return kernel_name(name, name)
-
-
 def _launch_everything(launch, cupy) -> None:
     """Every launcher at every dtype and width it takes a separate kernel instance for, on small
     shapes: what matters is which instance each launches, with how many threads."""
@@ -330,44 +325,42 @@ def _launch_everything(launch, cupy) -> None:
             launch.cross_entropy_forward(x, cupy.zeros(2, dtype=cupy.int64))
 
 
-def _launched_here() -> dict[str, dict[str, list[int]]]:
-    """On the emulated device (MT_EMULATE_CUDA=1): arch -> kernel instance -> [threads, dynamic
-    shared memory] of what _launch_everything launches where the shared memory per block is
-    that architecture's."""
+def _launched_here() -> dict[str, list[int]]:
+    """On the emulated device (MT_EMULATE_CUDA=1), as configured: kernel instance -> [threads,
+    dynamic shared memory] of what _launch_everything launches."""
     from .. import backend
     from . import launch
 
     if not backend.is_emulated("cuda"):
         raise RuntimeError("_launched_here runs on the emulated device: set MT_EMULATE_CUDA=1")
-    out = {}
-    real_limit = launch.shared_memory_limit
-    try:
-        for arch, limit in sorted(SHARED_MEMORY_PER_BLOCK.items()):
-            launch.shared_memory_limit = lambda limit=limit: limit
-            with emulator.logged_launches() as log:
-                _launch_everything(launch, backend._cupy)
-            kernels: dict[str, list[int]] = {}
-            for record in log:
-                seen = kernels.setdefault(_short(record.kernel), [record.threads, record.smem])
-                if seen != [record.threads, record.smem]:
-                    raise RuntimeError(f"{_short(record.kernel)} was launched with {seen} and with "
-                                       f"{[record.threads, record.smem]} threads and bytes")
-            out[str(arch)] = kernels
-    finally:
-        launch.shared_memory_limit = real_limit
-    return out
+    with emulator.logged_launches() as log:
+        _launch_everything(launch, backend._cupy)
+    kernels: dict[str, list[int]] = {}
+    for record in log:
+        name = kernel_name(record.kernel)
+        seen = kernels.setdefault(name, [record.threads, record.smem])
+        if seen != [record.threads, record.smem]:
+            raise RuntimeError(f"{name} was launched with {seen} and with {[record.threads, record.smem]} "
+                               f"threads and bytes")
+    return kernels
 
 
 def launched() -> dict[int, dict[str, tuple[int, int]]]:
     """Architecture -> kernel instance -> (threads, dynamic shared memory) of every launch the
-    launchers make there, recorded on the emulated device (a subprocess; about a minute)."""
-    code = "import json; from minitransformer.kernels import resources; print(json.dumps(resources._launched_here()))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=dict(os.environ, MT_EMULATE_CUDA="1"), cwd=emulator.ROOT)
-    if result.returncode:
-        raise RuntimeError(f"recording the launches failed:\n{result.stderr[-4000:]}")
-    table = json.loads(result.stdout.splitlines()[-1])
-    return {int(arch): {k: tuple(v) for k, v in kernels.items()} for arch, kernels in table.items()}
+    launchers make there: a process each, on the emulated device configured with that
+    architecture's shared memory per block (about a minute in all)."""
+    out = {}
+    for arch, limit in sorted(SHARED_MEMORY_PER_BLOCK.items()):
+        code = ("import json; from minitransformer.emulated import cupy; "
+                f"cupy.configure(max_shared_memory_per_block_optin={limit}); "
+                "from minitransformer.kernels import resources; print(json.dumps(resources._launched_here()))")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=dict(os.environ, MT_EMULATE_CUDA="1"), cwd=emulator.ROOT)
+        if result.returncode:
+            raise RuntimeError(f"recording the launches on sm_{arch} failed:\n{result.stderr[-4000:]}")
+        kernels = json.loads(result.stdout.splitlines()[-1])
+        out[arch] = {k: tuple(v) for k, v in kernels.items()}
+    return out
 
 
 @dataclass(frozen=True)

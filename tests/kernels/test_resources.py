@@ -133,11 +133,11 @@ def test_the_launch_log_names_the_instance_each_launcher_chose(C):
     limit = resources.SHARED_MEMORY_PER_BLOCK[86]
     with emulator.logged_launches() as log:
         emulated.attention(C, q, k, v, do, None, False, "float16", smem_limit=limit)
-    assert [resources._short(r.kernel).split("<")[0] for r in log] == [
+    assert [resources.kernel_name(r.kernel).split("<")[0] for r in log] == [
         "attention_forward_mma_kernel", "attention_backward_delta_kernel", "attention_backward_mma_kernel",
         "cast_from_float_kernel"]
     forward = C.launch_config("attention_forward", 1, 64, limit)
-    assert (resources._short(log[0].kernel), log[0].threads, log[0].smem) == (forward["kernel"], 128, forward["smem"])
+    assert (resources.kernel_name(log[0].kernel), log[0].threads, log[0].smem) == (forward["kernel"], 128, forward["smem"])
     assert log[0].grid == (1, 6, 1)  # a block per 64 queries, for each of the 2 x 3 heads
     with emulator.logged_launches() as empty:
         pass
