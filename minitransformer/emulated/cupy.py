@@ -220,6 +220,9 @@ class _Allocation:
 
 
 _allocations: dict[int, _Allocation] = {}  # id(root array) -> its record
+# Told (address, bytes) of each new buffer and (address, 0) of each freed one: the emulator's
+# counters, which count accesses to these as global memory (emulator.logged_launches).
+_observers: list = []
 _starts: list[tuple[int, int]] = []  # (address, id(root)) of every record, sorted
 _pool = {"used": 0, "peak": 0}
 
@@ -228,6 +231,8 @@ def _release(key: int) -> None:
     record = _allocations.pop(key)
     del _starts[bisect.bisect_left(_starts, (record.address, key))]
     _pool["used"] -= record.nbytes
+    for observe in _observers:
+        observe(record.address, 0)
 
 
 def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
@@ -243,6 +248,8 @@ def _allocation(a: np.ndarray) -> tuple[_Allocation, bool]:
     weakref.finalize(root, _release, id(root))
     _pool["used"] += record.nbytes
     _pool["peak"] = max(_pool["peak"], _pool["used"])
+    for observe in _observers:
+        observe(record.address, record.nbytes)
     return record, True
 
 

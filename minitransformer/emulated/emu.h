@@ -76,6 +76,15 @@
 // CuPy's (minitransformer/emulated/cupy.py), not this file's.
 #pragma once
 
+// The count variant (emulator.py's "count") is compiled with -fsanitize=kernel-address, which
+// only calls a function before every load and store; those functions count (Counting, below).
+// No AddressSanitizer runtime, no shadow memory, nothing checked: so not MT_EMU_ASAN.
+#if defined(__SANITIZE_ADDRESS__) && !defined(MT_EMU_COUNT)
+#define MT_EMU_ASAN 1
+#else
+#define MT_EMU_ASAN 0
+#endif
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -104,7 +113,7 @@
 #include <utility>
 #include <vector>
 
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
@@ -149,12 +158,37 @@ struct Unobserved {
 // before what the second does after subscribing.
 inline void publish(void* address) { __tsan_release(address); }
 inline void subscribe(void* address) { __tsan_acquire(address); }
+#elif defined(MT_EMU_COUNT)
+// In the count variant, the emulator's own accesses are not the kernel's: they pause Counting.
+inline int counting_paused = 0;
+struct Unobserved {
+    Unobserved() { ++counting_paused; }
+    ~Unobserved() { --counting_paused; }
+    Unobserved(const Unobserved&) = delete;
+    Unobserved& operator=(const Unobserved&) = delete;
+};
+inline void publish(void*) {}
+inline void subscribe(void*) {}
 #else
 struct Unobserved {
     Unobserved() {}
 };
 inline void publish(void*) {}
 inline void subscribe(void*) {}
+#endif
+
+// The count variant closes a warp's requests where its lanes meet (Counting, below): the first
+// thread out of a meeting closes those of the meeting's warp (-1: of every warp).
+#ifdef MT_EMU_COUNT
+inline void close_requests(int warp);
+inline void count_meeting(unsigned& closed, unsigned phase, int warp) {
+    if (closed != phase) {
+        closed = phase;
+        close_requests(warp);
+    }
+}
+#else
+inline void count_meeting(unsigned&, unsigned, int) {}
 #endif
 
 // ---------------------------------------------------------------------------- barriers
@@ -247,6 +281,7 @@ class OrderedBarrier {
         publish(phase);
         barrier_.arrive_and_wait();
         subscribe(phase);
+        count_meeting(closed_, barrier_.phase(), -1);
     }
 
     // What an exited thread wrote is visible after the phase it leaves in.
@@ -258,6 +293,7 @@ class OrderedBarrier {
   private:
     Barrier barrier_;
     char published_[2];
+    unsigned closed_ = 0;  // the last phase whose requests are counted
 };
 
 // Warp collectives exchange registers through slots: a lane posts its values to slots[k % 2]
@@ -265,8 +301,10 @@ class OrderedBarrier {
 // makes one meeting per collective enough: a lane posts to a set again only after the next
 // meeting, which every lane reaches after its reads.
 struct Warp {
-    explicit Warp(int lanes) : barrier(lanes) {}
+    Warp(int index, int lanes) : index(index), barrier(lanes) {}
+    int index;  // in its block
     Barrier barrier;
+    unsigned closed = 0;  // the last meeting whose requests are counted
     struct Slots {
         float value[32];
         uint32_t mma_a[32][4], mma_b[32][2];
@@ -278,7 +316,7 @@ struct Warp {
 struct Block {
     explicit Block(int threads) : barrier(threads) {
         for (int w = 0; w < (threads + 31) / 32; ++w)
-            warps.push_back(std::make_unique<Warp>(std::min(32, threads - 32 * w)));
+            warps.push_back(std::make_unique<Warp>(w, std::min(32, threads - 32 * w)));
     }
     OrderedBarrier barrier;
     std::vector<std::unique_ptr<Warp>> warps;
@@ -377,6 +415,29 @@ class SharedMemory {
     unsigned char* dynamic() const { return dynamic_; }
     unsigned char poison() const { return poison_; }  // this block's
 
+    // Where `p` lies as the kernel sees shared memory, or false outside every array: a carved
+    // array's bytes at their offset in the layout; static array i's at (i + 1) << 32 on (each
+    // array 128-byte aligned, so that banks are as on the GPU, whatever their order there).
+    bool layout_address(uintptr_t p, uintptr_t& out) const {
+        const auto& arrays = static_shared_arrays();
+        for (size_t i = 0; i < arrays.size(); ++i) {
+            const auto start = reinterpret_cast<uintptr_t>(*arrays[i].storage);
+            if (p - start < arrays[i].bytes) {
+                out = ((i + 1) << 32) + (p - start);
+                return true;
+            }
+        }
+        const uintptr_t b = p - reinterpret_cast<uintptr_t>(dynamic_);
+        if (!dynamic_ || b >= 2 * bytes_) return false;
+        auto array = carved_.upper_bound(b / 2);  // the last array at 2 o <= b
+        if (array == carved_.begin()) return false;
+        --array;
+        const auto& [offset, bytes] = *array;
+        if (b - 2 * offset >= bytes) return false;  // in the gap after it
+        out = b - offset;
+        return true;
+    }
+
     // The array of `bytes` at `offset` of the kernel's layout; every thread of a block carves
     // the same arrays, the first to ask opens it.
     void* carve(size_t offset, size_t bytes) {
@@ -389,7 +450,7 @@ class SharedMemory {
         unsigned char* array = dynamic_ + 2 * offset;
         std::lock_guard lock(mutex_);
         if (carved_.emplace(offset, bytes).second) {
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
             ASAN_UNPOISON_MEMORY_REGION(array, bytes);
 #endif
         }
@@ -421,11 +482,11 @@ class SharedMemory {
         if (!dynamic_) dynamic_ = allocate();
 #endif
         if (dynamic_) {
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
             ASAN_UNPOISON_MEMORY_REGION(dynamic_, 2 * bytes_);
 #endif
             std::memset(dynamic_, poison_, 2 * bytes_);
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
             ASAN_POISON_MEMORY_REGION(dynamic_, 2 * bytes_);  // until carved
 #endif
         }
@@ -445,7 +506,7 @@ class SharedMemory {
     }
 
     void release(unsigned char* buffer) const {
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
         if (buffer) ASAN_UNPOISON_MEMORY_REGION(buffer, 2 * bytes_);
 #endif
         std::free(buffer);
@@ -453,7 +514,7 @@ class SharedMemory {
 
     // A write outside the arrays the block carved (under ASan reported as it happened).
     void check_gaps() const {
-#ifndef __SANITIZE_ADDRESS__
+#if !MT_EMU_ASAN
         Unobserved hidden;
         size_t from = 0;  // the first byte of the current gap, and the array before it
         std::pair<size_t, size_t> before{0, 0};
@@ -501,6 +562,206 @@ class SharedMemory {
 inline unsigned char* dynamic_smem() { return ts.shared->dynamic(); }
 inline void* carve_shared(size_t offset, size_t bytes) { return ts.shared->carve(offset, bytes); }
 #define MT_EMULATED_SMEM 1
+
+// ---------------------------------------------------------------------------- counting
+
+#ifdef MT_EMU_COUNT
+// What a launch will cost in memory traffic, read off the addresses its threads touch (what
+// Nsight Compute counts on a GPU). In the count variant, -fsanitize=kernel-address calls
+// count_access before every load and store, and the primitives below (ldmatrix, mma.sync,
+// cp.async, __syncthreads, atomicAdd) count themselves. An access counts where it lands in
+// global memory (the arrays registered by mt_emu_count_global: the emulated CuPy's) or in a
+// shared array; what spills to a thread's stack, and the emulator's own accesses (Unobserved),
+// do not.
+//
+// A request is one instruction of a warp, its lanes' accesses together. Here the lanes run one
+// after another, so the k-th access that each lane makes at one program point (the return
+// address of the call that counts it) and of one kind makes the k-th request there; a warp's
+// requests close where its lanes meet (a collective, a barrier, the block's end), by when each
+// lane has made its accesses. Lanes that branched away leave requests of fewer lanes, as on
+// the GPU. What a request costs:
+//   global memory  its 32-byte sectors, counted from its array's start as if that were
+//                  256-byte aligned (as cudaMalloc's are; NumPy's buffers are 16-byte aligned);
+//                  ideally its distinct bytes / 32, rounded up
+//   shared memory  its wavefronts: lanes in phases of 128 bytes (32 lanes of 4-byte accesses,
+//                  16 of 8, 8 of 16, as ldmatrix's rows), each phase as many as its busiest
+//                  bank has distinct 4-byte words (one word read by many lanes is one
+//                  broadcast); ideally one a phase, and each one more is a bank conflict
+//   barriers, mma  one per warp
+// At the width the source states (the variant builds with -O1, which does not vectorise):
+// nvcc may merge or split accesses that g++ keeps, which the first GPU run compares.
+enum CountKind : unsigned {
+    kGlobalLoad, kGlobalStore, kGlobalAtomic, kCpAsyncRead,  // in global memory
+    kSharedLoad, kSharedStore, kLdmatrix, kCpAsyncWrite,     // in shared memory
+    kBarrier, kMma, kCountKinds
+};
+
+struct Counting {
+    struct Access {
+        unsigned lane;
+        uintptr_t address;  // global: from its array's start, aligned as above; shared: layout_address
+        unsigned size;
+    };
+    using Point = std::pair<uintptr_t, unsigned>;  // (return address, kind)
+    struct Warp {
+        std::map<std::pair<unsigned, Point>, unsigned> made;               // (lane, point) -> accesses
+        std::map<std::pair<Point, unsigned>, std::vector<Access>> requests;  // (point, k) -> accesses
+    };
+    struct Total {
+        unsigned long long requests = 0, accesses = 0, bytes = 0, units = 0, ideal = 0;
+    };
+
+    bool on = false;       // mt_emu_log_launches
+    bool running = false;  // a CUDA thread, not the scheduler between them
+    size_t launch = 0;     // its index in the launch log
+    std::map<uintptr_t, size_t> globals;  // the arrays of global memory: start -> bytes
+    std::vector<Warp> warps;              // the running block's
+    std::map<Point, Total> totals;        // the running launch's
+    // launch, kind, return address, requests, accesses, bytes, sectors or wavefronts, ideally
+    std::vector<std::array<unsigned long long, 8>> records;
+};
+inline Counting counting_state;
+
+// The distinct bytes of a request's accesses.
+inline unsigned long long distinct_bytes(std::vector<Counting::Access> accesses) {
+    std::sort(accesses.begin(), accesses.end(),
+              [](const auto& a, const auto& b) { return a.address < b.address; });
+    unsigned long long bytes = 0;
+    uintptr_t end = 0;
+    for (const auto& a : accesses) {
+        const uintptr_t from = std::max(a.address, end), to = a.address + a.size;
+        if (to > from) bytes += to - from;
+        end = std::max(end, to);
+    }
+    return bytes;
+}
+
+// A request's (sectors or wavefronts, the ideal number of them).
+inline std::pair<unsigned long long, unsigned long long> request_cost(unsigned kind,
+                                                                       const std::vector<Counting::Access>& accesses) {
+    if (kind >= kBarrier) return {1, 1};
+    if (kind <= kCpAsyncRead) {
+        std::vector<uintptr_t> sectors;
+        for (const auto& a : accesses)
+            for (uintptr_t s = a.address / 32; s <= (a.address + a.size - 1) / 32; ++s) sectors.push_back(s);
+        std::sort(sectors.begin(), sectors.end());
+        const auto n = std::unique(sectors.begin(), sectors.end()) - sectors.begin();
+        return {n, (distinct_bytes(accesses) + 31) / 32};
+    }
+    unsigned width = 4;
+    for (const auto& a : accesses) width = std::max(width, a.size);
+    const unsigned lanes_per_phase = std::max(1u, std::min(32u, 128u / width));
+    std::map<unsigned, std::map<uintptr_t, std::vector<uintptr_t>>> phases;  // phase -> bank -> words
+    for (const auto& a : accesses)
+        for (uintptr_t w = a.address / 4; w <= (a.address + a.size - 1) / 4; ++w)
+            phases[a.lane / lanes_per_phase][w % 32].push_back(w);
+    unsigned long long wavefronts = 0;
+    for (auto& [phase, banks] : phases) {
+        size_t busiest = 0;
+        for (auto& [bank, words] : banks) {
+            std::sort(words.begin(), words.end());
+            busiest = std::max<size_t>(busiest, std::unique(words.begin(), words.end()) - words.begin());
+        }
+        wavefronts += busiest;
+    }
+    return {wavefronts, phases.size()};
+}
+
+// Close the requests of warp `warp` of the running block (-1: of every warp) into the totals.
+inline void close_requests(int warp) {
+    Unobserved hidden;
+    Counting& c = counting_state;
+    for (size_t w = 0; w < c.warps.size(); ++w) {
+        if (warp >= 0 && size_t(warp) != w) continue;
+        for (const auto& [key, accesses] : c.warps[w].requests) {
+            const auto [units, ideal] = request_cost(key.first.second, accesses);
+            Counting::Total& t = c.totals[key.first];
+            t.requests += 1;
+            t.accesses += accesses.size();
+            for (const auto& a : accesses) t.bytes += a.size;
+            t.units += units;
+            t.ideal += ideal;
+        }
+        c.warps[w].requests.clear();
+        c.warps[w].made.clear();
+    }
+}
+
+// One access of the running CUDA thread, at `address` as Counting::Access holds it.
+inline void count_at(unsigned kind, uintptr_t address, unsigned size, uintptr_t pc) {
+    Counting& c = counting_state;
+    const unsigned thread = ts.thread.x, lane = thread % 32;
+    Counting::Warp& warp = c.warps.at(thread / 32);
+    const Counting::Point point{pc, kind};
+    const unsigned k = warp.made[{lane, point}]++;
+    warp.requests[{point, k}].push_back({lane, address, size});
+}
+
+inline bool counting_now() {
+    const Counting& c = counting_state;
+    return c.on && c.running && !counting_paused;
+}
+
+// One access of `kind` at `p` (dropped where it lies outside the kind's memory), or an event.
+inline void count(unsigned kind, uintptr_t p, unsigned size, uintptr_t pc) {
+    if (!counting_now()) return;
+    Unobserved hidden;
+    uintptr_t address = 0;
+    if (kind <= kCpAsyncRead) {
+        const auto& globals = counting_state.globals;
+        auto array = globals.upper_bound(p);
+        if (array == globals.begin()) return;
+        --array;
+        if (p - array->first >= array->second) return;
+        address = p - array->first % 256;
+    } else if (kind <= kCpAsyncWrite && !ts.shared->layout_address(p, address)) {
+        return;
+    }
+    count_at(kind, address, size, pc);
+}
+
+// A load or store that the compiler instrumented: shared, global, or neither.
+[[gnu::no_sanitize_address]] inline void count_access(uintptr_t p, unsigned size, bool store, uintptr_t pc) {
+    if (!counting_now()) return;
+    uintptr_t address;
+    bool shared;
+    {
+        Unobserved hidden;
+        shared = ts.shared->layout_address(p, address);
+    }
+    if (!shared) return count(store ? kGlobalStore : kGlobalLoad, p, size, pc);
+    Unobserved hidden;
+    count_at(store ? kSharedStore : kSharedLoad, address, size, pc);
+}
+
+inline void count_running(bool running) { counting_state.running = running; }
+
+inline void count_block(int threads) {  // a block begins (threads > 0) or ends (0)
+    Counting& c = counting_state;
+    if (!c.on) return;
+    Unobserved hidden;
+    if (threads == 0) close_requests(-1);
+    c.warps.assign((threads + 31) / 32, {});
+}
+
+inline void count_launch() {  // its blocks have run: its totals become records
+    Counting& c = counting_state;
+    if (!c.on) return;
+    Unobserved hidden;
+    for (const auto& [point, t] : c.totals)
+        c.records.push_back({c.launch, point.second, point.first, t.requests, t.accesses, t.bytes, t.units, t.ideal});
+    c.totals.clear();
+}
+#define MT_EMU_COUNTED [[gnu::noinline]]  // so that its return address is its call site's
+#define MT_EMU_COUNT_HERE(kind, p, size) \
+    mt_emu::count(mt_emu::kind, uintptr_t(p), size, uintptr_t(__builtin_return_address(0)))
+#else
+inline void count_running(bool) {}
+inline void count_block(int) {}
+inline void count_launch() {}
+#define MT_EMU_COUNTED
+#define MT_EMU_COUNT_HERE(kind, p, size)
+#endif
 
 // ---------------------------------------------------------------------------- cp.async
 
@@ -697,7 +958,7 @@ class Scheduler {
             f.state.warp = first.block->warps[t / 32].get();
             f.state.copies = &f.copies;
             f.done = false;
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
             // the poison of the frames that the stack's last fiber left (it never returned)
             ASAN_UNPOISON_MEMORY_REGION(f.stack + kStack - kUnpoison, kUnpoison);
 #endif
@@ -768,7 +1029,9 @@ class Scheduler {
         ts = f.state;
         current_ = &f;
         start_switch(&main_fake_stack_, f.stack, kStack);
+        count_running(true);
         switch_stack(&main_sp_, f.sp);
+        count_running(false);
         finish_switch(main_fake_stack_);
     }
 
@@ -776,12 +1039,12 @@ class Scheduler {
 
     // AddressSanitizer's bookkeeping of a stack switch (a no-op without it).
     void start_switch(void** fake_stack, const void* bottom, size_t size) {
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
         __sanitizer_start_switch_fiber(fake_stack, bottom, size);
 #endif
     }
     void finish_switch(void* fake_stack) {
-#ifdef __SANITIZE_ADDRESS__
+#if MT_EMU_ASAN
         __sanitizer_finish_switch_fiber(fake_stack, &main_bottom_, &main_size_);
 #endif
     }
@@ -862,6 +1125,7 @@ struct Launcher {
         for (unsigned b : order) {
             shared.renew();
             Block state(threads);
+            count_block(threads);
             const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
             scheduler().run_block(threads, ThreadState{{}, index, block, grid, &state, nullptr, &shared, nullptr},
                                   [](const void* t, const ThreadState& st) {
@@ -869,7 +1133,9 @@ struct Launcher {
                                       run_thread(*task.self, *task.packed, st);
                                   },
                                   &task);
+            count_block(0);
         }
+        count_launch();
 #else
         run_on_os_threads(packed, order, shared, threads);
 #endif
@@ -988,9 +1254,13 @@ template <typename... KArgs>
 Launcher<KArgs...> launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t) {
     {
         std::lock_guard lock(launch_log().mutex);
-        if (launch_log().on)
+        if (launch_log().on) {
             launch_log().records.push_back({reinterpret_cast<uintptr_t>(kernel), grid.x, grid.y, grid.z,
                                             block.x, block.y, block.z, smem});
+#ifdef MT_EMU_COUNT
+            counting_state.launch = launch_log().records.size() - 1;
+#endif
+        }
     }
     if (smem > kDefaultDynamicSmem) {
         std::lock_guard lock(opt_ins().mutex);
@@ -1026,6 +1296,7 @@ void warp_collective(Post&& post, Read&& read) {
         post(slots);
     }
     w.barrier.arrive_and_wait();
+    count_meeting(w.closed, w.barrier.phase(), w.index);
     Unobserved hidden;
     read(std::as_const(slots));
 }
@@ -1048,11 +1319,17 @@ extern "C" __attribute__((used, visibility("default"))) inline unsigned long lon
 extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_restart_block_order() {
     mt_emu::block_order_state().launches = 0;
 }
-// The launch log: turned on (and emptied) or off; its length; record i as 8 numbers.
+// The launch log: turned on (and emptied) or off; its length; record i as 8 numbers. In the
+// count variant, the launches logged are counted (mt_emu_count_records).
 extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_log_launches(int on) {
     std::lock_guard lock(mt_emu::launch_log().mutex);
     mt_emu::launch_log().on = on;
     if (on) mt_emu::launch_log().records.clear();
+#ifdef MT_EMU_COUNT
+    mt_emu::Unobserved hidden;
+    mt_emu::counting_state.on = on;
+    if (on) mt_emu::counting_state.records.clear();
+#endif
 }
 extern "C" __attribute__((used, visibility("default"))) inline size_t mt_emu_launch_count() {
     std::lock_guard lock(mt_emu::launch_log().mutex);
@@ -1063,6 +1340,55 @@ extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_launc
     std::lock_guard lock(mt_emu::launch_log().mutex);
     std::copy_n(mt_emu::launch_log().records.at(i).begin(), 8, out);
 }
+
+#ifdef MT_EMU_COUNT
+// The counters: whether this module counts; the arrays of global memory (bytes 0 forgets the
+// one at `start`); the totals of each (launch, kind, program point), as 8 numbers each.
+extern "C" __attribute__((used, visibility("default"))) inline int mt_emu_counts() { return 1; }
+extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_count_global(uintptr_t start, size_t bytes) {
+    mt_emu::Unobserved hidden;
+    if (bytes) mt_emu::counting_state.globals[start] = bytes;
+    else mt_emu::counting_state.globals.erase(start);
+}
+extern "C" __attribute__((used, visibility("default"))) inline size_t mt_emu_count_records() {
+    return mt_emu::counting_state.records.size();
+}
+extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_count_record(size_t i, unsigned long long* out) {
+    mt_emu::Unobserved hidden;
+    std::copy_n(mt_emu::counting_state.records.at(i).begin(), 8, out);
+}
+// -fsanitize=kernel-address's calls before each load and store of N bytes: weak, for they are
+// defined in every source that includes this file, and not inline, for the compiler's calls
+// to them do not count as uses; hidden, so that each module counts its own.
+#define MT_EMU_COUNT_ACCESSES(N)                                                                        \
+    extern "C" [[gnu::no_sanitize_address, gnu::visibility("hidden"), gnu::weak, gnu::used]] void                      \
+    __asan_load##N##_noabort(uintptr_t p) {                                                             \
+        mt_emu::count_access(p, N, false, uintptr_t(__builtin_return_address(0)));                      \
+    }                                                                                                   \
+    extern "C" [[gnu::no_sanitize_address, gnu::visibility("hidden"), gnu::weak, gnu::used]] void                      \
+    __asan_store##N##_noabort(uintptr_t p) {                                                            \
+        mt_emu::count_access(p, N, true, uintptr_t(__builtin_return_address(0)));                       \
+    }
+MT_EMU_COUNT_ACCESSES(1)
+MT_EMU_COUNT_ACCESSES(2)
+MT_EMU_COUNT_ACCESSES(4)
+MT_EMU_COUNT_ACCESSES(8)
+MT_EMU_COUNT_ACCESSES(16)
+#undef MT_EMU_COUNT_ACCESSES
+extern "C" [[gnu::no_sanitize_address, gnu::visibility("hidden"), gnu::weak, gnu::used]] void __asan_loadN_noabort(uintptr_t p,
+                                                                                                  size_t size) {
+    mt_emu::count_access(p, unsigned(size), false, uintptr_t(__builtin_return_address(0)));
+}
+extern "C" [[gnu::no_sanitize_address, gnu::visibility("hidden"), gnu::weak, gnu::used]] void __asan_storeN_noabort(uintptr_t p,
+                                                                                                   size_t size) {
+    mt_emu::count_access(p, unsigned(size), true, uintptr_t(__builtin_return_address(0)));
+}
+// Its other calls, which count nothing: before a call that does not return (a throw, an
+// abort), and around the constructors of a source's globals.
+extern "C" [[gnu::visibility("hidden"), gnu::weak, gnu::used]] void __asan_handle_no_return() {}
+extern "C" [[gnu::visibility("hidden"), gnu::weak, gnu::used]] void __asan_before_dynamic_init(const char*) {}
+extern "C" [[gnu::visibility("hidden"), gnu::weak, gnu::used]] void __asan_after_dynamic_init() {}
+#endif
 
 #define threadIdx (mt_emu::ts.thread)
 #define blockIdx (mt_emu::ts.block_index)
@@ -1081,7 +1407,10 @@ extern "C" __attribute__((used, visibility("default"))) inline void mt_emu_launc
     mt_emu::func_set_attribute(reinterpret_cast<const void*>(kernel), attribute, value)
 #define cudaMemsetAsync(ptr, value, bytes, stream) (std::memset((ptr), (value), (bytes)), cudaSuccess)
 
-inline void __syncthreads() { mt_emu::ts.block->barrier.arrive_and_wait(); }
+MT_EMU_COUNTED inline void __syncthreads() {
+    MT_EMU_COUNT_HERE(kBarrier, 0, 0);
+    mt_emu::ts.block->barrier.arrive_and_wait();
+}
 
 inline float __shfl_sync(unsigned, float v, int src) { return mt_emu::shuffle(v, src); }
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
@@ -1091,15 +1420,21 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
 // cp.async: size - zfill bytes of the source, then zfill zero bytes, read as issued but written
 // only at the __pipeline_wait_prior that covers the copy's group; until then the destination
 // holds poison (a read too early gives NaN), and a copy no wait covers never lands.
-inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
+MT_EMU_COUNTED inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
     mt_emu::require_aligned(dst, size, "cp.async destination");
     if (zfill < size) mt_emu::require_aligned(src, size, "cp.async source");
+    if (zfill < size) MT_EMU_COUNT_HERE(kCpAsyncRead, src, unsigned(size - zfill));
+    MT_EMU_COUNT_HERE(kCpAsyncWrite, dst, unsigned(size));
     mt_emu::issue_async_copy(dst, src, size, zfill);
 }
 inline void __pipeline_commit() { mt_emu::commit_async_copies(); }
 inline void __pipeline_wait_prior(size_t pending) { mt_emu::land_async_copies(pending); }
 
-inline float atomicAdd(float* address, float value) {
+MT_EMU_COUNTED inline float atomicAdd(float* address, float value) {
+    MT_EMU_COUNT_HERE(kGlobalAtomic, address, 4);
+#ifdef MT_EMU_COUNT
+    mt_emu::Unobserved counted;  // above, as one access
+#endif
     return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
 }
 
@@ -1123,7 +1458,8 @@ float unpack_half(uint32_t bits, int which) {
 }
 
 template <typename T>
-void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+MT_EMU_COUNTED void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    MT_EMU_COUNT_HERE(kMma, 0, 0);
     const int me = mt_emu::lane(), g = me / 4, t = me % 4;
     // This lane's outputs D[g][2t + c] and D[g + 8][2t + c] need rows g and g + 8 of A, which
     // lanes 4 g + u hold, and columns 2t + c of B, which lanes 4 (2t + c) + u hold (u < 4).
@@ -1158,8 +1494,9 @@ void emulated_mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l gives row l % 8 of 8x8 tile l / 8;
 // r[i] of lane 4 g + t = (tile i)[2t][g] | (tile i)[2t + 1][g] << 16. The rows' addresses
 // pass between lanes unobserved; the reads of shared memory are the lane's own, and checked.
-inline void emulated_ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+MT_EMU_COUNTED inline void emulated_ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
     mt_emu::require_aligned(row, 16, "ldmatrix row");
+    MT_EMU_COUNT_HERE(kLdmatrix, row, 16);  // this lane's row; the reads below, of others' rows, are not its own
     const int me = mt_emu::lane(), g = me / 4, t = me % 4;
     const uint16_t* pairs[4][2];
     mt_emu::warp_collective([&](mt_emu::Warp::Slots& s) { s.row[me] = row; },
@@ -1168,5 +1505,8 @@ inline void emulated_ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
                                     for (int k = 0; k < 2; ++k)
                                         pairs[i][k] = static_cast<const uint16_t*>(s.row[8 * i + 2 * t + k]);
                             });
+#ifdef MT_EMU_COUNT
+    mt_emu::Unobserved counted;  // above, as the lanes' rows
+#endif
     for (int i = 0; i < 4; ++i) r[i] = uint32_t(pairs[i][0][g]) | (uint32_t(pairs[i][1][g]) << 16);
 }

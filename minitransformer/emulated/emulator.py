@@ -58,6 +58,11 @@ _FLAGS = {
     "address": ["-O1", "-g1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                 "-fno-sanitize-recover=all", "-fno-builtin-memcpy", "-fno-builtin-memset"],
     "thread": ["-O1", "-g1", "-fsanitize=thread", "-fno-builtin-memcpy", "-fno-builtin-memset"],
+    # Not a sanitizer: its instrumentation calls emu.h's counters before every load and store
+    # (no runtime, no shadow memory); -O1 keeps the accesses the source states (no vectorising).
+    "count": ["-O1", "-g1", "-DMT_EMU_COUNT", "-fsanitize=kernel-address",
+              "--param=asan-instrumentation-with-call-threshold=0", "--param=asan-stack=0",
+              "--param=asan-globals=0", "--param=asan-memintrin=0"],
 }
 _RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 
@@ -226,6 +231,29 @@ def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
     return module
 
 
+def compile_kernels(source: str, sanitize: str | None = None) -> Path:
+    """Compile (or reuse) CUDA source of one's own (a test's kernels, and extern "C" functions
+    that launch them) as csrc/'s kernels are compiled: translated, emu.h ahead of it, csrc/'s
+    headers beside it. Returns the shared library's path, for ctypes.CDLL."""
+    headers = {name: text for name, text in _sources(()).items() if name.endswith(".cuh")}
+    cmd = ["g++", "-std=c++20", "-fPIC", "-pthread", "-w", "-shared", f"-I{_cuda_include()}",
+           *_FLAGS[sanitize], "-include", str(EMU_H), "kernels.cpp", "-o", "kernels.so"]
+    text = translate(source)
+    library = CACHE / "kernels" / _digest(_compiler_version(), *cmd, EMU_H.read_text(), *headers.values(), text) / "kernels.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=library.parent))
+        try:
+            for name, header in headers.items():
+                (work / name).write_text(header)
+            (work / "kernels.cpp").write_text(text)
+            _run(cmd, work)
+            (work / "kernels.so").rename(library)  # atomic, as in objects()
+        finally:
+            shutil.rmtree(work)
+    return library
+
+
 def load(path: Path):
     """Import the module at ``path`` (a sanitized one only where its runtime is loaded)."""
     spec = importlib.util.spec_from_file_location("minitransformer_emulated._C", path)
@@ -274,6 +302,24 @@ def restart_block_order(path: Path | None = None) -> None:
         library.mt_emu_restart_block_order()
 
 
+# What emu.h's Counting counts, by its CountKind.
+KINDS = ("global load", "global store", "global atomic", "cp.async read", "shared load", "shared store",
+         "ldmatrix", "cp.async write", "barrier", "mma")
+
+
+@dataclass(frozen=True)
+class Count:
+    """What one program point of a launch cost, counted by the count variant (emu.h's Counting)."""
+
+    kind: str      # one of KINDS
+    line: str      # where in the source, "attention.cu:412"
+    requests: int  # warp instructions
+    accesses: int  # their lanes' accesses
+    bytes: int     # the bytes those accessed
+    units: int     # 32-byte sectors (global memory), wavefronts (shared memory), one a barrier or mma
+    ideal: int     # the fewest sectors or wavefronts the requests' bytes could take
+
+
 @dataclass(frozen=True)
 class LoggedLaunch:
     """One kernel launch of the emulated module, as logged_launches records it."""
@@ -282,17 +328,24 @@ class LoggedLaunch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int                      # dynamic shared memory, bytes
+    counts: tuple[Count, ...] = ()  # the count variant's, by program point
 
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
+    def total(self, *kinds: str) -> Count:
+        """The counts of these kinds (default: all) summed over the launch's program points."""
+        mine = [c for c in self.counts if not kinds or c.kind in kinds]
+        return Count("+".join(kinds) or "all", "", *(sum(getattr(c, f) for c in mine)
+                                                     for f in ("requests", "accesses", "bytes", "units", "ideal")))
+
 
 @functools.cache
-def _functions(path: Path) -> dict[int, str]:
-    """Address in this process -> demangled name, for every function of the module at ``path``
-    (local ones too: the kernels live in an anonymous namespace), loaded here. nm gives offsets
-    in the file; one known symbol's address gives where the loader put them."""
+def _load_base(path: Path) -> tuple[int, dict[int, str]]:
+    """Where the module at ``path``, loaded here, begins, and its functions by offset in the file
+    (demangled; local ones too: the kernels live in an anonymous namespace). nm gives offsets;
+    one known symbol's address gives where the loader put them."""
     listing = subprocess.run(["nm", "--defined-only", "--demangle", str(path)], capture_output=True, text=True,
                              check=True).stdout
     names = {}
@@ -301,32 +354,72 @@ def _functions(path: Path) -> dict[int, str]:
         if kind in "tTwW":
             names[int(value, 16)] = name
     anchor = ctypes.cast(_library(path).mt_emu_launch_count, ctypes.c_void_p).value
-    base = anchor - next(offset for offset, name in names.items() if name == "mt_emu_launch_count")
-    return {base + offset: name for offset, name in names.items()}
+    return anchor - next(offset for offset, name in names.items() if name == "mt_emu_launch_count"), names
+
+
+def _source_lines(path: Path, offsets: list[int]) -> dict[int, str]:
+    """"file:line" of each offset in the module at ``path`` (a return address: its call's line)."""
+    if not offsets:
+        return {}
+    found = subprocess.run(["addr2line", "-e", str(path), *(hex(o - 1) for o in offsets)], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    return {o: f"{Path(where.rsplit(':', 1)[0]).name}:{where.rsplit(':', 1)[1].split()[0]}"
+            for o, where in zip(offsets, found)}
 
 
 @contextlib.contextmanager
-def logged_launches(path: Path | None = None):
+def logged_launches(path: Path | None = None, memory=()):
     """``with logged_launches() as log:`` fills ``log`` (a list) with the LoggedLaunch of every
     kernel launched inside the block, in order, when the block ends: the kernel instance each
-    launcher chose and its threads. For the module at ``path`` (default: build()'s), loaded here."""
+    launcher chose and its threads. For the module at ``path`` (default: build()'s), loaded here.
+
+    A module of the count variant counts each launch too (LoggedLaunch.counts), in the global
+    memory of the emulated CuPy's arrays and of ``memory`` (NumPy arrays that a test's own
+    kernels take)."""
     path = path or _built
     if path is None:
         raise RuntimeError("logged_launches: the emulated kernels are not loaded (emulator.build())")
     library = _library(path)
     library.mt_emu_launch_count.restype = ctypes.c_size_t
-    names = _functions(path)
+    base, names = _load_base(path)
+    counts = hasattr(library, "mt_emu_counts")
+    emulated = sys.modules.get("minitransformer.emulated.cupy")
+    if counts:
+        library.mt_emu_count_records.restype = ctypes.c_size_t
+
+        def observe(address: int, nbytes: int) -> None:
+            library.mt_emu_count_global(ctypes.c_size_t(address), ctypes.c_size_t(nbytes))
+
+        arrays = [(a.ctypes.data, a.nbytes) for a in memory]
+        if emulated is not None:
+            arrays += [(r.address, r.nbytes) for r in emulated._allocations.values()]
+            emulated._observers.append(observe)
+        for address, nbytes in arrays:
+            observe(address, nbytes)
     log: list[LoggedLaunch] = []
     library.mt_emu_log_launches(1)
     try:
         yield log
     finally:
         library.mt_emu_log_launches(0)
+        by_launch: dict[int, list[list[int]]] = {}
+        if counts:
+            if emulated is not None:
+                emulated._observers.remove(observe)
+            for address, _ in arrays:
+                observe(address, 0)
+            record = (ctypes.c_ulonglong * 8)()
+            for i in range(library.mt_emu_count_records()):
+                library.mt_emu_count_record(ctypes.c_size_t(i), record)
+                by_launch.setdefault(record[0], []).append(list(record)[1:])
+        lines = _source_lines(path, sorted({pc - base for rows in by_launch.values() for _, pc, *_ in rows}))
         record = (ctypes.c_ulonglong * 8)()
         for i in range(library.mt_emu_launch_count()):
             library.mt_emu_launch_record(ctypes.c_size_t(i), record)
             kernel, *dims, smem = list(record)
-            log.append(LoggedLaunch(names[kernel], tuple(dims[:3]), tuple(dims[3:]), smem))
+            launch_counts = tuple(Count(KINDS[kind], lines[pc - base], *figures)
+                                  for kind, pc, *figures in sorted(by_launch.get(i, []), key=lambda r: (r[1], r[0])))
+            log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem, launch_counts))
 
 
 def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,
