@@ -59,8 +59,9 @@ _FLAGS = {
                 "-fno-sanitize-recover=all", "-fno-builtin-memcpy", "-fno-builtin-memset"],
     "thread": ["-O1", "-g1", "-fsanitize=thread", "-fno-builtin-memcpy", "-fno-builtin-memset"],
     # Not a sanitizer: its instrumentation calls emu.h's counters before every load and store
-    # (no runtime, no shadow memory); -O1 keeps the accesses the source states (no vectorising).
-    "count": ["-O1", "-g1", "-DMT_EMU_COUNT", "-fsanitize=kernel-address",
+    # (no runtime, no shadow memory); -O1 keeps the accesses the source states (no vectorising);
+    # DWARF 4, whose line tables addr2line reads with the #line file names (5's, as kernels.cpp).
+    "count": ["-O1", "-g1", "-gdwarf-4", "-DMT_EMU_COUNT", "-fsanitize=kernel-address",
               "--param=asan-instrumentation-with-call-threshold=0", "--param=asan-stack=0",
               "--param=asan-globals=0", "--param=asan-memintrin=0"],
 }
@@ -231,14 +232,15 @@ def compile_variant(sanitize: str | None = None, mutations=()) -> Path:
     return module
 
 
-def compile_kernels(source: str, sanitize: str | None = None) -> Path:
+def compile_kernels(source: str, sanitize: str | None = None, name: str = "kernels.cu") -> Path:
     """Compile (or reuse) CUDA source of one's own (a test's kernels, and extern "C" functions
     that launch them) as csrc/'s kernels are compiled: translated, emu.h ahead of it, csrc/'s
-    headers beside it. Returns the shared library's path, for ctypes.CDLL."""
+    headers beside it, its lines reported as ``name``'s. Returns the shared library's path,
+    for ctypes.CDLL."""
     headers = {name: text for name, text in _sources(()).items() if name.endswith(".cuh")}
     cmd = ["g++", "-std=c++20", "-fPIC", "-pthread", "-w", "-shared", f"-I{_cuda_include()}",
            *_FLAGS[sanitize], "-include", str(EMU_H), "kernels.cpp", "-o", "kernels.so"]
-    text = translate(source)
+    text = f'#line 1 "{name}"\n{translate(source)}'
     library = CACHE / "kernels" / _digest(_compiler_version(), *cmd, EMU_H.read_text(), *headers.values(), text) / "kernels.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
@@ -367,6 +369,21 @@ def _source_lines(path: Path, offsets: list[int]) -> dict[int, str]:
             for o, where in zip(offsets, found)}
 
 
+def _by_line(rows: list[list[int]], line) -> tuple[Count, ...]:
+    """Counts of (kind, return address, figures...) summed by kind and source line (an unrolled
+    loop has a program point per copy), in the order of the source."""
+    summed: dict[tuple[str, str], list[int]] = {}
+    for kind, pc, *figures in rows:
+        into = summed.setdefault((KINDS[kind], line(pc)), [0] * len(figures))
+        into[:] = [a + b for a, b in zip(into, figures)]
+
+    def place(key):
+        file, number = key[1].rsplit(":", 1)
+        return file, int(number) if number.isdigit() else 0, KINDS.index(key[0])
+
+    return tuple(Count(kind, where, *figures) for (kind, where), figures in sorted(summed.items(), key=lambda i: place(i[0])))
+
+
 @contextlib.contextmanager
 def logged_launches(path: Path | None = None, memory=()):
     """``with logged_launches() as log:`` fills ``log`` (a list) with the LoggedLaunch of every
@@ -417,9 +434,8 @@ def logged_launches(path: Path | None = None, memory=()):
         for i in range(library.mt_emu_launch_count()):
             library.mt_emu_launch_record(ctypes.c_size_t(i), record)
             kernel, *dims, smem = list(record)
-            launch_counts = tuple(Count(KINDS[kind], lines[pc - base], *figures)
-                                  for kind, pc, *figures in sorted(by_launch.get(i, []), key=lambda r: (r[1], r[0])))
-            log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem, launch_counts))
+            log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem,
+                                    _by_line(by_launch.get(i, []), lambda pc: lines[pc - base])))
 
 
 def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,
