@@ -84,7 +84,16 @@ PAGES = [
 ]
 
 
+# Inline math and the punctuation right after it ("$x$:"): one unit, as a word and its colon
+# are, so that a line never begins with the colon.
+MATH_THEN_PUNCTUATION = re.compile(r'(<math\b[^>]*display="inline"[^>]*>(?:(?!</math>).)*</math>)([.,:;!?)]+)',
+                                   re.S)
 PRIMED = re.compile(r"<msup>(<mi>[^<]*</mi>)(?:<mrow>)?<mi>&#x02032;</mi>(?:</mrow>)?</msup>")
+
+
+def bind_punctuation(html: str) -> str:
+    """Keep each inline formula on one line with the punctuation after it."""
+    return MATH_THEN_PUNCTUATION.sub(r'<span class="nowrap">\1\2</span>', html)
 
 
 class ListingFormatter(HtmlFormatter):
@@ -317,9 +326,9 @@ class Site:
         if doc and ref.node.body and isinstance(ref.node.body[0], ast.Expr):
             d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
             body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
-            notes = self.notes.render(rst_literals(doc))
+            notes = bind_punctuation(self.notes.render(rst_literals(doc)))
         if notes_md:
-            notes += self.notes.render(notes_md)
+            notes += bind_punctuation(self.notes.render(notes_md))
         code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.listing_formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
         return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'
@@ -337,7 +346,7 @@ class Site:
         for token in tokens:  # inline tokens (links, pictures) know no line: give them their block's
             for child in token.children or []:
                 child.meta.setdefault("line", token.map[0] + 1 if token.map else "?")
-        body = self.md.renderer.render(tokens, self.md.options, {})
+        body = bind_punctuation(self.md.renderer.render(tokens, self.md.options, {}))
         heading = lambda inline: self.md.renderer.renderInline(inline.children or [], self.md.options, {})
         body = body.replace("</h1>", "</h1>\n" + contents(tokens, heading), 1)
         out = self.env.get_template("template.html").render(

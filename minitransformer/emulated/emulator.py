@@ -125,7 +125,7 @@ def unavailable_reason(sanitize: str | None = None) -> str | None:
         return "no CUDA toolkit headers (cuda_fp16.h) found"
     if importlib.util.find_spec("pybind11") is None:
         return "pybind11 is not installed"
-    if sanitize is not None:
+    if sanitize in _RUNTIME:  # the sanitizers' (the count variant has none)
         if not _runtime(sanitize).is_absolute():
             return f"g++ has no {_RUNTIME[sanitize]} (the {sanitize} sanitizer's runtime)"
         return _runtime_failure(sanitize)

@@ -137,6 +137,12 @@ def test_a_prime_sits_beside_its_letter_not_above_it():
     assert "<msup>" not in mathml and "<mi>s</mi><mo>&#x02032;</mo>" in mathml
 
 
+def test_an_inline_formula_keeps_the_punctuation_after_it_on_its_line():
+    a, b, c = (build.Site.math(x, {}) for x in "abc")
+    html = build.bind_punctuation(f"<p>{a} and {b}: then {c}.</p>")
+    assert html == f'<p>{a} and <span class="nowrap">{b}:</span> then <span class="nowrap">{c}.</span></p>'
+
+
 def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
     """Notes are Markdown: a docstring's ``literals`` are code, its indented blocks kept."""
     out, _ = site

@@ -1,0 +1,104 @@
+"""What the kernels cost in memory traffic, counted on the emulated device.
+
+    python -m minitransformer.kernels.costs          # every launch of the attention cases
+
+The count variant of the emulated module (emu.h's Counting) counts, for each launch and each
+line of csrc/, the warp requests to global memory and the 32-byte sectors they fetch, the
+wavefronts of shared-memory requests (one more than ideal for each bank conflict), barriers
+and mma instructions: what Nsight Compute reports on a GPU, read off the addresses the kernels
+touch, so that the first GPU run checks a prediction. Counting slows every access, so the
+variant runs in a process of its own (MT_EMULATED_KERNELS), on small shapes: the costs per
+request do not depend on how many there are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+from ..emulated import emulator
+from ..emulated.emulator import Count, LoggedLaunch
+from .resources import SHARED_MEMORY_PER_BLOCK, kernel_name
+
+# The attention cases: (dtype, head dim, causal), each a forward and a backward at one shape,
+# with the tiles the launchers choose on an H100/H200 (sm_90).
+ATTENTION_CASES = [(dtype, D, causal) for dtype in ("float32", "bfloat16") for D in (64, 128)
+                   for causal in (False, True)]
+SHAPE = dict(B=1, H=2, T=128)
+
+_ATTENTION = """
+import numpy as np
+from minitransformer import backend
+from minitransformer.kernels import launch
+cupy = backend._cupy
+rng = np.random.default_rng(0)
+def array(*shape):
+    return cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype({dtype!r})
+q, k, v, do = (array({B}, {H}, {T}, {D}) for _ in range(4))
+with emulator.logged_launches() as log:
+    o, lse = launch.attention_forward(q, k, v, causal={causal})
+    launch.attention_backward(q, k, v, o, lse, do, causal={causal})
+"""
+
+
+def counted(code: str, arch: int = 90) -> list[LoggedLaunch]:
+    """The launches, with their counts, of ``code``: Python run on the emulated device (as it
+    is on ``arch``) in a process of its own, which fills ``log`` inside ``with
+    emulator.logged_launches() as log:``."""
+    program = "\n".join([
+        "import json",
+        "from dataclasses import asdict",
+        "from minitransformer.emulated import cupy as emulated_cupy, emulator",
+        f"emulated_cupy.configure(max_shared_memory_per_block_optin={SHARED_MEMORY_PER_BLOCK[arch]})",
+        code,
+        "print(json.dumps([asdict(launch) for launch in log]))",
+    ])
+    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant("count")))
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env,
+                            cwd=emulator.ROOT)
+    if result.returncode:
+        raise RuntimeError(f"counting failed:\n{result.stderr[-4000:]}")
+    launches = json.loads(result.stdout.splitlines()[-1])
+    return [LoggedLaunch(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"],
+                         tuple(Count(**c) for c in d["counts"])) for d in launches]
+
+
+def attention(dtype: str, D: int, causal: bool, arch: int = 90) -> list[LoggedLaunch]:
+    """The launches of one forward and backward of the fused attention at SHAPE."""
+    return counted(_ATTENTION.format(dtype=dtype, D=D, causal=causal, **SHAPE), arch)
+
+
+def table(rows: list[tuple[str, LoggedLaunch]]) -> str:
+    """A Markdown table: each launch's totals, by kind (sectors or wavefronts, and ideally)."""
+    lines = ["case | kernel | global requests | sectors (ideal) | shared requests | wavefronts (ideal) | barriers | mma",
+             "--- | --- | ---: | ---: | ---: | ---: | ---: | ---:"]
+    for case, launch in rows:
+        g = launch.total("global load", "global store", "global atomic", "cp.async read")
+        s = launch.total("shared load", "shared store", "ldmatrix", "cp.async write")
+        lines.append(f"{case} | `{kernel_name(launch.kernel)}` | {g.requests} | {g.units} ({g.ideal}) | "
+                     f"{s.requests} | {s.units} ({s.ideal}) | {launch.total('barrier').requests} | "
+                     f"{launch.total('mma').requests}")
+    return "\n".join(lines)
+
+
+def conflicts(launch: LoggedLaunch) -> list[Count]:
+    """The lines of a launch whose shared-memory requests take more wavefronts than ideal."""
+    shared = ("shared load", "shared store", "ldmatrix", "cp.async write")
+    return [c for c in launch.counts if c.kind in shared and c.units > c.ideal]
+
+
+if __name__ == "__main__":
+    reason = emulator.unavailable_reason("count")
+    if reason:
+        raise SystemExit(f"cannot count: {reason}")
+    rows = []
+    for dtype, D, causal in ATTENTION_CASES:
+        case = f"{dtype} D={D}{' causal' if causal else ''}"
+        rows += [(case, launch) for launch in attention(dtype, D, causal)]
+    print(table(rows))
+    for case, launch in rows:
+        for c in conflicts(launch):
+            print(f"{case} {kernel_name(launch.kernel)} {c.line} {c.kind}: {c.units} wavefronts for {c.ideal}")
