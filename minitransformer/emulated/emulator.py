@@ -59,9 +59,10 @@ _FLAGS = {
                 "-fno-sanitize-recover=all", "-fno-builtin-memcpy", "-fno-builtin-memset"],
     "thread": ["-O1", "-g1", "-fsanitize=thread", "-fno-builtin-memcpy", "-fno-builtin-memset"],
     # Not a sanitizer: its instrumentation calls emu.h's counters before every load and store
-    # (no runtime, no shadow memory); -O1 keeps the accesses the source states (no vectorising);
+    # (no runtime, no shadow memory). -O1 keeps the accesses the source states (no vectorising),
+    # and without SRA a 16-byte vector (uint4) stays one access, not four of its members;
     # DWARF 4, whose line tables addr2line reads with the #line file names (5's, as kernels.cpp).
-    "count": ["-O1", "-g1", "-gdwarf-4", "-DMT_EMU_COUNT", "-fsanitize=kernel-address",
+    "count": ["-O1", "-fno-tree-sra", "-g1", "-gdwarf-4", "-DMT_EMU_COUNT", "-fsanitize=kernel-address",
               "--param=asan-instrumentation-with-call-threshold=0", "--param=asan-stack=0",
               "--param=asan-globals=0", "--param=asan-memintrin=0"],
 }

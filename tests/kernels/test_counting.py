@@ -44,8 +44,9 @@ __global__ void tile_kernel(float* y, int pad) {
     y[threadIdx.x] = sum;
 }
 
-// 16-byte accesses: lane l stores chunk l (contiguous), then chunk `stride` l, and loads it back.
-__global__ void vector_kernel(uint4* y, int stride) {
+// 16-byte accesses: lane l stores chunk l (contiguous), then chunk `stride` l, and loads it back;
+// then lanes below `valid` copy a chunk of x through a register that the others leave zero.
+__global__ void vector_kernel(const uint4* x, uint4* y, int stride, int valid) {
     __shared__ uint4 chunks[32 * 9];
     const uint4 v = make_uint4(threadIdx.x, 1, 2, 3);
     chunks[threadIdx.x] = v;
@@ -53,6 +54,9 @@ __global__ void vector_kernel(uint4* y, int stride) {
     chunks[stride * threadIdx.x] = v;
     __syncthreads();
     y[threadIdx.x] = chunks[stride * threadIdx.x];
+    uint4 copied = make_uint4(0u, 0u, 0u, 0u);
+    if (int(threadIdx.x) < valid) copied = x[threadIdx.x];
+    y[threadIdx.x] = copied;
 }
 
 // cp.async of lane l's 16 bytes into chunk `stride` l, then ldmatrix with lane l's row there,
@@ -77,7 +81,9 @@ extern "C" void strided(const float* x, float* y, int stride, int offset) {
 }
 extern "C" void loop(const float* x, float* y) { loop_kernel<<<3, 32, 0, 0>>>(x, y); }
 extern "C" void tile(float* y, int pad) { tile_kernel<<<1, 64, 0, 0>>>(y, pad); }
-extern "C" void vector(uint4* y, int stride) { vector_kernel<<<1, 32, 0, 0>>>(y, stride); }
+extern "C" void vector(const uint4* x, uint4* y, int stride, int valid) {
+    vector_kernel<<<1, 32, 0, 0>>>(x, y, stride, valid);
+}
 extern "C" void async(const uint4* x, uint4* y, int stride) { async_kernel<<<2, 32, 0, 0>>>(x, y, stride); }
 """
 
@@ -145,13 +151,16 @@ def test_a_tiles_column_conflicts_in_one_bank_unless_the_rows_are_padded(kernels
 
 @pytest.mark.parametrize("stride, wavefronts", [(1, 4), (8, 32), (9, 4)])
 def test_16_byte_accesses_go_in_four_phases_of_eight_lanes(kernels, stride, wavefronts):
-    y = np.zeros((32, 4), np.uint32)
-    launch = run(kernels, "vector", y, stride, memory=(y,))
+    x, y = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
+    launch = run(kernels, "vector", x, y, stride, 20, memory=(x, y))
     stores = [c for c in launch.counts if c.kind == "shared store"]
     assert [(c.requests, c.units, c.ideal) for c in stores] == [(1, 4, 4), (1, wavefronts, 4)]
     # Rows of 128 bytes put a phase's eight lanes in the same four banks: eight words each.
     assert figures(launch, "shared load") == (1, 32, 512, wavefronts, 4)
-    assert figures(launch, "global store") == (1, 32, 512, 16, 16)
+    # The copy through a register stays 16 bytes a lane (not four accesses of its members): 20
+    # lanes load 320 contiguous bytes, ten sectors.
+    assert figures(launch, "global load") == (1, 20, 320, 10, 10)
+    assert figures(launch, "global store") == (2, 64, 1024, 32, 32)
 
 
 @pytest.mark.parametrize("stride, wavefronts", [(1, 4), (8, 32), (9, 4)])
