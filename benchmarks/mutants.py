@@ -418,6 +418,7 @@ def checks_paths(file: str) -> list[Path]:
     module none of these imports: a change there tests nothing again."""
     local = {p.stem: p for d in (ROOT / "tests", TESTS) for p in d.glob("*.py")}  # as the tests import them
     todo = [Path(a) for _, cmd in test_stages([file]) for a in cmd if a.endswith(".py")]
+    todo += [Path(a) for a in cost_stage([file]) or [] if a.endswith(".py")]
     todo.append(TESTS / "sanitized_run.py")
     seen = set()
     while todo:
@@ -474,11 +475,20 @@ def test_stages(files) -> list[tuple[str, list[str]]]:
     those files and of F's dispatch that reach the kernels through the emulated device (marked
     ``device``: the launchers, the dispatch). The other kernels' tests never call the mutated
     code, nor do the twins' tests against the formulas."""
-    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-              "--hypothesis-profile=mutants", "-o", "addopts="]
     own = sorted({TESTS / f"test_{kernel}.py" for file in files for kernel in KERNELS[file]})
-    return [("kernel tests", [*pytest, *map(str, own), "-m", "emulator"]),
-            ("device tests", [*pytest, *map(str, own), str(TESTS / "test_dispatch.py"), "-m", "device and not emulator"])]
+    return [("kernel tests", [*PYTEST, *map(str, own), "-m", "emulator"]),
+            ("device tests", [*PYTEST, *map(str, own), str(TESTS / "test_dispatch.py"), "-m", "device and not emulator"])]
+
+
+PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+          "--hypothesis-profile=mutants", "-o", "addopts="]
+
+
+def cost_stage(files) -> list[str] | None:
+    """The attention kernels' costs (test_costs.py: bank conflicts, coalescing), counted in the
+    count variant, for a mutant of the files they are built from: a padding or a layout
+    changed no result but what a GPU pays for it. None for the other kernels."""
+    return [*PYTEST, str(TESTS / "test_costs.py")] if {"attention.cu", "common.cuh"} & set(files) else None
 
 
 def check_environment(**variables: str) -> dict[str, str]:
@@ -497,8 +507,12 @@ def baseline(files) -> None:
     """Run every test stage on the unmutated build first: a check that fails without a
     mutant would count every mutant killed."""
     env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant()))
-    for stage, cmd in test_stages(files):
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    stages = [(stage, cmd, env) for stage, cmd in test_stages(files)]
+    if cost_stage(files):
+        counted = str(emulator.compile_variant("count"))
+        stages.append(("cost checks", cost_stage(files), check_environment(MT_EMULATED_COUNT_KERNELS=counted)))
+    for stage, cmd, stage_env in stages:
+        run = subprocess.run(cmd, env=stage_env, capture_output=True, text=True, cwd=ROOT)
         if run.returncode:
             raise ChecksFail(f"the {stage} fail on csrc/ as it is, without a mutant: fix them first\n"
                              f"{_tail(run.stdout + run.stderr, 20)}")
@@ -543,6 +557,16 @@ def test_mutant(mutant: Mutant) -> dict:
         evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
             return result("killed", stage, evidence)
+    costs = None if emulated_same else cost_stage([mutant.file])
+    if costs:
+        try:
+            counted = emulator.compile_variant("count", [mutation])
+        except RuntimeError as e:  # -O1 and the count flags: what -O2 compiled still compiles
+            return result("stillborn", evidence=str(e))
+        env = check_environment(MT_EMULATED_COUNT_KERNELS=str(counted))
+        evidence = _failure(costs, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
+        if evidence is not None:
+            return result("killed", "cost checks", evidence)
     cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
     for sanitize in SANITIZERS_FOR[mutant.rule]:
         module = emulator.compile_variant(sanitize, [mutation])

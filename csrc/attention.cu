@@ -151,6 +151,18 @@ __device__ __forceinline__ void zero_tile(float* dst, int ld) {
 struct RowMajor {};
 struct ColMajor {};
 
+// The leading dimension, in floats, of a float array of ROWS rows and COLS columns that
+// smem_gemm and the row loops reach without bank conflicts (for COLS a multiple of 32). A warp of smem_gemm
+// touches four rows ROWS / 16 apart, which a stride of COLS + kThreads / ROWS puts 8 banks
+// apart (the 8 columns each row's lanes touch fill them); a row loop of kThreads / ROWS threads
+// a row touches as many consecutive columns of each of 32 / (kThreads / ROWS) consecutive rows,
+// which the same stride lays side by side over the 32 banks.
+template <int ROWS, int COLS>
+__host__ __device__ constexpr int padded_ld() {
+    static_assert(kThreads % ROWS == 0, "padded_ld's shapes");
+    return COLS + kThreads / ROWS;
+}
+
 // Element (r, c) of a shared-memory matrix stored in layout L with leading dimension ld.
 template <typename L, typename T>
 __device__ __forceinline__ const T* at(const T* base, int ld, int r, int c) {
@@ -282,10 +294,12 @@ __device__ __forceinline__ bool key_visible(const AttnParams& p, int kv_len, int
 // kThreads / BR threads share each row's online-softmax state.
 template <int D, int BR, int BC>
 struct F32FwdLayout {
-    static constexpr int LDT = D + 4;   // Q, K, V tiles (16-byte row padding against bank conflicts)
-    static constexpr int LDS = BC + 4;  // scores
-    static constexpr int LDP = BC + 4;  // probabilities (after dropout)
-    static constexpr int LDO = D + 4;   // output accumulator
+    // Q, K, V tiles: rows 16-byte aligned for load_tile, so at BR = 64 Q's rows as smem_gemm's A
+    // meet two to a bank (costs.py's ledger)
+    static constexpr int LDT = D + 4;
+    static constexpr int LDS = padded_ld<BR, BC>();  // scores
+    static constexpr int LDP = padded_ld<BR, BC>();  // probabilities (after dropout)
+    static constexpr int LDO = padded_ld<BR, D>();   // output accumulator
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
         c.take<float>(BR * LDT); c.take<float>(BC * LDT); c.take<float>(BC * LDT);
@@ -564,10 +578,11 @@ __global__ void cast_from_float_kernel(const float* src, T* dst, size_t n) {
 // Backward, float32: one block owns BC keys, with every tile and accumulator in shared memory.
 template <int D, int BR, int BC>
 struct F32BwdLayout {
-    static constexpr int LDT = D + 4;
-    static constexpr int LDS = BC + 4;
-    static constexpr int LDP = BC + 4;
-    static constexpr int LDO = D + 4;
+    static constexpr int LDT = D + 4;                 // K, V, Q, dO tiles (16-byte aligned rows)
+    static constexpr int LDS = padded_ld<BR, BC>();   // P, dP
+    static constexpr int LDP = padded_ld<BR, BC>();   // dropped P, dS
+    static constexpr int LDO = padded_ld<BC, D>();    // dK, dV
+    static constexpr int LDQ = padded_ld<BR, D>();    // dQ
     __host__ __device__ static size_t bytes() {
         SmemCarver c{nullptr};
         c.take<float>(BC * LDT); c.take<float>(BC * LDT);  // K, V
@@ -575,7 +590,7 @@ struct F32BwdLayout {
         c.take<float>(BR * LDS); c.take<float>(BR * LDS);  // P, dP
         c.take<float>(BR * LDP); c.take<float>(BR * LDP);  // dropped P, dS
         c.take<float>(BC * LDO); c.take<float>(BC * LDO);  // dK, dV
-        c.take<float>(BR * LDO);                           // this tile's dQ
+        c.take<float>(BR * LDQ);                           // this tile's dQ
         c.take<float>(BR); c.take<float>(BR);              // lse, delta
         return c.offset;
     }
@@ -600,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_f32_kernel(Att
     T* sdS = carve.take<T>(BR * L::LDP);
     float* sdK = carve.take<float>(BC * L::LDO);
     float* sdV = carve.take<float>(BC * L::LDO);
-    float* sdQ = carve.take<float>(BR * L::LDO);
+    float* sdQ = carve.take<float>(BR * L::LDQ);
     float* sLse = carve.take<float>(BR);
     float* sDelta = carve.take<float>(BR);
 
@@ -652,11 +667,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_f32_kernel(Att
             __syncthreads();
             // dK += dS^T Q  and  dQ_tile = dS K
             smem_gemm<BC, D, BR, ColMajor, RowMajor, true>(sdS, L::LDP, sQ, L::LDT, sdK, L::LDO);
-            smem_gemm<BR, D, BC, RowMajor, RowMajor, false>(sdS, L::LDP, sK, L::LDT, sdQ, L::LDO);
+            smem_gemm<BR, D, BC, RowMajor, RowMajor, false>(sdS, L::LDP, sK, L::LDT, sdQ, L::LDQ);
             __syncthreads();
             for (int idx = threadIdx.x; idx < q_valid * D; idx += kThreads) {
                 int r = idx / D, d = idx % D;
-                atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDO + d]);
+                atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDQ + d]);
             }
             __syncthreads();  // the next tile overwrites sQ, sdO and sdQ
         }

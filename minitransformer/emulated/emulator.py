@@ -11,6 +11,9 @@ Variants, chosen by ``compile_variant(sanitize, mutations)``:
                         misaligned accesses of global buffers and shared memory, indices past
                         fixed-size arrays, other undefined behaviour
     sanitize="thread"   ThreadSanitizer: races between the threads of a block
+    sanitize="count"    no sanitizer: every load and store calls emu.h's counters, and
+                        ``logged_launches`` gives each launch's memory traffic (Count); loads
+                        as the plain one does (MT_EMULATED_KERNELS)
     mutations           planted bugs, textual edits of csrc/ before the build: a test that a
                         check flags them shows that it sees bugs in the real kernels
 

@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict
 
 from ..emulated import emulator
-from ..emulated.emulator import Count, LoggedLaunch
+from ..emulated.emulator import CSRC, Count, LoggedLaunch
 from .resources import SHARED_MEMORY_PER_BLOCK, kernel_name
 
 # The attention cases: (dtype, head dim, causal), each a forward and a backward at one shape,
@@ -28,6 +28,8 @@ from .resources import SHARED_MEMORY_PER_BLOCK, kernel_name
 ATTENTION_CASES = [(dtype, D, causal) for dtype in ("float32", "bfloat16") for D in (64, 128)
                    for causal in (False, True)]
 SHAPE = dict(B=1, H=2, T=128)
+# A count variant to count in instead of csrc/'s as it is (the mutation tester's, of a mutant).
+KERNELS_VARIABLE = "MT_EMULATED_COUNT_KERNELS"
 
 _ATTENTION = """
 import numpy as np
@@ -56,7 +58,8 @@ def counted(code: str, arch: int = 90) -> list[LoggedLaunch]:
         code,
         "print(json.dumps([asdict(launch) for launch in log]))",
     ])
-    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant("count")))
+    module = os.environ.get(KERNELS_VARIABLE) or str(emulator.compile_variant("count"))
+    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=module)
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env,
                             cwd=emulator.ROOT)
     if result.returncode:
@@ -90,6 +93,32 @@ def conflicts(launch: LoggedLaunch) -> list[Count]:
     return [c for c in launch.counts if c.kind in shared and c.units > c.ideal]
 
 
+# The bank conflicts the kernels keep, and why: (kernel, the line of csrc/ as written) -> (at
+# most this many times the ideal wavefronts, the reason). Every other shared-memory request of
+# the attention kernels takes its ideal wavefronts at the launchers' tiles (tests/kernels/
+# test_costs.py).
+LEDGER = {
+    ("attention_forward_f32_kernel", "for (int i = 0; i < TM; ++i) a[i] = *at<LA>(A, lda, m0 + i, k);"): (
+        2.0, "smem_gemm's A operand at BR = 64: a warp reads four rows 4 apart, which a stride of "
+             "padded_ld's puts in distinct banks (the P V product, from sP); but Q's tile rows must "
+             "be 16-byte aligned for load_tile's uint4 copies, a stride that is a multiple of 4 "
+             "floats, and four rows 4 apart of that stride meet two to a bank: S = Q K^T reads Q "
+             "in two wavefronts a request instead of one (at BR = 32, rows 2 apart do not meet)"),
+}
+
+
+def source_line(line: str) -> str:
+    """The text of "file:line" in csrc/, stripped."""
+    file, number = line.rsplit(":", 1)
+    return (CSRC / file).read_text().splitlines()[int(number) - 1].strip()
+
+
+def explained(launch: LoggedLaunch, count: Count) -> float | None:
+    """The ledger's bound (times the ideal wavefronts) for a conflicting line, or None."""
+    entry = LEDGER.get((kernel_name(launch.kernel).split("<")[0], source_line(count.line)))
+    return None if entry is None else entry[0]
+
+
 if __name__ == "__main__":
     reason = emulator.unavailable_reason("count")
     if reason:
@@ -101,4 +130,5 @@ if __name__ == "__main__":
     print(table(rows))
     for case, launch in rows:
         for c in conflicts(launch):
-            print(f"{case} {kernel_name(launch.kernel)} {c.line} {c.kind}: {c.units} wavefronts for {c.ideal}")
+            why = "ledgered" if explained(launch, c) else "NOT EXPLAINED"
+            print(f"{case} {kernel_name(launch.kernel)} {c.line} {c.kind}: {c.units} wavefronts for {c.ideal} ({why})")
