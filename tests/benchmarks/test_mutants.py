@@ -278,6 +278,7 @@ def test_a_mutants_checks_are_its_stages_files_and_what_they_import():
     for file in mutants.FILES:
         hashed = set(mutants.checks_paths(file))
         staged = {Path(a) for _, cmd in mutants.test_stages([file]) for a in cmd if a.endswith(".py")}
+        staged |= {Path(a) for a in mutants.cost_stage([file]) or [] if a.endswith(".py")}
         staged.add(mutants.TESTS / "sanitized_run.py")
         assert staged <= hashed, (file, staged - hashed)
         for path in staged:  # and what they import, parsed here on its own
@@ -288,3 +289,5 @@ def test_a_mutants_checks_are_its_stages_files_and_what_they_import():
         assert ROOT / "tests" / "helpers.py" not in hashed
     assert mutants.TESTS / "test_attention.py" not in mutants.checks_paths("layernorm.cu")
     assert mutants.TESTS / "test_layernorm.py" in mutants.checks_paths("common.cuh")
+    assert mutants.TESTS / "test_costs.py" in mutants.checks_paths("attention.cu")
+    assert mutants.TESTS / "test_costs.py" not in mutants.checks_paths("softmax.cu")
