@@ -33,6 +33,7 @@ GPU sees it. Its timings measure the emulation, nothing else.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the naive composite and the naive kernels above this length (they store B h T^2 "
                         "floats; 0: never run them)")
     p.add_argument("--quick", action="store_true", help="fewer repeats by default (for gpu_check.sh)")
+    p.add_argument("--counts", action="store_true",
+                   help="also count each attention kernel's memory traffic on the emulated device (needs g++ and "
+                        "the CUDA headers; always with --emulated), beside its pass's time here")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
                    help="run the GPU path on the emulated device, at tiny sizes unless given (a check "
@@ -152,6 +156,13 @@ class Table:
 # --------------------------------------------------------------------------- GPU
 
 
+def to_dtype(a, dtype: str):
+    """A float32 CuPy array in the kernels' dtype ("bf16" as its bits: CuPy has no bfloat16)."""
+    import cupy as cp
+
+    return {"bf16": kernels.to_bfloat16_bits, "fp16": lambda x: x.astype(cp.float16), "fp32": lambda x: x}[dtype](a)
+
+
 def gpu_attention(args, results):
     import cupy as cp
 
@@ -175,9 +186,7 @@ def gpu_attention(args, results):
                     rng = np.random.default_rng(0)
                     host = [rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(4)]
                     dev32 = [cp.asarray(a) for a in host]
-                    kdt = {"bf16": kernels.to_bfloat16_bits, "fp16": lambda a: a.astype(cp.float16),
-                           "fp32": lambda a: a}[dtype]
-                    q, k, v, do = (kdt(a) for a in dev32)
+                    q, k, v, do = (to_dtype(a, dtype) for a in dev32)
                     naive_inputs = [a.astype(cp.float32 if dtype == "fp32" else cp.float16) for a in dev32]
                     for backward in (False, True):
                         flops = attention_flops(B, H, T, T, D, causal, backward)
@@ -263,6 +272,56 @@ def _run_torch(torch, host, dtype, causal, backward, args):
         torch.cuda.empty_cache()
 
 
+def counted_attention(args, results):
+    """Each fused attention kernel's memory traffic, counted in the emulator's count variant
+    (minitransformer.kernels.costs) at one small shape per dtype, head dim and mask, beside the
+    time of its pass at that shape, which only a GPU fills: sectors (of 32 bytes) of its global
+    requests and wavefronts of its shared ones, each with the fewest its bytes could take."""
+    from minitransformer.kernels import costs
+    from minitransformer.kernels.resources import kernel_name
+
+    reason = costs.emulator.unavailable_reason("count")
+    if reason:
+        print(f"\n(no counts: {reason})")
+        return
+    B, H, T = (costs.SHAPE[k] for k in "BHT")
+    table = Table(["dtype", "causal", "d", "kernel", "gl_req", "sectors", "ideal", "sh_req", "wavefronts",
+                   "ideal_wf", "barriers", "mma", "pass_ms"])
+    print(f"\n== attention kernels' memory traffic, counted on the emulated device (B={B}, H={H}, T={T}) ==")
+    table.header()
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    for dtype in args.dtypes:
+        for causal in (c == "yes" for c in args.causal):
+            for D in args.head_dims:
+                times = {} if args.emulated else _pass_times(dtype, B, H, T, D, causal, args)
+                for launch in costs.attention(names[dtype], D, causal):
+                    name = kernel_name(launch.kernel)
+                    g = launch.total("global load", "global store", "global atomic", "cp.async read")
+                    sh = launch.total("shared load", "shared store", "ldmatrix", "cp.async write")
+                    row = dict(dtype=dtype, causal="yes" if causal else "no", d=D, kernel=name.split("<")[0],
+                               gl_req=g.requests, sectors=g.units, ideal=g.ideal, sh_req=sh.requests,
+                               wavefronts=sh.units, ideal_wf=sh.ideal, barriers=launch.total("barrier").requests,
+                               mma=launch.total("mma").requests,
+                               pass_ms=times.get("forward" if "forward" in name else "backward"))
+                    table.add(**row)
+                    results["counts"].append(row | {"instance": name, "shape": dict(B=B, H=H, T=T)})
+
+
+def _pass_times(dtype, B, H, T, D, causal, args) -> dict[str, float]:
+    """Median milliseconds of the fused forward and of the backward alone at one shape (GPU)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(0)
+    q, k, v, do = (to_dtype(cp.asarray(rng.standard_normal((B, H, T, D), dtype=np.float32)), dtype)
+                   for _ in range(4))
+    sync = cp.cuda.Device().synchronize
+    o, lse = kernels.attention_forward(q, k, v, causal=causal)
+    return {"forward": median_ms(lambda: kernels.attention_forward(q, k, v, causal=causal), args.repeats,
+                                 args.warmup, sync),
+            "backward": median_ms(lambda: kernels.attention_backward(q, k, v, o, lse, do, causal=causal),
+                                  args.repeats, args.warmup, sync)}
+
+
 def gpu_bandwidth(args, results):
     import cupy as cp
 
@@ -276,8 +335,7 @@ def gpu_bandwidth(args, results):
     table = Table(["kernel", "dtype", "rows", "cols", "ms", "GBps", "of_copy"])
     table.header()
     for dtype in args.dtypes:
-        conv = {"bf16": kernels.to_bfloat16_bits, "fp16": lambda a: a.astype(cp.float16),
-                "fp32": lambda a: a}[dtype]
+        conv = functools.partial(to_dtype, dtype=dtype)
         size = 2 if dtype != "fp32" else 4
         cases = []
         N, D = args.sizes["layernorm"]
@@ -346,7 +404,7 @@ def main(argv=None):
     if args.emulated and not backend.is_emulated("cuda"):
         sys.exit("--emulated: the emulated device did not load (is MT_EMULATE_CUDA=0 set?)")
     device = ("gpu (EMULATED on the CPU)" if args.emulated else "gpu") if on_gpu else "cpu"
-    results = {"device": device, "attention": [], "bandwidth": []}
+    results = {"device": device, "attention": [], "bandwidth": [], "counts": []}
     # gpu_check.sh stops a slow run with `timeout` (SIGTERM): exit through the finally below, so
     # that the rows measured so far still reach the JSON file (also when a later case raises).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -362,6 +420,8 @@ def main(argv=None):
                       "the emulation, not a GPU")
             gpu_attention(args, results)
             gpu_bandwidth(args, results)
+            if args.emulated or args.counts:
+                counted_attention(args, results)
         else:
             if not args.cpu:
                 print(f"CUDA kernels unavailable: {kernels.unavailable_reason()}")

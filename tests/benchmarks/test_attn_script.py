@@ -23,7 +23,7 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--emulated", "--dtypes", "bf16", "fp32", "--causal", "yes",
          "--head-dims", "32", "--seqs", "40", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "MT_EMULATE_CUDA": "1"})
+        capture_output=True, text=True, timeout=600, env={**os.environ, "MT_EMULATE_CUDA": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "EMULATED" in proc.stdout
     results = json.loads(out.read_text())
@@ -35,3 +35,11 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     assert all((r["naive_cuda_ms"] > 0) if r["pass"] == "fwd" else ("naive_cuda_ms" not in r) for r in rows)
     kernels = {r["kernel"] for r in results["bandwidth"]}
     assert kernels == {"layernorm_fwd", "layernorm_bwd", "softmax_fwd", "softmax_bwd", "xent_fwd+grad"}
+    # Each fused kernel's memory traffic, counted (the count variant), its GPU time left empty.
+    counts = {(r["dtype"], r["kernel"]): r for r in results["counts"]}
+    assert {("bf16", "attention_forward_mma_kernel"), ("bf16", "attention_backward_mma_kernel"),
+            ("fp32", "attention_forward_f32_kernel"), ("fp32", "attention_backward_f32_kernel")} <= set(counts)
+    for r in counts.values():
+        assert r["sectors"] >= r["ideal"] > 0 and r["wavefronts"] >= r["ideal_wf"] and r["pass_ms"] is None, r
+    assert counts[("bf16", "attention_forward_mma_kernel")]["mma"] > 0
+    assert counts[("fp32", "attention_forward_f32_kernel")]["sh_req"] > 0
