@@ -28,6 +28,14 @@ composite at small sizes, so the command always runs; those numbers say nothing 
 runs the GPU code path above on the emulated device (MT_EMULATE_CUDA=1: CuPy as a stand-in over
 NumPy, csrc/ compiled for the CPU) at tiny sizes, so that this script is known to work before a
 GPU sees it. Its timings measure the emulation, nothing else.
+
+    python benchmarks/attn.py --emulated --counts
+
+also prints, for each dtype, head dim and mask, every fused attention kernel's memory traffic
+counted in the emulator's count variant (minitransformer.kernels.costs): global requests and
+their 32-byte sectors, shared requests and their wavefronts, each beside the fewest its bytes
+could take, barriers and mma.sync, with the time of its pass at the counted shape, which a GPU
+fills (on a GPU, --counts counts the same way and times the passes there).
 """
 
 from __future__ import annotations
@@ -91,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "floats; 0: never run them)")
     p.add_argument("--quick", action="store_true", help="fewer repeats by default (for gpu_check.sh)")
     p.add_argument("--counts", action="store_true",
-                   help="also count each attention kernel's memory traffic on the emulated device (needs g++ and "
-                        "the CUDA headers; always with --emulated), beside its pass's time here")
+                   help="also count each fused attention kernel's memory traffic on the emulated device (needs g++ "
+                        "and the CUDA headers), beside its pass's time on this GPU")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
                    help="run the GPU path on the emulated device, at tiny sizes unless given (a check "
@@ -420,7 +428,7 @@ def main(argv=None):
                       "the emulation, not a GPU")
             gpu_attention(args, results)
             gpu_bandwidth(args, results)
-            if args.emulated or args.counts:
+            if args.counts:
                 counted_attention(args, results)
         else:
             if not args.cpu:

@@ -22,7 +22,7 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     out = tmp_path / "attn.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--emulated", "--dtypes", "bf16", "fp32", "--causal", "yes",
-         "--head-dims", "32", "--seqs", "40", "--json", str(out)],
+         "--head-dims", "32", "--seqs", "40", "--counts", "--json", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "MT_EMULATE_CUDA": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "EMULATED" in proc.stdout
