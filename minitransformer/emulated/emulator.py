@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -215,10 +216,18 @@ def objects(sanitize: str | None = None, mutations=()) -> dict[str, Path]:
         try:
             for name, text in sources.items():
                 (work / name).write_text(text)
+
+            def build(name: str) -> None:
+                # One process compiles an object while another that needs it waits (pytest's
+                # workers build the same variant at once), then finds it built.
+                with open(objects[name].with_suffix(".lock"), "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if not objects[name].exists():
+                        _run(commands[name], work)
+                        (work / f"{name}.o").rename(objects[name])  # atomic: never half a file
+
             with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-                list(pool.map(lambda name: _run(commands[name], work), missing))
-            for name in missing:  # atomic: a concurrent build never reads half a file
-                (work / f"{name}.o").rename(objects[name])
+                list(pool.map(build, missing))
         finally:
             shutil.rmtree(work)
     return objects
