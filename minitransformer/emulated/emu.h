@@ -187,8 +187,9 @@ inline void count_meeting(unsigned& closed, unsigned phase, int warp) {
         close_requests(warp);
     }
 }
+#define MT_EMU_COUNT_MEETING(closed, phase, warp) count_meeting(closed, phase, warp)
 #else
-inline void count_meeting(unsigned&, unsigned, int) {}
+#define MT_EMU_COUNT_MEETING(closed, phase, warp)
 #endif
 
 // ---------------------------------------------------------------------------- barriers
@@ -281,7 +282,7 @@ class OrderedBarrier {
         publish(phase);
         barrier_.arrive_and_wait();
         subscribe(phase);
-        count_meeting(closed_, barrier_.phase(), -1);
+        MT_EMU_COUNT_MEETING(closed_, barrier_.phase(), -1);
     }
 
     // What an exited thread wrote is visible after the phase it leaves in.
@@ -1296,7 +1297,7 @@ void warp_collective(Post&& post, Read&& read) {
         post(slots);
     }
     w.barrier.arrive_and_wait();
-    count_meeting(w.closed, w.barrier.phase(), w.index);
+    MT_EMU_COUNT_MEETING(w.closed, w.barrier.phase(), w.index);
     Unobserved hidden;
     read(std::as_const(slots));
 }
