@@ -557,6 +557,21 @@ def test_mutant(mutant: Mutant) -> dict:
         evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
             return result("killed", stage, evidence)
+    cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
+    for sanitize in SANITIZERS_FOR[mutant.rule]:
+        module = emulator.compile_variant(sanitize, [mutation])
+        chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
+        env = check_environment(MT_EMULATE_CUDA="0", **emulator.sanitizer_environment(sanitize))
+        cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
+        evidence = _failure(cmd, SANITIZER_CPU_SECONDS, 3 * SANITIZER_CPU_SECONDS, env, TESTS, pytest=False)
+        if evidence is not None:
+            return result("killed", f"{sanitize} sanitizer", evidence)
+    # Next, as nvcc too may fold undefined behaviour away: a loop one past a local array's end
+    # compiles to the very PTX, and only the sanitizers see the bug.
+    if same_gpu_build(mutation):
+        return result("identical", "nvcc")
+    # Then the cost checks, which need a build of their own: for a mutant that changed no result
+    # (a padding, a layout) but compiles to other code.
     costs = None if emulated_same else cost_stage([mutant.file])
     if costs:
         try:
@@ -567,19 +582,6 @@ def test_mutant(mutant: Mutant) -> dict:
         evidence = _failure(costs, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
             return result("killed", "cost checks", evidence)
-    cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
-    for sanitize in SANITIZERS_FOR[mutant.rule]:
-        module = emulator.compile_variant(sanitize, [mutation])
-        chosen = [c for c in cases if not (sanitize == "thread" and c.endswith("-bfloat16"))]
-        env = check_environment(MT_EMULATE_CUDA="0", **emulator.sanitizer_environment(sanitize))
-        cmd = [sys.executable, str(TESTS / "sanitized_run.py"), str(module), *chosen]
-        evidence = _failure(cmd, SANITIZER_CPU_SECONDS, 3 * SANITIZER_CPU_SECONDS, env, TESTS, pytest=False)
-        if evidence is not None:
-            return result("killed", f"{sanitize} sanitizer", evidence)
-    # Last, as nvcc too may fold undefined behaviour away: a loop one past a local array's end
-    # compiles to the very PTX, and only the sanitizers see the bug.
-    if same_gpu_build(mutation):
-        return result("identical", "nvcc")
     return result("survived")
 
 

@@ -239,7 +239,7 @@ def test_a_carve_shortened_into_its_last_rows_padding_is_identical_on_the_gpu_an
     carver rounds to 128 bytes, and the float is the last row's padding), one float longer
     moves every later array."""
     monkeypatch.setattr(emulator.setup_module(), "DEFAULT_ARCHS", [90])
-    shorter, longer = (next(m for m in mutants.generate() if m.name == f"attention.cu:304:27 tile: BR * L::LDT -> BR * L::LDT {s} 1")
+    shorter, longer = (next(m for m in mutants.generate() if m.name == f"attention.cu:318:27 tile: BR * L::LDT -> BR * L::LDT {s} 1")
                        for s in "-+")
     assert mutants.same_gpu_build(shorter.mutation())
     assert not mutants.same_gpu_build(longer.mutation())

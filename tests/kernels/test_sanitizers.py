@@ -97,8 +97,8 @@ PLANTED = {
         Planted("block-reads-another-blocks-output", "layernorm-vector-float32", CHAINED_PARTIALS, RACE),
         # the forward, which every float32 case also runs, has a bug above: a build of its own
         Planted("dq-accumulated-across-blocks-without-atomics", "attention-tiles-float32", Mutation(
-            "attention.cu", "atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDO + d]);",
-            "p.dq_accum[q_off + size_t(r) * D + d] += sdQ[r * L::LDO + d];"), RACE, build="between-blocks"),
+            "attention.cu", "atomicAdd(p.dq_accum + q_off + size_t(r) * D + d, sdQ[r * L::LDQ + d]);",
+            "p.dq_accum[q_off + size_t(r) * D + d] += sdQ[r * L::LDQ + d];"), RACE, build="between-blocks"),
     ],
     "address": [
         Planted("cp-async-reads-a-row-past-the-end", "attention-tiles-float16", Mutation(
