@@ -304,8 +304,7 @@ def counted_attention(args, results):
                 times = {} if args.emulated else _pass_times(dtype, B, H, T, D, causal, args)
                 for launch in costs.attention(names[dtype], D, causal):
                     name = kernel_name(launch.kernel)
-                    g = launch.total("global load", "global store", "global atomic", "cp.async read")
-                    sh = launch.total("shared load", "shared store", "ldmatrix", "cp.async write")
+                    g, sh = launch.total(*costs.emulator.GLOBAL_KINDS), launch.total(*costs.emulator.SHARED_KINDS)
                     row = dict(dtype=dtype, causal="yes" if causal else "no", d=D, kernel=name.split("<")[0],
                                gl_req=g.requests, sectors=g.units, ideal=g.ideal, sh_req=sh.requests,
                                wavefronts=sh.units, ideal_wf=sh.ideal, barriers=launch.total("barrier").requests,

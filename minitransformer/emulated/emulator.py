@@ -320,6 +320,7 @@ def restart_block_order(path: Path | None = None) -> None:
 # What emu.h's Counting counts, by its CountKind.
 KINDS = ("global load", "global store", "global atomic", "cp.async read", "shared load", "shared store",
          "ldmatrix", "cp.async write", "barrier", "mma")
+GLOBAL_KINDS, SHARED_KINDS = KINDS[:4], KINDS[4:8]  # costed in sectors, in wavefronts
 
 
 @dataclass(frozen=True)

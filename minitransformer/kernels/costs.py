@@ -13,6 +13,7 @@ request do not depend on how many there are.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -79,8 +80,7 @@ def table(rows: list[tuple[str, LoggedLaunch]]) -> str:
     lines = ["case | kernel | global requests | sectors (ideal) | shared requests | wavefronts (ideal) | barriers | mma",
              "--- | --- | ---: | ---: | ---: | ---: | ---: | ---:"]
     for case, launch in rows:
-        g = launch.total("global load", "global store", "global atomic", "cp.async read")
-        s = launch.total("shared load", "shared store", "ldmatrix", "cp.async write")
+        g, s = launch.total(*emulator.GLOBAL_KINDS), launch.total(*emulator.SHARED_KINDS)
         lines.append(f"{case} | `{kernel_name(launch.kernel)}` | {g.requests} | {g.units} ({g.ideal}) | "
                      f"{s.requests} | {s.units} ({s.ideal}) | {launch.total('barrier').requests} | "
                      f"{launch.total('mma').requests}")
@@ -89,8 +89,7 @@ def table(rows: list[tuple[str, LoggedLaunch]]) -> str:
 
 def conflicts(launch: LoggedLaunch) -> list[Count]:
     """The lines of a launch whose shared-memory requests take more wavefronts than ideal."""
-    shared = ("shared load", "shared store", "ldmatrix", "cp.async write")
-    return [c for c in launch.counts if c.kind in shared and c.units > c.ideal]
+    return [c for c in launch.counts if c.kind in emulator.SHARED_KINDS and c.units > c.ideal]
 
 
 # The bank conflicts the kernels keep, and why: (kernel, the line of csrc/ as written) -> (at
@@ -107,10 +106,15 @@ LEDGER = {
 }
 
 
+@functools.cache
+def _csrc_lines(file: str) -> list[str]:
+    return (CSRC / file).read_text().splitlines()
+
+
 def source_line(line: str) -> str:
     """The text of "file:line" in csrc/, stripped."""
     file, number = line.rsplit(":", 1)
-    return (CSRC / file).read_text().splitlines()[int(number) - 1].strip()
+    return _csrc_lines(file)[int(number) - 1].strip()
 
 
 def explained(launch: LoggedLaunch, count: Count) -> float | None:
