@@ -9,6 +9,9 @@ dtype (bf16, fp32):
     naive_cuda  minitransformer.kernels.attention_naive_forward (csrc/attention_naive.cu):
             scores, softmax and P V as three kernels through the T x T matrix in memory
             (forward only)
+    tiled_cuda  minitransformer.kernels.attention_tiled_forward (csrc/attention_tiled.cu): tiles
+            of scores in shared memory, a pass for the rows' maxima and one for the rest
+            (forward only)
     naive   F.scaled_dot_product_attention with MINITRANSFORMER_KERNELS=0: the CuPy composite
             that materialises the T x T probabilities (bf16 runs it in fp16: CuPy lacks bf16
             arithmetic)
@@ -35,7 +38,10 @@ also prints, for each dtype, head dim and mask, every fused attention kernel's m
 counted in the emulator's count variant (minitransformer.kernels.costs): global requests and
 their 32-byte sectors, shared requests and their wavefronts, each beside the fewest its bytes
 could take, barriers and mma.sync, with the time of its pass at the counted shape, which a GPU
-fills (on a GPU, --counts counts the same way and times the passes there).
+fills (on a GPU, --counts counts the same way and times the passes there). Then the same for
+the kernel ladder of the reading's fused-attention page, a forward of each rung (naive, tiled,
+fused float32, tensor cores) at one shape; the page's table is this one, from
+`python benchmarks/attn.py --emulated --counts --json docs/ladder.json`.
 """
 
 from __future__ import annotations
@@ -100,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repeats by default (for gpu_check.sh)")
     p.add_argument("--counts", action="store_true",
                    help="also count each fused attention kernel's memory traffic on the emulated device (needs g++ "
-                        "and the CUDA headers), beside its pass's time on this GPU")
+                        "and the CUDA headers), beside its pass's time on this GPU; then each rung of the kernel "
+                        "ladder's")
     p.add_argument("--cpu", action="store_true", help="time the NumPy paths even if a GPU is present")
     p.add_argument("--emulated", action="store_true",
                    help="run the GPU path on the emulated device, at tiny sizes unless given (a check "
@@ -182,8 +189,9 @@ def gpu_attention(args, results):
     sync = cp.cuda.Device().synchronize
     pool = cp.get_default_memory_pool()
     table = Table(["dtype", "causal", "d", "seq", "batch", "pass", "fused_ms", "fused_TF",
-                   "naive_cuda_ms", "naive_cuda_TF", "naive_ms", "naive_TF", "torch_ms", "torch_TF",
-                   "vs_torch", "fused_MB", "naive_cuda_MB", "naive_MB", "torch_MB"])
+                   "tiled_cuda_ms", "tiled_cuda_TF", "naive_cuda_ms", "naive_cuda_TF", "naive_ms", "naive_TF",
+                   "torch_ms", "torch_TF", "vs_torch", "fused_MB", "tiled_cuda_MB", "naive_cuda_MB", "naive_MB",
+                   "torch_MB"])
     print("\n== attention (B * T = %d tokens, %d heads) ==" % (args.tokens, args.heads))
     table.header()
     for dtype in args.dtypes:
@@ -207,6 +215,9 @@ def gpu_attention(args, results):
                                 kernels.attention_backward(q, k, v, o, lse, do, causal=causal)
 
                         row["fused_ms"], row["fused_MB"] = _run_cupy(fused, args, sync, pool)
+                        if not backward:  # forward only; no T x T array
+                            row["tiled_cuda_ms"], row["tiled_cuda_MB"] = _run_cupy(
+                                lambda: kernels.attention_tiled_forward(q, k, v, causal=causal), args, sync, pool)
                         if T <= args.naive_max_seq and not backward:  # forward only
                             row["naive_cuda_ms"], row["naive_cuda_MB"] = _run_cupy(
                                 lambda: kernels.attention_naive_forward(q, k, v, causal=causal), args, sync, pool)
@@ -216,7 +227,7 @@ def gpu_attention(args, results):
                         if has_torch:
                             row["torch_ms"], row["torch_MB"] = _run_torch(
                                 torch, host, dtype, causal, backward, args)
-                        for name in ("fused", "naive_cuda", "naive", "torch"):
+                        for name in ("fused", "tiled_cuda", "naive_cuda", "naive", "torch"):
                             ms = row.get(f"{name}_ms")
                             row[f"{name}_TF"] = flops / ms / 1e9 if isinstance(ms, float) else None
                         if isinstance(row.get("torch_ms"), float) and isinstance(row.get("fused_ms"), float):
@@ -288,10 +299,6 @@ def counted_attention(args, results):
     from minitransformer.kernels import costs
     from minitransformer.kernels.resources import kernel_name
 
-    reason = costs.emulator.unavailable_reason("count")
-    if reason:
-        print(f"\n(no counts: {reason})")
-        return
     B, H, T = (costs.SHAPE[k] for k in "BHT")
     table = Table(["dtype", "causal", "d", "kernel", "gl_req", "sectors", "ideal", "sh_req", "wavefronts",
                    "ideal_wf", "barriers", "mma", "pass_ms"])
@@ -312,6 +319,45 @@ def counted_attention(args, results):
                                pass_ms=times.get("forward" if "forward" in name else "backward"))
                     table.add(**row)
                     results["counts"].append(row | {"instance": name, "shape": dict(B=B, H=H, T=T)})
+
+
+def counted_ladder(args, results):
+    """The kernel ladder's rungs (costs.LADDER: naive, tiled, fused float32, tensor cores), a
+    forward each at costs.LADDER_SHAPE, counted as counted_attention counts, beside its time
+    there, which only a GPU fills: the reading's fused-attention page shows this table."""
+    from minitransformer.kernels import costs
+    from minitransformer.kernels.resources import kernel_name
+
+    shape = costs.LADDER_SHAPE
+    table = Table(["rung", "dtype", "launches", "global_KB", "ideal_KB", "sh_req", "wavefronts", "ideal_wf",
+                   "barriers", "mma", "fwd_ms"])
+    print(f"\n== the kernel ladder, a forward of each rung counted on the emulated device "
+          f"({', '.join(f'{k}={v}' for k, v in shape.items())}) ==")
+    table.header()
+    for rung, dtype, launches in costs.ladder():
+        t = costs.rung_totals(launches)
+        ms = None if args.emulated else _rung_time(rung, dtype, args)
+        row = dict(rung=rung, dtype=dtype, launches=t["launches"], global_KB=t["global_bytes"] / 1024,
+                   ideal_KB=t["global_ideal_bytes"] / 1024, sh_req=t["shared_requests"], wavefronts=t["wavefronts"],
+                   ideal_wf=t["ideal_wavefronts"], barriers=t["barriers"], mma=t["mma"], fwd_ms=ms)
+        table.add(**row)
+        results["ladder"].append(row | {"kernels": [kernel_name(launch.kernel) for launch in launches],
+                                        "shape": shape, "totals": t})
+
+
+def _rung_time(rung, dtype, args) -> float:
+    """Median milliseconds of one rung's forward at the ladder's shape (GPU)."""
+    import cupy as cp
+
+    from minitransformer.kernels import costs
+
+    B, H, T, D = (costs.LADDER_SHAPE[k] for k in "BHTD")
+    rng = np.random.default_rng(0)
+    q, k, v = (to_dtype(cp.asarray(rng.standard_normal((B, H, T, D), dtype=np.float32)),
+                        {"float32": "fp32", "bfloat16": "bf16"}[dtype]) for _ in range(3))
+    forward = {"naive": kernels.attention_naive_forward, "tiled": kernels.attention_tiled_forward}.get(
+        rung, kernels.attention_forward)
+    return median_ms(lambda: forward(q, k, v), args.repeats, args.warmup, cp.cuda.Device().synchronize)
 
 
 def _pass_times(dtype, B, H, T, D, causal, args) -> dict[str, float]:
@@ -411,7 +457,7 @@ def main(argv=None):
     if args.emulated and not backend.is_emulated("cuda"):
         sys.exit("--emulated: the emulated device did not load (is MT_EMULATE_CUDA=0 set?)")
     device = ("gpu (EMULATED on the CPU)" if args.emulated else "gpu") if on_gpu else "cpu"
-    results = {"device": device, "attention": [], "bandwidth": [], "counts": []}
+    results = {"device": device, "attention": [], "bandwidth": [], "counts": [], "ladder": []}
     # gpu_check.sh stops a slow run with `timeout` (SIGTERM): exit through the finally below, so
     # that the rows measured so far still reach the JSON file (also when a later case raises).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -428,7 +474,14 @@ def main(argv=None):
             gpu_attention(args, results)
             gpu_bandwidth(args, results)
             if args.counts:
-                counted_attention(args, results)
+                from minitransformer.emulated import emulator
+
+                reason = emulator.unavailable_reason("count")
+                if reason:
+                    print(f"\n(no counts: {reason})")
+                else:
+                    counted_attention(args, results)
+                    counted_ladder(args, results)
         else:
             if not args.cpu:
                 print(f"CUDA kernels unavailable: {kernels.unavailable_reason()}")

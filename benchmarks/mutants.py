@@ -6,9 +6,9 @@
 
 Until the kernels run on a GPU, what CI can catch is their whole proof; a bug that no check
 sees is a bug CI cannot see. Each rule below is applied at every site of the kernel sources
-that it matches (attention.cu, attention_naive.cu, layernorm.cu, softmax.cu, common.cuh), one
-mutant per site and replacement, so the mutants come from the sources themselves, not from a
-hand-written list:
+that it matches (attention.cu, attention_naive.cu, attention_tiled.cu, layernorm.cu, softmax.cu,
+common.cuh), one mutant per site and replacement, so the mutants come from the sources
+themselves, not from a hand-written list:
 
     relational   < <-> <=, > <-> >=
     off-by-one   +-1 on a bound (the value given to an int named *_end, *_begin, *_first,
@@ -70,14 +70,16 @@ from minitransformer.files import atomic_write
 from minitransformer.emulated import emulator
 from minitransformer.emulated.emulator import CSRC, ROOT, Mutation
 
-FILES = ["attention.cu", "attention_naive.cu", "layernorm.cu", "softmax.cu", "common.cuh"]
+FILES = ["attention.cu", "attention_naive.cu", "attention_tiled.cu", "layernorm.cu", "softmax.cu", "common.cuh"]
 EQUIVALENT = Path(__file__).with_name("mutants_equivalent.toml")
 RECORD = Path(__file__).with_name("mutants_record.json")  # the last full run, mutant by mutant
 TESTS = ROOT / "tests" / "kernels"
 # What a mutant's fixed sanitizer cases are, by file (sanitized_run.py's case names start so).
 KERNELS = {"attention.cu": ["attention"], "attention_naive.cu": ["attention_naive"],
+           "attention_tiled.cu": ["attention_tiled"],
            "layernorm.cu": ["layernorm"], "softmax.cu": ["softmax", "cross_entropy"],
-           "common.cuh": ["attention", "attention_naive", "layernorm", "softmax", "cross_entropy"]}
+           "common.cuh": ["attention", "attention_naive", "attention_tiled", "layernorm", "softmax",
+                          "cross_entropy"]}
 # CPU seconds for one check of one mutant, beyond which it counts as a hang (a mutant that
 # never leaves a loop: on a GPU a kernel that never ends): ten times what the kernel tests take
 # unmutated (attention's own, about 15), and for the sanitizers about seven times
@@ -720,7 +722,8 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants if keys[m] in results}
 
 
-KERNEL_OF = {"attention.cu": "attention", "attention_naive.cu": "naive attention", "layernorm.cu": "layernorm",
+KERNEL_OF = {"attention.cu": "attention", "attention_naive.cu": "naive attention",
+             "attention_tiled.cu": "tiled attention", "layernorm.cu": "layernorm",
              "softmax.cu": "softmax & cross-entropy", "common.cuh": "common (all kernels)"}
 
 

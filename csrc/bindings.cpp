@@ -27,7 +27,8 @@
 namespace py = pybind11;
 
 namespace mt {
-// Launchers, defined in attention.cu, attention_naive.cu, layernorm.cu and softmax.cu.
+// Launchers, defined in attention.cu, attention_naive.cu, attention_tiled.cu, layernorm.cu and
+// softmax.cu.
 void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
                        const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                        float scale, bool causal, float dropout_p, uint64_t seed,
@@ -40,6 +41,9 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
 void attention_naive_forward(const void* q, const void* k, const void* v, void* o, float* p,
                              const int* kv_lens, int dtype, int B, int H, int T, int S, int D,
                              float scale, bool causal, cudaStream_t stream);
+void attention_tiled_forward(const void* q, const void* k, const void* v, void* o, const int* kv_lens,
+                             int dtype, int B, int H, int T, int S, int D, float scale, bool causal,
+                             cudaStream_t stream);
 void layernorm_forward(const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int dtype, int N, int D, float eps, cudaStream_t stream);
 void layernorm_backward(const void* x, const void* w, const float* mean, const float* rstd,
@@ -186,13 +190,29 @@ PYBIND11_MODULE(_C, m) {
           py::arg("dtype"), py::arg("B"), py::arg("H"), py::arg("T"), py::arg("S"), py::arg("D"),
           py::arg("scale"), py::arg("causal"), py::arg("stream"));
 
+    m.def("attention_tiled_forward",
+          [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t kv_lens, int dtype, int B, int H,
+             int T, int S, int D, float scale, bool causal, uintptr_t stream) {
+              const char* fn = "attention_tiled_forward";
+              check_dtype(dtype, fn);
+              check_positive(fn, {{"B", B}, {"H", H}, {"T", T}, {"S", S}, {"D", D}});
+              mt::attention_tiled_forward(pointer(q, fn, "q", true, 16), pointer(k, fn, "k", true, 16),
+                                          pointer(v, fn, "v", true, 16), pointer(o, fn, "o", true, 16),
+                                          pointer<const int>(kv_lens, fn, "kv_lens", false), dtype, B, H, T,
+                                          S, D, scale, causal, as_stream(stream));
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("kv_lens"), py::arg("dtype"),
+          py::arg("B"), py::arg("H"), py::arg("T"), py::arg("S"), py::arg("D"), py::arg("scale"),
+          py::arg("causal"), py::arg("stream"));
+
     m.def("limits",
           []() {
               return py::dict(py::arg("attention_head_dims") = as_tuple(mt::limits::AttentionHeadDims{}),
+                              py::arg("attention_tiled_max_d") = mt::limits::kAttentionTiledMaxD,
                               py::arg("max_grid_y") = mt::limits::kMaxGridY,
                               py::arg("layernorm_max_d") = mt::limits::kLayernormMaxD);
           },
-          "What the kernels can take (csrc/limits.cuh): attention_head_dims, max_grid_y (attention's "
+          "What the kernels can take (csrc/limits.cuh): attention_head_dims, attention_tiled_max_d, max_grid_y (attention's "
           "B * H), layernorm_max_d (layernorm_backward's widest row).");
 
     m.def("launch_configs",

@@ -17,6 +17,10 @@ using AttentionHeadDims = IntList<32, 64, 128>;
 // Attention's grid has one row of blocks per (batch, head): B * H along the grid's y axis.
 constexpr long long kMaxGridY = 65535;
 
+// attention_tiled.cu keeps each query's D outputs in the registers of its 16 threads, D / 16
+// each, and its tiles of Q and of K or V in shared memory: 33 KiB at this D.
+constexpr int kAttentionTiledMaxD = 256;
+
 // layernorm_backward keeps 2 x D float column sums per warp in shared memory; 4096 (32 KiB a
 // warp) fits every GPU at the smallest warp count (launch_config.cuh).
 constexpr int kLayernormMaxD = 4096;

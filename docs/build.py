@@ -51,6 +51,9 @@ from minitransformer import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
+# The kernel ladder's counts, as benchmarks/attn.py writes them (```ladder shows them).
+LADDER = os.path.join(DOCS, "ladder.json")
+LADDER_COMMAND = "python benchmarks/attn.py --emulated --counts --json docs/ladder.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +248,8 @@ class Site:
         token = tokens[idx]
         if token.info.split()[:1] == ["trained"]:
             return self.trained_model(token, (token.info.split() + [""])[1])
+        if token.info.strip() == "ladder":
+            return self.ladder(token)
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
         listings = []  # [(ref, its notes)]: a line ": text" is a note on the listing above it
@@ -305,6 +310,34 @@ class Site:
                 f'<th>reference</th></tr>{rows}</table>'
                 f'<p class="caption">The model of <code>{e(t["command"])}</code>, seed {t["seed"]}, at commit '
                 f'{e(t["commit"])}, after {t["steps"]:,} steps (docs/trained.py renders these from its run).</p></div>\n')
+
+    def ladder(self, token) -> str:
+        """```ladder: the kernel ladder's rungs counted on the emulated device, a row each, from
+        docs/ladder.json (benchmarks/attn.py's --json output), the GPU's time column empty until
+        a GPU run fills it."""
+        if not os.path.isfile(LADDER):
+            raise BuildError(f"{self.where(token)}: no {os.path.relpath(LADDER, ROOT)} ({LADDER_COMMAND})")
+        results = json.load(open(LADDER, encoding="utf-8"))
+        rows = results.get("ladder") or []
+        if not rows:
+            raise BuildError(f"{self.where(token)}: {os.path.relpath(LADDER, ROOT)} has no ladder ({LADDER_COMMAND})")
+        e = html.escape
+        body = "".join(
+            f'<tr><td>{e(r["rung"])}</td><td>{e(r["dtype"])}</td><td>{r["launches"]}</td>'
+            f'<td>{r["global_KB"]:,.0f} ({r["ideal_KB"]:,.0f})</td><td>{r["sh_req"]:,}</td>'
+            f'<td>{r["wavefronts"]:,} ({r["ideal_wf"]:,})</td><td>{r["barriers"]:,}</td><td>{r["mma"]:,}</td>'
+            f'<td>{"–" if r["fwd_ms"] is None else format(r["fwd_ms"], ".3f")}</td></tr>' for r in rows)
+        shape = ", ".join(f"{k} = {v}" for k, v in rows[0]["shape"].items())
+        gpu = ("empty until a GPU run fills it" if "EMULATED" in results["device"]
+               else f"measured on {results.get('gpu', 'a GPU')}")
+        return (f'<div class="ladder"><table><tr><th>rung</th><th>dtype</th><th>launches</th>'
+                f'<th>global memory, KiB (fewest)</th><th>shared requests</th><th>wavefronts (fewest)</th>'
+                f'<th>barriers</th><th>mma</th><th>time, ms</th></tr>{body}</table>'
+                f'<p class="caption">One forward of each rung, non-causal, {e(shape)}, counted on the emulated '
+                f'device by <code>{e(LADDER_COMMAND)}</code>: global memory in the 32-byte sectors its '
+                f'requests fetch, before any cache, beside the fewest their bytes could take; shared-memory '
+                f'requests and their wavefronts, one more than the fewest for each bank conflict; the time '
+                f'column {gpu}.</p></div>\n')
 
     def code(self, text: str, language: str) -> str:
         from pygments.lexers import get_lexer_by_name

@@ -518,21 +518,25 @@ def data_parallel(out: str) -> None:
 def fused_attention(out: str) -> None:
     """What one forward of attention costs in global memory, per batch element and head, as the
     sequence grows (T = S), from each twin's forward_bytes: the bytes the kernels read and write
-    (the naive kernels' T x S matrix P goes through memory four times; the fused kernel reads K
-    and V once per tile of queries), beside the least any attention moves (Q, K, V read once, O
-    written once); and the memory each holds besides its inputs and output (P, against lse)."""
+    (the naive kernels' T x S matrix P goes through memory four times; the tiled kernel reads K
+    twice and V once per tile of 16 queries, the fused kernel K and V once per tile of 64),
+    beside the least any attention moves (Q, K, V read once, O written once); and the memory
+    each holds besides its inputs and output (P, against lse; the tiled kernel holds none)."""
     from minitransformer.kernels.reference import attention as fused
     from minitransformer.kernels.reference import attention_naive as naive
+    from minitransformer.kernels.reference import attention_tiled as tiled
 
     D, itemsize, block = 64, 2, 64  # d_k of the base model, 16-bit inputs, the 16-bit kernels' tiles
     lengths = [2**n for n in range(7, 15)]
     mib = lambda n: n / 2**20  # noqa: E731
     naive_mib = [mib(naive.forward_bytes(1, 1, n, n, D, itemsize)) for n in lengths]
     fused_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block)) for n in lengths]
+    tiled_mib = [mib(tiled.forward_bytes(1, 1, n, n, D, itemsize)) for n in lengths]
     causal_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block, causal=True)) for n in lengths]
     least_mib = [mib(4 * n * D * itemsize) for n in lengths]
     fig, (moved, held) = plt.subplots(1, 2, figsize=(WIDTH, 3.9), gridspec_kw={"width_ratios": [3, 2]})
     for values, color, style, label in [(naive_mib, "#c0392b", "-", "naive kernels"),
+                                        (tiled_mib, "#8e6c1f", "-.", "tiled kernel (tiles of 16)"),
                                         (fused_mib, "#2f5f9f", "-", "fused kernel"),
                                         (causal_mib, "#2f5f9f", "--", "fused kernel, causal"),
                                         (least_mib, MUTED, ":", "least possible")]:
@@ -546,7 +550,7 @@ def fused_attention(out: str) -> None:
               label="naive: P, float32, T × S")
     held.plot(lengths, [mib(4 * n) for n in lengths], "-", color="#2f5f9f", marker="o", ms=3.5,
               label="fused: lse, float32, T")
-    held.set_title("held besides Q, K, V and O")
+    held.set_title("held besides Q, K, V and O (tiled: none)")
     held.set_ylabel("MiB")
     held.legend(fontsize=8, loc="upper left")
     for ax in (moved, held):
@@ -556,7 +560,7 @@ def fused_attention(out: str) -> None:
         ax.set_xlabel("sequence length T = S")
     moved.set_ylim(top=naive_mib[-1] * 5)  # room for the ratios
     fig.suptitle(f"Global memory of one attention forward, per batch element and head (d_k = {D}, "
-                 f"16-bit inputs, tiles of {block})", fontsize=10)
+                 f"16-bit inputs, the fused kernel's tiles of {block})", fontsize=10)
     save(fig, out, "fused-attention.png")
 
 

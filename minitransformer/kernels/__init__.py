@@ -15,8 +15,9 @@ ops. Calling a launcher without them raises a RuntimeError that says what is mis
     enabled()             available() and not switched off by MINITRANSFORMER_KERNELS=0
     enabled_for(*arrays)  enabled() and every array is a CuPy array of a dtype the kernels take
     limits()              what the kernels can take: csrc/limits.cuh, read through _C
-    attention_naive_forward(q, k, v, ...)
-                          the naive attention kernels, for benchmarks and the reading
+    attention_naive_forward(q, k, v, ...), attention_tiled_forward(q, k, v, ...)
+                          the ladder's lower rungs (naive kernels; tiled scores with a separate
+                          softmax pass), for benchmarks and the reading
     attention_refusal(q, k, v), layernorm_refusal(x, weight, bias)
                           why the kernel cannot take these arrays on this device, None when it
                           can: the one place that decides (the binding checks only pointers
@@ -42,7 +43,7 @@ from __future__ import annotations
 from .extension import available, enabled, extension_built, limits, unavailable_reason
 from .launch import (
     attention_backward, attention_forward, attention_naive_forward, attention_refusal,
-    cross_entropy_forward, dtype_code, enabled_for, from_bfloat16_bits, key_lengths_from_mask,
+    attention_tiled_forward, cross_entropy_forward, dtype_code, enabled_for, from_bfloat16_bits, key_lengths_from_mask,
     layernorm_backward, layernorm_forward, layernorm_refusal, loss_overwrites_logits, new_seed,
     set_loss_overwrites_logits, shared_memory_limit, softmax_backward, softmax_forward,
     to_bfloat16_bits,
@@ -50,7 +51,7 @@ from .launch import (
 
 __all__ = [
     "attention_backward", "attention_forward", "attention_naive_forward", "attention_refusal",
-    "available", "cross_entropy_forward", "dtype_code", "enabled", "enabled_for", "extension_built",
+    "attention_tiled_forward", "available", "cross_entropy_forward", "dtype_code", "enabled", "enabled_for", "extension_built",
     "from_bfloat16_bits", "key_lengths_from_mask", "layernorm_backward", "layernorm_forward",
     "layernorm_refusal", "limits", "loss_overwrites_logits", "new_seed",
     "set_loss_overwrites_logits", "shared_memory_limit", "softmax_backward", "softmax_forward",

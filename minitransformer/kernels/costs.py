@@ -1,6 +1,7 @@
 """What the kernels cost in memory traffic, counted on the emulated device.
 
-    python -m minitransformer.kernels.costs          # every launch of the attention cases
+    python -m minitransformer.kernels.costs          # every launch of the attention cases, then
+                                                     # the kernel ladder's rungs
 
 The count variant of the emulated module (emu.h's Counting) counts, for each launch and each
 line of csrc/, the warp requests to global memory and the 32-byte sectors they fetch, the
@@ -75,6 +76,45 @@ def attention(dtype: str, D: int, causal: bool, arch: int = 90) -> list[LoggedLa
     return counted(_ATTENTION.format(dtype=dtype, D=D, causal=causal, **SHAPE), arch)
 
 
+# The kernel ladder of the reading's fused-attention page, rung by rung: each rung's forward at
+# one shape, (rung, dtype, launcher of minitransformer.kernels.launch).
+LADDER = [("naive", "float32", "attention_naive_forward"), ("tiled", "float32", "attention_tiled_forward"),
+          ("fused", "float32", "attention_forward"), ("tensor cores", "bfloat16", "attention_forward")]
+LADDER_SHAPE = dict(B=1, H=2, T=128, D=64)
+
+_FORWARD = """
+import numpy as np
+from minitransformer import backend
+from minitransformer.kernels import launch
+cupy = backend._cupy
+rng = np.random.default_rng(0)
+q, k, v = (cupy.asarray(rng.standard_normal(({B}, {H}, {T}, {D}), dtype=np.float32)).astype({dtype!r})
+           for _ in range(3))
+with emulator.logged_launches() as log:
+    launch.{launcher}(q, k, v, causal={causal})
+"""
+
+
+def ladder(causal: bool = False, arch: int = 90) -> list[tuple[str, str, list[LoggedLaunch]]]:
+    """(rung, dtype, its launches) for each rung of LADDER: one forward at LADDER_SHAPE."""
+    return [(rung, dtype, counted(_FORWARD.format(dtype=dtype, launcher=launcher, causal=causal, **LADDER_SHAPE),
+                                  arch))
+            for rung, dtype, launcher in LADDER]
+
+
+def rung_totals(launches: list[LoggedLaunch]) -> dict[str, int]:
+    """A rung's costs, summed over its launches: global bytes fetched (32-byte sectors) and the
+    fewest that its requests' bytes could take, shared-memory requests and their wavefronts (and
+    the fewest), barriers and mma instructions."""
+    g = [launch.total(*emulator.GLOBAL_KINDS) for launch in launches]
+    s = [launch.total(*emulator.SHARED_KINDS) for launch in launches]
+    return dict(launches=len(launches), global_bytes=32 * sum(c.units for c in g),
+                global_ideal_bytes=32 * sum(c.ideal for c in g), shared_requests=sum(c.requests for c in s),
+                wavefronts=sum(c.units for c in s), ideal_wavefronts=sum(c.ideal for c in s),
+                barriers=sum(launch.total("barrier").requests for launch in launches),
+                mma=sum(launch.total("mma").requests for launch in launches))
+
+
 def table(rows: list[tuple[str, LoggedLaunch]]) -> str:
     """A Markdown table: each launch's totals, by kind (sectors or wavefronts, and ideally)."""
     lines = ["case | kernel | global requests | sectors (ideal) | shared requests | wavefronts (ideal) | barriers | mma",
@@ -132,6 +172,12 @@ if __name__ == "__main__":
         case = f"{dtype} D={D}{' causal' if causal else ''}"
         rows += [(case, launch) for launch in attention(dtype, D, causal)]
     print(table(rows))
+    print("\nrung | dtype | launches | global bytes (ideal) | shared requests | wavefronts (ideal) | barriers | mma")
+    print("--- | --- | ---: | ---: | ---: | ---: | ---: | ---:")
+    for rung, dtype, launches in ladder():
+        t = rung_totals(launches)
+        print(f"{rung} | {dtype} | {t['launches']} | {t['global_bytes']} ({t['global_ideal_bytes']}) | "
+              f"{t['shared_requests']} | {t['wavefronts']} ({t['ideal_wavefronts']}) | {t['barriers']} | {t['mma']}")
     for case, launch in rows:
         for c in conflicts(launch):
             why = "ledgered" if explained(launch, c) else "NOT EXPLAINED"

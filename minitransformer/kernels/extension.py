@@ -52,8 +52,9 @@ def enabled() -> bool:
 
 @functools.cache
 def limits() -> dict:
-    """What the kernels can take, as csrc/limits.cuh says: attention_head_dims, max_grid_y
-    (attention's B * H) and layernorm_max_d. Needs the extension."""
+    """What the kernels can take, as csrc/limits.cuh says: attention_head_dims,
+    attention_tiled_max_d, max_grid_y (attention's B * H) and layernorm_max_d. Needs the
+    extension."""
     if _C is None:
         raise RuntimeError(unavailable_reason())
     return dict(_C.limits())

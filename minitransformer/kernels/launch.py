@@ -153,9 +153,9 @@ def shared_memory_limit() -> int:
 # --------------------------------------------------------------------------- attention
 
 
-def _attention_shape_problem(q, k, v, fused: bool = True) -> str | None:
-    """What the attention kernels cannot take about these shapes (csrc/limits.cuh for the
-    fused ones; the naive kernels take any head dim and batch), or None."""
+def _attention_shape_problem(q, k, v, kernels: str = "fused") -> str | None:
+    """What the attention ``kernels`` ("fused", "tiled" or "naive") cannot take about these
+    shapes (csrc/limits.cuh; the naive kernels take any head dim and batch), or None."""
     if q.ndim != 4:
         return f"q must have shape (B, H, T, D), got {q.shape}"
     B, H, T, D = q.shape
@@ -163,11 +163,13 @@ def _attention_shape_problem(q, k, v, fused: bool = True) -> str | None:
         return f"k {k.shape} and v {v.shape} must both be (B, H, S, D) = ({B}, {H}, S, {D}) for q {q.shape}"
     if 0 in q.shape or 0 in k.shape:
         return f"q {q.shape} or k {k.shape} is empty"
-    if not fused:
+    if kernels == "naive":
         return None
     lim = limits()
-    if D not in lim["attention_head_dims"]:
+    if kernels == "fused" and D not in lim["attention_head_dims"]:
         return f"head dim {D} is not one the kernels are compiled for {lim['attention_head_dims']}"
+    if kernels == "tiled" and D > lim["attention_tiled_max_d"]:
+        return f"head dim {D} is past the tiled kernel's {lim['attention_tiled_max_d']}"
     if B * H > lim["max_grid_y"]:
         return f"B * H = {B * H} exceeds {lim['max_grid_y']} (the blocks along the grid's y axis)"
     return None
@@ -215,10 +217,10 @@ def _smem_limit(asked: int | None) -> int:
     return int(asked)
 
 
-def _attention_inputs(cupy, fn, q, k, v, kv_lens, fused: bool = True):
+def _attention_inputs(cupy, fn, q, k, v, kv_lens, kernels: str = "fused"):
     q, k, v = (_device_array(cupy, a, fn, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     code = _float_code(fn, q=q, k=k, v=v)
-    problem = _attention_shape_problem(q, k, v, fused)
+    problem = _attention_shape_problem(q, k, v, kernels)
     if problem is not None:
         raise ValueError(f"{fn}: {problem}")
     B, H, T, D = q.shape
@@ -288,12 +290,29 @@ def attention_naive_forward(q, k, v, kv_lens=None, causal: bool = False, scale: 
     ``functional`` dispatches to the fused kernel only."""
     fn = "attention_naive_forward"
     cupy = _ready(fn)
-    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens, fused=False)
+    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens, "naive")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     o = cupy.empty_like(q)
     p = cupy.empty((B, H, T, S), dtype=cupy.float32)
     _C.attention_naive_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, p.data.ptr, _ptr(lens),
                                code, B, H, T, S, D, scale, bool(causal), _stream(cupy))
+    return o
+
+
+def attention_tiled_forward(q, k, v, kv_lens=None, causal: bool = False, scale: float | None = None):
+    """The tiled attention kernel (csrc/attention_tiled.cu): scores a tile at a time in shared
+    memory, a pass for each row's maximum and a second for the softmax and P V, so no (T, S)
+    array in device memory but the scores computed twice. Arguments as ``attention_forward``'s,
+    head dims up to ``limits()["attention_tiled_max_d"]``; forward only, no dropout. Returns o
+    like q. The ladder's rung between the naive and the fused kernels, for benchmarks/attn.py
+    and the reading; ``functional`` dispatches to the fused kernel only."""
+    fn = "attention_tiled_forward"
+    cupy = _ready(fn)
+    q, k, v, lens, code, (B, H, T, S, D) = _attention_inputs(cupy, fn, q, k, v, kv_lens, "tiled")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o = cupy.empty_like(q)
+    _C.attention_tiled_forward(q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, _ptr(lens), code, B, H, T, S, D,
+                               scale, bool(causal), _stream(cupy))
     return o
 
 

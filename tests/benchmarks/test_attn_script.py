@@ -32,7 +32,8 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     assert {(r["dtype"], r["pass"]) for r in rows} == {(d, p) for d in ("bf16", "fp32") for p in ("fwd", "fwd+bwd")}
     assert {(r["d"], r["seq"]) for r in rows} == {(32, 40)}  # the sizes given, not --emulated's defaults
     assert all(r["fused_ms"] > 0 and r["naive_ms"] > 0 for r in rows)
-    assert all((r["naive_cuda_ms"] > 0) if r["pass"] == "fwd" else ("naive_cuda_ms" not in r) for r in rows)
+    for rung in ("naive_cuda", "tiled_cuda"):  # forward only
+        assert all((r[f"{rung}_ms"] > 0) if r["pass"] == "fwd" else (f"{rung}_ms" not in r) for r in rows)
     kernels = {r["kernel"] for r in results["bandwidth"]}
     assert kernels == {"layernorm_fwd", "layernorm_bwd", "softmax_fwd", "softmax_bwd", "xent_fwd+grad"}
     # Each fused kernel's memory traffic, counted (the count variant), its GPU time left empty.
@@ -43,3 +44,13 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
         assert r["sectors"] >= r["ideal"] > 0 and r["wavefronts"] >= r["ideal_wf"] and r["pass_ms"] is None, r
     assert counts[("bf16", "attention_forward_mma_kernel")]["mma"] > 0
     assert counts[("fp32", "attention_forward_f32_kernel")]["sh_req"] > 0
+    # The ladder: each rung's forward, counted; the naive kernels fetch the most global memory,
+    # the tiled kernel no T x T array but K twice, the fused float32 kernel less, and only the
+    # tensor cores' rung runs mma.
+    ladder = {r["rung"]: r for r in results["ladder"]}
+    assert list(ladder) == ["naive", "tiled", "fused", "tensor cores"]
+    assert [r["launches"] for r in ladder.values()] == [3, 1, 1, 1]
+    assert ladder["naive"]["global_KB"] > ladder["tiled"]["global_KB"] > ladder["fused"]["global_KB"]
+    assert [r["mma"] > 0 for r in ladder.values()] == [False, False, False, True]
+    assert ladder["naive"]["sh_req"] == ladder["naive"]["barriers"] == 0 < ladder["tiled"]["barriers"]
+    assert all(r["fwd_ms"] is None and r["global_KB"] >= r["ideal_KB"] for r in ladder.values())

@@ -209,18 +209,48 @@ def attention_naive(C, q, k, v, lens, causal, dtype):
     return o
 
 
-def check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed, magnitude=1.0, poison="nan"):
-    """The naive kernels' output against the formula (16-bit: against twice the error of the
-    same-precision naive implementation); padding rows of k and v hold ``poison``
-    (``poisoned``), which must not be read. ``magnitude`` scales q and k, and the scores by its
-    square."""
+def attention_tiled(C, q, k, v, lens, causal, dtype):
+    """The tiled kernel's forward: o."""
+    B, H, T, D = q.shape
+    lens = None if lens is None else device_copy(np.asarray(lens, dtype=np.int32))
+    o = device_empty(q.shape, q.dtype)
+    C.attention_tiled_forward(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lens), CODE[dtype], B, H, T, k.shape[2], D,
+                              1 / math.sqrt(D), causal, 0)
+    return o
+
+
+def check_attention_rung(C, kernel, dtype, B, H, T, S, D, lens, causal, seed, magnitude=1.0, poison="nan"):
+    """A lower rung's output (``kernel``: attention_naive or attention_tiled) against the formula
+    (16-bit: against twice the error of the same-precision naive implementation); padding rows of
+    k and v hold ``poison`` (``poisoned``), which must not be read. ``magnitude`` scales q and k,
+    and the scores by its square."""
     rng = np.random.default_rng(seed)
     (q, q64), (k, k64) = (randn(rng, s, dtype, scale=magnitude) for s in ((B, H, T, D), (B, H, S, D)))
     v, v64 = randn(rng, (B, H, S, D), dtype)
     naive = checks.naive_attention_output(q, k, v, lens, causal, dtype)  # before the padding is poisoned
     poisoned(k, v, lens, dtype, poison)
-    o = attention_naive(C, q, k, v, lens, causal, dtype)
+    o = kernel(C, q, k, v, lens, causal, dtype)
     check("attention", dtype, o, formulas.attention(q64, k64, v64, lens, causal)[0], naive)
+
+
+def check_attention_naive(C, dtype, *case, **options):
+    check_attention_rung(C, attention_naive, dtype, *case, **options)
+
+
+def check_attention_tiled(C, dtype, *case, **options):
+    check_attention_rung(C, attention_tiled, dtype, *case, **options)
+
+
+def check_rung_cases(C, check_rung, dtype, cases, **options):
+    """``check_rung`` (check_attention_naive or _tiled) on each (B, H, T, S, D, lens, causal) of
+    ``cases``, the padding NaN and the largest finite value in turn; a failure names its case."""
+    for n, (B, H, T, S, D, lens, causal) in enumerate(cases):
+        poison = POISONS[n % 2]
+        try:
+            check_rung(C, dtype, B, H, T, S, D, lens, causal, seed=T * 1000 + S, poison=poison, **options)
+        except AssertionError as e:
+            raise AssertionError(f"B={B}, H={H}, T={T}, S={S}, D={D}, lens={lens}, causal={causal}, "
+                                 f"padding {poison}: {e}") from None
 
 
 def check_layernorm(C, dtype, N, D, affine, seed, smem_limit=LIMITS[-1], spread=1.0, offset=0.0):

@@ -48,6 +48,12 @@ _SHAPES = {
     # NaN) and a batch entry with none; an odd head dim.
     "attention_naive-masks": (emulated.check_attention_naive, dict(B=2, H=3, T=25, S=15, D=7,
                                                                    lens=[11, 0], causal=True)),
+    # The tiled kernel: 3 query tiles, the last short (T = 40 of 16s), causal with T > S (the
+    # first 9 queries see no key), a key tile cut by padding (lens 27: NaN past it) and a batch
+    # entry with no keys; D = 20, so each thread keeps one or two outputs and the tiles' loads
+    # cross rows mid-warp.
+    "attention_tiled-masks": (emulated.check_attention_tiled, dict(B=2, H=3, T=40, S=31, D=20,
+                                                                   lens=[27, 0], causal=True)),
     # 13 rows: the last block has idle warps, and the backward's 3 blocks loop twice.
     "layernorm-vector": (emulated.check_layernorm, dict(N=13, D=104, affine=True)),
     "layernorm-scalar": (emulated.check_layernorm, dict(N=6, D=1030, affine=False)),

@@ -75,15 +75,7 @@ HEAD_DIMS = [(1, 1, 5, 7, D, [7], True) for D in (1, 3, 31, 32, 64, 65, 128)]
 
 
 def check_cases(C, dtype, cases, **kwargs):
-    """check_attention_naive on each case, the padding NaN and the largest finite value in turn."""
-    for n, (B, H, T, S, D, lens, causal) in enumerate(cases):
-        poison = emulated.POISONS[n % 2]
-        try:
-            emulated.check_attention_naive(C, dtype, B, H, T, S, D, lens, causal, seed=T * 1000 + S,
-                                           poison=poison, **kwargs)
-        except AssertionError as e:
-            raise AssertionError(f"B={B}, H={H}, T={T}, S={S}, D={D}, lens={lens}, causal={causal}, "
-                                 f"padding {poison}: {e}") from None
+    emulated.check_rung_cases(C, emulated.check_attention_naive, dtype, cases, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -41,7 +41,7 @@ from minitransformer.emulated.emulator import Mutation
 emulated.require_emulator()
 
 DRIVER = Path(sanitized_run.__file__)
-KERNELS = ["attention", "attention_naive", "layernorm", "softmax", "cross_entropy"]
+KERNELS = ["attention", "attention_naive", "attention_tiled", "layernorm", "softmax", "cross_entropy"]
 # A run's CPU seconds (the slowest, ThreadSanitizer on attention, takes about 120 on a quiet
 # machine): CPU time, which a busy machine does not inflate as it does the wall clock.
 CPU_SECONDS = 900

@@ -17,6 +17,9 @@ A kernel, its twin and its test share a name:
     csrc/attention_naive.cu
                         attention_naive.py attention_naive_forward, (B, H, T, D): attention
                                            as three plain steps through the T x S matrix
+    csrc/attention_tiled.cu
+                        attention_tiled.py attention_tiled_forward, (B, H, T, D): tiles of
+                                           scores, a pass for the maxima and one for the rest
     csrc/layernorm.cu   layernorm.py       layernorm_forward / layernorm_backward, (N, D) rows
     csrc/softmax.cu     softmax.py         softmax_forward / softmax_backward, (N, V) rows
                         cross_entropy.py   cross_entropy_forward, (N, V) logits, (N,) targets
@@ -29,12 +32,14 @@ from __future__ import annotations
 
 from .attention import attention_backward, attention_forward, dropout_factor, philox_bits
 from .attention_naive import attention_naive_forward
+from .attention_tiled import attention_tiled_forward
 from .cross_entropy import cross_entropy_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .softmax import online_max_sum, row_threads, softmax_backward, softmax_forward
 
 __all__ = [
-    "attention_backward", "attention_forward", "attention_naive_forward", "cross_entropy_forward",
+    "attention_backward", "attention_forward", "attention_naive_forward", "attention_tiled_forward",
+    "cross_entropy_forward",
     "dropout_factor", "layernorm_backward", "layernorm_forward", "online_max_sum", "philox_bits",
     "row_threads", "softmax_backward", "softmax_forward",
 ]
