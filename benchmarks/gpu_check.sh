@@ -13,6 +13,8 @@
 # its own, but its time counts against the bound. GPU_CHECK_STAGES picks the steps after
 # the build (default: all, in this order of priority):
 #     kernels  the kernel tests            bench  benchmarks/attn.py
+#     counts   attn.py --counts: the kernels' memory traffic counted on the emulator (g++ builds
+#              its count variant here), beside their passes' times on this GPU
 #     nccl     NCCL tests and bandwidth    step   the training step, fp32 and bf16, vs torch
 #     suite    the suite's "cuda" cases    wmt    examples/train_wmt.py on Multi30k, bf16
 # "wmt" needs the corpus inside the checkout, since ../shared does not travel to the GPU
@@ -30,13 +32,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python || command -v python3)}
 DEADLINE=${GPU_CHECK_SECONDS:-480}
 # Each stage's sizes: the GPU's, or the emulated check's toys (the same commands otherwise).
-KERNEL_TESTS=() ATTN_SIZES=(--quick) ALLREDUCE_MAX=256M STEP_MODEL=(--base --steps 10) SUITE_PICK=""
+KERNEL_TESTS=() ATTN_SIZES=(--quick) COUNT_SIZES=(--quick --seqs 128) ALLREDUCE_MAX=256M STEP_MODEL=(--base --steps 10) SUITE_PICK=""
 WMT_SIZES=(--max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200)
 DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
 if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
     export MT_EMULATE_CUDA=1
     KERNEL_TESTS=(-k "test_dispatch_attention or limits")
     ATTN_SIZES=(--quick --emulated)
+    COUNT_SIZES=(--quick --emulated --seqs 40 --dtypes bf16 --head-dims 64 --causal no)
     ALLREDUCE_MAX=64K
     STEP_MODEL=(--d-model 64 --d-ff 128 --heads 2 --layers 1 --vocab 64 --batch 4 --len 8 --steps 2 --warmup 1)
     SUITE_PICK=" and beam"
@@ -50,7 +53,7 @@ check() { (($2 == 0)) || FAILED+=("$1 (exit $2)"); }
 # The timeout for the next step: its own limit, or what is left before DEADLINE (20 s kept
 # for the summary), at least 10 s.
 limit() { local left=$((DEADLINE - SECONDS - 20)); ((left < 10)) && left=10; echo $(($1 < left ? $1 : left)); }
-STAGES=" ${GPU_CHECK_STAGES:-kernels bench nccl step suite wmt} "
+STAGES=" ${GPU_CHECK_STAGES:-kernels bench counts nccl step suite wmt} "
 # True when stage $1 was asked for and at least $2 seconds are left.
 want() { [[ $STAGES == *" $1 "* ]] && ((DEADLINE - SECONDS - 20 >= $2)) || { echo "$1: skipped"; false; }; }
 LOGS=${OUT:-$(mktemp -d)}
@@ -101,6 +104,19 @@ if want bench 30; then
     check bench $bench_rc
     echo "benchmarks: $((SECONDS - start)) s, exit $bench_rc"
     [ $bench_rc -ne 0 ] && tail -n 30 "$LOGS/bench.log"
+fi
+
+# The attention kernels' and the kernel ladder's memory traffic, counted in the emulator's count
+# variant (requests, sectors, wavefronts, barriers, mma: what Nsight Compute reports), each beside
+# its pass's time on this GPU at the counted shape: the prediction the GPU checks.
+if want counts 60; then
+    start=$SECONDS
+    timeout "$(limit 240)" "$PY" benchmarks/attn.py "${COUNT_SIZES[@]}" --counts --json "$LOGS/counts.json" \
+        >"$LOGS/counts.log" 2>&1
+    rc=$?
+    check counts $rc
+    echo "counts: $((SECONDS - start)) s, exit $rc"
+    ((rc == 0)) || tail -n 20 "$LOGS/counts.log"
 fi
 
 # The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU) and its bus bandwidth.
@@ -201,7 +217,7 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
-for name, last in (("allreduce.log", 6), ("train_step_fp32.log", 13), ("train_step_bf16.log", 13),
+for name, last in (("counts.log", 7), ("allreduce.log", 6), ("train_step_fp32.log", 13), ("train_step_bf16.log", 13),
                    ("reseed.log", 1), ("wmt.log", 3)):
     path = os.path.join(logs, name)
     if os.path.exists(path):

@@ -16,7 +16,7 @@ from minitransformer.emulated import emulator
 from tests.helpers import MULTI30K_DIR, needs_multi30k
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["tests", "benchmarks", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
+STAGES = ["tests", "benchmarks", "counts", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
 
 pytestmark = [
     needs_multi30k,
@@ -39,7 +39,8 @@ def test_every_stage_runs_on_the_emulated_device(tmp_path):
     assert "skipped" not in log.replace("build: skipped", ""), log  # every stage ran
     for stage in STAGES:
         assert re.search(rf"^{re.escape(stage)}: \d+ s, exit 0", proc.stdout, re.M), (stage, log)
-    for name in ("allreduce.log", "train_step_fp32.log", "train_step_bf16.log", "reseed.log", "bench.json"):
+    for name in ("allreduce.log", "train_step_fp32.log", "train_step_bf16.log", "reseed.log", "bench.json",
+                 "counts.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "gpu_check summary" in proc.stdout and "FAILED" not in proc.stdout
 

@@ -271,6 +271,21 @@ def test_a_picture_nothing_draws_fails_the_build(tour, tmp_path):
         build.build(str(tmp_path / "out"), str(pictures), str(pages))
 
 
+def test_the_ladders_table_is_attn_pys_counts_and_without_them_the_build_fails(site, tour, tmp_path, monkeypatch):
+    out, _ = site
+    page = (out / "fused-attention.html").read_text()
+    table = page[page.index('<div class="ladder">'):]
+    table = table[:table.index("</div>")]
+    rows = json.load(open(build.LADDER))["ladder"]
+    assert [r["rung"] for r in rows] == ["naive", "tiled", "fused", "tensor cores"]
+    for r in rows:  # each rung's row, as attn.py counted it
+        assert f'<tr><td>{r["rung"]}</td><td>{r["dtype"]}</td><td>{r["launches"]}</td><td>{r["global_KB"]:,.0f} ' in table
+    monkeypatch.setattr(build, "LADDER", str(tmp_path / "none.json"))
+    pictures, _ = tour
+    with pytest.raises(build.BuildError, match=r"fused-attention\.md:\d+: no .*none\.json \(python benchmarks/attn\.py"):
+        build.build(str(tmp_path / "out"), str(pictures))
+
+
 # --------------------------------------------------------------------------- in a real browser
 
 
