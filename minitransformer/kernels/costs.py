@@ -136,6 +136,12 @@ def conflicts(launch: LoggedLaunch) -> list[Count]:
 # most this many times the ideal wavefronts, the reason). Every other shared-memory request of
 # the attention kernels takes its ideal wavefronts at the launchers' tiles (tests/kernels/
 # test_costs.py).
+_ROWS_OF_16 = ("the backward's row loops at BC = 16 (the float32 backward at D = 128 on sm_86, whose shared "
+               "memory takes no wider key tile): a warp spans two rows of 16, which padded_ld's stride of 20 "
+               "lays 20 banks apart, so 4 of each row's 16 banks meet the other row's and a request takes "
+               "two wavefronts instead of one. A stride that is 16 mod 32 would part the two rows, but put "
+               "the four rows 2 apart that smem_gemm touches in these arrays in one bank group: four "
+               "wavefronts there")
 LEDGER = {
     ("attention_forward_f32_kernel", "for (int i = 0; i < TM; ++i) a[i] = *at<LA>(A, lda, m0 + i, k);"): (
         2.0, "smem_gemm's A operand at BR = 64: a warp reads four rows 4 apart, which a stride of "
@@ -143,6 +149,14 @@ LEDGER = {
              "be 16-byte aligned for load_tile's uint4 copies, a stride that is a multiple of 4 "
              "floats, and four rows 4 apart of that stride meet two to a bank: S = Q K^T reads Q "
              "in two wavefronts a request instead of one (at BR = 32, rows 2 apart do not meet)"),
+    ("attention_backward_f32_kernel", "? __expf(sS[r * L::LDS + c] * p.scale - lse) : 0.f;"): (2.0, _ROWS_OF_16),
+    ("attention_backward_f32_kernel", "sS[r * L::LDS + c] = prob;"): (2.0, _ROWS_OF_16),
+    ("attention_backward_f32_kernel",
+     "sP[r * L::LDP + c] = from_float<T>(prob * dropout_factor(p, bh, i, j));"): (2.0, _ROWS_OF_16),
+    ("attention_backward_f32_kernel",
+     "float dp = sdP[r * L::LDS + c] * dropout_factor(p, bh, q0 + r, k0 + c);"): (2.0, _ROWS_OF_16),
+    ("attention_backward_f32_kernel",
+     "sdS[r * L::LDP + c] = from_float<T>(sS[r * L::LDS + c] * (dp - sDelta[r]) * p.scale);"): (2.0, _ROWS_OF_16),
 }
 
 
