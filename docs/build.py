@@ -88,8 +88,10 @@ PAGES = [
 
 
 # Inline math and the punctuation right after it ("$x$:"): one unit, as a word and its colon
-# are, so that a line never begins with the colon.
-MATH_THEN_PUNCTUATION = re.compile(r'(<math\b[^>]*display="inline"[^>]*>(?:(?!</math>).)*</math>)([.,:;!?)]+)',
+# are, so that a line never begins with the colon. The pages' math comes wrapped in
+# dollarmath's <span class="math inline">, the notes' too; the span goes inside the unit whole.
+_INLINE_MATH = r'<math\b[^>]*display="inline"[^>]*>(?:(?!</math>).)*</math>'
+MATH_THEN_PUNCTUATION = re.compile(rf'(<span class="math inline">{_INLINE_MATH}</span>|{_INLINE_MATH})([.,:;!?)]+)',
                                    re.S)
 PRIMED = re.compile(r"<msup>(<mi>[^<]*</mi>)(?:<mrow>)?<mi>&#x02032;</mi>(?:</mrow>)?</msup>")
 

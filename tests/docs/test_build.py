@@ -137,10 +137,15 @@ def test_a_prime_sits_beside_its_letter_not_above_it():
     assert "<msup>" not in mathml and "<mi>s</mi><mo>&#x02032;</mo>" in mathml
 
 
-def test_an_inline_formula_keeps_the_punctuation_after_it_on_its_line():
+def test_an_inline_formula_keeps_the_punctuation_after_it_on_its_line(site):
     a, b, c = (build.Site.math(x, {}) for x in "abc")
     html = build.bind_punctuation(f"<p>{a} and {b}: then {c}.</p>")
     assert html == f'<p>{a} and <span class="nowrap">{b}:</span> then <span class="nowrap">{c}.</span></p>'
+    # As the pages render it, in dollarmath's span: the colon after $k$ on positional-encoding.
+    out, _ = site
+    k = build.Site.math("k", {})
+    assert f'<span class="nowrap"><span class="math inline">{k}</span>:</span> the dot product' in \
+        (out / "positional-encoding.html").read_text()
 
 
 def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
