@@ -57,6 +57,14 @@ __device__ void load_rows(float* dst, int ld, const Elem* src, int rows, int val
     }
 }
 
+// The score of the tile's query row r and key row c, q_r . k_c * scale: one thread's dot product,
+// its operands read from shared memory a float at a time.
+__device__ __forceinline__ float score(const float* sQ, const float* sK, int ld, int r, int c, int D, float scale) {
+    float s = 0.f;
+    for (int d = 0; d < D; ++d) s += sQ[r * ld + d] * sK[c * ld + d];
+    return s * scale;
+}
+
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(
         const Elem* __restrict__ q, const Elem* __restrict__ k, const Elem* __restrict__ v,
@@ -79,20 +87,13 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(
 
     load_rows(sQ, ld, q + (size_t(bh) * T + q0) * D, BR, T - q0, D);
 
-    // The score of query i and key k0 + c, -inf where masked; sQ and the K tile in place.
-    auto score = [&](int k0) {
-        if (k0 + c >= end) return -INFINITY;
-        float s = 0.f;
-        for (int d = 0; d < D; ++d) s += sQ[r * ld + d] * sKV[c * ld + d];
-        return s * scale;
-    };
 
     // Pass 1: m = the maximum of the row's scores.
     float m = -INFINITY;
     for (int k0 = 0; k0 < block_end; k0 += BC) {
         load_rows(sKV, ld, kb + size_t(k0) * D, BC, block_end - k0, D);
         __syncthreads();
-        sS[r * BC + c] = score(k0);
+        sS[r * BC + c] = k0 + c < end ? score(sQ, sKV, ld, r, c, D, scale) : -INFINITY;  // -inf: masked
         __syncthreads();
         for (int j = 0; j < BC; ++j) m = fmaxf(m, sS[r * BC + j]);
         __syncthreads();  // sKV and sS are overwritten next
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(
     for (int k0 = 0; k0 < block_end; k0 += BC) {
         load_rows(sKV, ld, kb + size_t(k0) * D, BC, block_end - k0, D);
         __syncthreads();
-        const float s = score(k0);
-        sS[r * BC + c] = s == -INFINITY ? 0.f : exp_diff(s, m);  // m is finite: this key is seen
+        // Where key k0 + c is seen, m is finite (at least its score).
+        sS[r * BC + c] = k0 + c < end ? exp_diff(score(sQ, sKV, ld, r, c, D, scale), m) : 0.f;
         __syncthreads();  // the weights complete, and the K tile read: V takes its place
         load_rows(sKV, ld, vb + size_t(k0) * D, BC, block_end - k0, D);
         __syncthreads();

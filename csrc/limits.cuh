@@ -18,8 +18,9 @@ using AttentionHeadDims = IntList<32, 64, 128>;
 constexpr long long kMaxGridY = 65535;
 
 // attention_tiled.cu keeps each query's D outputs in the registers of its 16 threads, D / 16
-// each, and its tiles of Q and of K or V in shared memory: 33 KiB at this D.
-constexpr int kAttentionTiledMaxD = 256;
+// each (at 256, 16 of them, ptxas spills under the kernel's launch bounds), and its tiles of Q
+// and of K or V in shared memory: 17 KiB at this D.
+constexpr int kAttentionTiledMaxD = 128;
 
 // layernorm_backward keeps 2 x D float column sums per warp in shared memory; 4096 (32 KiB a
 // warp) fits every GPU at the smallest warp count (launch_config.cuh).

@@ -286,9 +286,12 @@ def test_the_ladders_table_is_attn_pys_counts_and_without_them_the_build_fails(s
     for r in rows:  # each rung's row, as attn.py counted it
         assert f'<tr><td>{r["rung"]}</td><td>{r["dtype"]}</td><td>{r["launches"]}</td><td>{r["global_KB"]:,.0f} ' in table
     monkeypatch.setattr(build, "LADDER", str(tmp_path / "none.json"))
+    pages = tmp_path / "pages"  # the first page holds the block, so that the build stops at once
+    shutil.copytree(os.path.join(ROOT, "docs", "pages"), pages)
+    (pages / "index.md").write_text("# A\n\nThe ladder:\n\n```ladder\n```\n")
     pictures, _ = tour
-    with pytest.raises(build.BuildError, match=r"fused-attention\.md:\d+: no .*none\.json \(python benchmarks/attn\.py"):
-        build.build(str(tmp_path / "out"), str(pictures))
+    with pytest.raises(build.BuildError, match=r"index\.md:5: no .*none\.json \(python benchmarks/attn\.py"):
+        build.build(str(tmp_path / "out"), str(pictures), str(pages))
 
 
 # --------------------------------------------------------------------------- in a real browser

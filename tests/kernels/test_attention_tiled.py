@@ -5,7 +5,7 @@ emulator (emulated.py); the kernel on the device against float64 (device.py).
 The kernel's blocks own 16 queries and stream keys in tiles of 16, each thread keeping the
 outputs d = c, c + 16, ... < D of its query, and its tiles are loaded 256 elements a round; so
 the boundaries are T and S at multiples of 16 and one either side, D at multiples of 16 and at
-the kernel's largest (256), and the masks' edges: S - T of 0, +-1 and more with causal masking,
+the kernel's largest (128), and the masks' edges: S - T of 0, +-1 and more with causal masking,
 decoding's T = 1, and key lengths of 0, 1, a tile's edge, one short and full, with B >= 2 and
 H >= 3 so that a batch or head index error cannot pass.
 """
@@ -83,7 +83,7 @@ MASK_EDGES = (
     + [(5, 3, T, 33, 8, [0, 1, 16, 17, 33], causal) for T in (1, 16, 17, 33) for causal in (False, True)]
     + [(2, 3, 1, S, 8, (S, S - 1), causal) for S in emulated.DECODE_LENGTHS if S > 1 for causal in (True, False)]
 )
-HEAD_DIMS = [(2, 3, 18, 21, D, [21, 5], True) for D in (1, 3, 16, 31, 32, 64, 65, 128, 255, 256)]
+HEAD_DIMS = [(2, 3, 18, 21, D, [21, 5], True) for D in (1, 3, 16, 31, 32, 64, 65, 127, 128)]
 
 
 def check_cases(C, dtype, cases, **kwargs):
@@ -111,9 +111,9 @@ def test_attention_tiled_kernel_with_scores_past_exps_range(C, dtype):
 
 
 def test_attention_tiled_kernel_refuses_a_head_dim_past_its_registers(C):
-    q = emulated.device_empty((1, 1, 4, 257), np.float32)
-    with pytest.raises(ValueError, match="head dim 257 is past the kernel's 256"):
-        C.attention_tiled_forward(*(emulated.ptr(q),) * 4, 0, 0, 1, 1, 4, 4, 257, 1.0, False, 0)
+    q = emulated.device_empty((1, 1, 4, 129), np.float32)
+    with pytest.raises(ValueError, match="head dim 129 is past the kernel's 128"):
+        C.attention_tiled_forward(*(emulated.ptr(q),) * 4, 0, 0, 1, 1, 4, 4, 129, 1.0, False, 0)
 
 
 # --------------------------------------------------------------------------- kernel on the device
@@ -144,7 +144,7 @@ def test_attention_tiled_launcher_matches_the_formula_and_the_fused_kernel(dtype
 @gpu_sized
 @pytest.mark.parametrize("dtype", DTYPES)
 @DEVICE_SETTINGS
-@given(case=shapes(max_len=600, max_dim=256), seed=seeds)
+@given(case=shapes(max_len=600, max_dim=128), seed=seeds)
 def test_attention_tiled_matches_float64(dtype, case, seed):
     device_check(dtype, *case, seed)
 
@@ -154,11 +154,11 @@ def test_attention_tiled_rejects_bad_arguments_with_python_errors():
     q = cp.ones((1, 1, 8, 48), dtype=cp.float64)
     with pytest.raises(TypeError, match="float64"):
         kernels.attention_tiled_forward(q, q, q)
-    q = cp.ones((1, 1, 8, 48), dtype=cp.float32)  # any head dim up to 256: 48 is not a fused one
+    q = cp.ones((1, 1, 8, 48), dtype=cp.float32)  # any head dim up to 128: 48 is not a fused one
     with pytest.raises(ValueError, match="must both be"):
         kernels.attention_tiled_forward(q, q[:, :, :, :32], q)
     with pytest.raises(ValueError, match=r"kv_lens must have shape \(1,\)"):
         kernels.attention_tiled_forward(q, q, q, kv_lens=[8, 8])
-    q = cp.ones((1, 1, 8, 257), dtype=cp.float32)
-    with pytest.raises(ValueError, match="past the tiled kernel's 256"):
+    q = cp.ones((1, 1, 8, 129), dtype=cp.float32)
+    with pytest.raises(ValueError, match="past the tiled kernel's 128"):
         kernels.attention_tiled_forward(q, q, q)
