@@ -315,7 +315,9 @@ def _launch_everything(launch, cupy) -> None:
             o, lse = launch.attention_forward(q, k, v)
             launch.attention_backward(q, k, v, o, lse, do)
             launch.attention_naive_forward(q, k, v)
-            launch.attention_tiled_forward(q, k, v)
+        # One instance per dtype whose shared memory grows with D: launched at its largest D.
+        q, k, v = (array(1, 2, 8, lim["attention_tiled_max_d"]) for _ in range(3))
+        launch.attention_tiled_forward(q, k, v)
         for D in (lim["layernorm_max_d"], lim["layernorm_max_d"] - 1):  # 16-byte vectors, and not
             x = array(2, D)
             y, mean, rstd = launch.layernorm_forward(x, array(D), array(D))

@@ -23,8 +23,9 @@ from minitransformer.kernels.reference import attention_tiled as tiled
 from minitransformer.kernels.reference import formulas
 
 import emulated
-from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, check, naive_attention_output, seeds, to_f32
-from device import DEVICE_SETTINGS, cp, gpu_sized, on_device, randn
+from checks import DTYPES, TWIN_SETTINGS, TWIN_TOL, seeds
+import device
+from device import DEVICE_SETTINGS, cp, gpu_sized, on_device
 from emulated import EMULATOR_SETTINGS
 
 # --------------------------------------------------------------------------- twin vs formula
@@ -119,25 +120,10 @@ def test_attention_tiled_kernel_refuses_a_head_dim_past_its_registers(C):
 # --------------------------------------------------------------------------- kernel on the device
 
 
-def device_check(dtype, B, H, T, S, D, lens, causal, seed):
-    rng = np.random.default_rng(seed)
-    (q, q64), (k, k64), (v, v64) = (randn(rng, s, dtype) for s in ((B, H, T, D), (B, H, S, D), (B, H, S, D)))
-    o = kernels.attention_tiled_forward(q, k, v, lens, causal)
-    naive = naive_attention_output(q, k, v, lens, causal, dtype)
-    check("attention", dtype, o, formulas.attention(q64, k64, v64, lens, causal)[0], naive)
-
-
 @on_device
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_tiled_launcher_matches_the_formula_and_the_fused_kernel(dtype):
-    B, H, T, S, D = 2, 3, 9, 33, 32
-    device_check(dtype, B, H, T, S, D, [33, 0], True, seed=1)
-    rng = np.random.default_rng(2)
-    q, k, v = (randn(rng, (B, H, n, D), dtype)[0] for n in (T, S, S))
-    ours = kernels.attention_tiled_forward(q, k, v, [20, 33], causal=False)
-    fused, _ = kernels.attention_forward(q, k, v, [20, 33], causal=False)
-    np.testing.assert_allclose(to_f32(cp.asnumpy(ours)), to_f32(cp.asnumpy(fused)),
-                               rtol=1e-2 if dtype != "float32" else 1e-5, atol=1e-2 if dtype != "float32" else 1e-5)
+    device.check_rung_against_the_formula_and_the_fused_kernel(kernels.attention_tiled_forward, dtype)
 
 
 @on_device
@@ -146,19 +132,12 @@ def test_attention_tiled_launcher_matches_the_formula_and_the_fused_kernel(dtype
 @DEVICE_SETTINGS
 @given(case=shapes(max_len=600, max_dim=128), seed=seeds)
 def test_attention_tiled_matches_float64(dtype, case, seed):
-    device_check(dtype, *case, seed)
+    device.check_rung(kernels.attention_tiled_forward, dtype, *case, seed)
 
 
 @on_device
 def test_attention_tiled_rejects_bad_arguments_with_python_errors():
-    q = cp.ones((1, 1, 8, 48), dtype=cp.float64)
-    with pytest.raises(TypeError, match="float64"):
-        kernels.attention_tiled_forward(q, q, q)
-    q = cp.ones((1, 1, 8, 48), dtype=cp.float32)  # any head dim up to 128: 48 is not a fused one
-    with pytest.raises(ValueError, match="must both be"):
-        kernels.attention_tiled_forward(q, q[:, :, :, :32], q)
-    with pytest.raises(ValueError, match=r"kv_lens must have shape \(1,\)"):
-        kernels.attention_tiled_forward(q, q, q, kv_lens=[8, 8])
+    device.check_rung_rejects_bad_arguments(kernels.attention_tiled_forward)
     q = cp.ones((1, 1, 8, 129), dtype=cp.float32)
     with pytest.raises(ValueError, match="past the tiled kernel's 128"):
         kernels.attention_tiled_forward(q, q, q)
