@@ -318,7 +318,9 @@ def counted_attention(args, results):
                                mma=launch.total("mma").requests,
                                pass_ms=times.get("forward" if "forward" in name else "backward"))
                     table.add(**row)
-                    results["counts"].append(row | {"instance": name, "shape": dict(B=B, H=H, T=T)})
+                    kinds = {kind: {f: getattr(c, f) for f in ("requests", "units", "ideal")}
+                             for kind in costs.emulator.KINDS if (c := launch.total(kind)).requests}
+                    results["counts"].append(row | {"instance": name, "shape": dict(B=B, H=H, T=T), "kinds": kinds})
 
 
 def counted_ladder(args, results):
@@ -360,13 +362,19 @@ def _rung_time(rung, dtype, args) -> float:
     return median_ms(lambda: forward(q, k, v), args.repeats, args.warmup, cp.cuda.Device().synchronize)
 
 
+def case_arrays(dtype, B, H, T, D):
+    """q, k, v and dO of one counted case, standard normal in the kernels' dtype (GPU)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(0)
+    return [to_dtype(cp.asarray(rng.standard_normal((B, H, T, D), dtype=np.float32)), dtype) for _ in range(4)]
+
+
 def _pass_times(dtype, B, H, T, D, causal, args) -> dict[str, float]:
     """Median milliseconds of the fused forward and of the backward alone at one shape (GPU)."""
     import cupy as cp
 
-    rng = np.random.default_rng(0)
-    q, k, v, do = (to_dtype(cp.asarray(rng.standard_normal((B, H, T, D), dtype=np.float32)), dtype)
-                   for _ in range(4))
+    q, k, v, do = case_arrays(dtype, B, H, T, D)
     sync = cp.cuda.Device().synchronize
     o, lse = kernels.attention_forward(q, k, v, causal=causal)
     return {"forward": median_ms(lambda: kernels.attention_forward(q, k, v, causal=causal), args.repeats,

@@ -173,22 +173,9 @@ def _curves(record: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return {k: sorted(v, key=lambda p: p["minutes"]) for k, v in curves.items()}
 
 
-def read_record(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        try:
-            points = json.load(f)
-        except json.JSONDecodeError as e:
-            raise records.RecordError(f"{path}: not JSON ({e})") from None
-    if not isinstance(points, list) or not all(isinstance(p, dict) and "literature" in p for p in points):
-        raise records.RecordError(f"{path}: not a list of bleu_minutes.py points")
-    return points
-
-
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
-    record = read_record(args.record)
+    record = records.read_minutes(args.record)
     if args.run:
         record += score_marks(args, record)
         with files.atomic_write(args.record) as f:

@@ -15,6 +15,8 @@
 #     kernels  the kernel tests            bench  benchmarks/attn.py
 #     counts   attn.py --counts: the kernels' memory traffic counted on the emulator (g++ builds
 #              its count variant here), beside their passes' times on this GPU
+#     ncu      benchmarks/ncu_counts.py: Nsight Compute's counts of the same launches beside the
+#              emulator's (where ncu is installed; NCU=<command> names another)
 #     nccl     NCCL tests and bandwidth    step   the training step, fp32 and bf16, vs torch
 #     suite    the suite's "cuda" cases    wmt    examples/train_wmt.py on Multi30k, bf16
 # "wmt" needs the corpus inside the checkout, since ../shared does not travel to the GPU
@@ -35,6 +37,7 @@ DEADLINE=${GPU_CHECK_SECONDS:-480}
 KERNEL_TESTS=() ATTN_SIZES=(--quick) COUNT_SIZES=(--quick --seqs 128) ALLREDUCE_MAX=256M STEP_MODEL=(--base --steps 10) SUITE_PICK=""
 WMT_SIZES=(--max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200)
 DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
+NCU=${NCU:-ncu}
 if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
     export MT_EMULATE_CUDA=1
     KERNEL_TESTS=(-k "test_dispatch_attention or limits")
@@ -53,7 +56,7 @@ check() { (($2 == 0)) || FAILED+=("$1 (exit $2)"); }
 # The timeout for the next step: its own limit, or what is left before DEADLINE (20 s kept
 # for the summary), at least 10 s.
 limit() { local left=$((DEADLINE - SECONDS - 20)); ((left < 10)) && left=10; echo $(($1 < left ? $1 : left)); }
-STAGES=" ${GPU_CHECK_STAGES:-kernels bench counts nccl step suite wmt} "
+STAGES=" ${GPU_CHECK_STAGES:-kernels bench counts ncu nccl step suite wmt} "
 # True when stage $1 was asked for and at least $2 seconds are left.
 want() { [[ $STAGES == *" $1 "* ]] && ((DEADLINE - SECONDS - 20 >= $2)) || { echo "$1: skipped"; false; }; }
 LOGS=${OUT:-$(mktemp -d)}
@@ -117,6 +120,25 @@ if want counts 60; then
     check counts $rc
     echo "counts: $((SECONDS - start)) s, exit $rc"
     ((rc == 0)) || tail -n 20 "$LOGS/counts.log"
+fi
+
+# Nsight Compute's own counts of the launches the counts stage counted, each beside the
+# emulator's with their ratio (benchmarks/ncu_counts.py), where ncu is installed (NCU names
+# another command).
+if want ncu 60; then
+    if ! command -v "$NCU" >/dev/null; then
+        echo "ncu: not run (no Nsight Compute: '$NCU' is not a command here)"
+    elif [ ! -s "$LOGS/counts.json" ]; then
+        echo "ncu: not run (no counts.json: the counts stage did not run or failed)"
+    else
+        start=$SECONDS
+        timeout "$(limit 180)" "$PY" benchmarks/ncu_counts.py --ncu "$NCU" --counts "$LOGS/counts.json" \
+            --json "$LOGS/ncu.json" >"$LOGS/ncu.log" 2>&1
+        rc=$?
+        check ncu $rc
+        echo "ncu: $((SECONDS - start)) s, exit $rc"
+        ((rc == 0)) || tail -n 20 "$LOGS/ncu.log"
+    fi
 fi
 
 # The NCCL path end to end (one rank: NCCL refuses two ranks on one GPU) and its bus bandwidth.
@@ -217,7 +239,7 @@ for a in r["attention"]:
 print("bandwidth (target >= 0.8 of copy)")
 for b in r["bandwidth"]:
     print(f"{b['kernel']:>14} {b['dtype']:>5} {b['GBps']:8.0f} GB/s {b['of_copy']:5.2f}")
-for name, last in (("counts.log", 7), ("allreduce.log", 6), ("train_step_fp32.log", 13), ("train_step_bf16.log", 13),
+for name, last in (("counts.log", 7), ("ncu.log", 12), ("allreduce.log", 6), ("train_step_fp32.log", 13), ("train_step_bf16.log", 13),
                    ("reseed.log", 1), ("wmt.log", 3)):
     path = os.path.join(logs, name)
     if os.path.exists(path):

@@ -4,6 +4,7 @@
     bleu.json              the finished run's test figures (examples/train_wmt.py ``finish``)
     decoding_sweep.json    examples/tune_decoding.py's rows, one per decoding tried
     a benchmark's points   {"points": [...]}: benchmarks/bleu_tokens.py's curve, its recipe runs
+    BLEU against minutes   [...]: benchmarks/bleu_minutes.py's marks, a point each
 
 A file that does not fit is refused in one line naming it (and the line, for train.jsonl) and
 what is wrong (``RecordError``), before the program does any long work with it. Fields that
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from .schema import INTEGER_FROM_0, INTEGER_FROM_1, MAX_JSON_BYTES, Schema, load_json, loads
+from .schema import INTEGER_FROM_0, INTEGER_FROM_1, MAX_JSON_BYTES, STRINGS, Schema, load_json, loads
 
 
 class RecordError(ValueError):
@@ -67,6 +68,15 @@ POINTS = Schema({
                        "parts": {"type": "array", "items": {"type": "object"}}}}}},
 })
 
+MINUTES = Schema({
+    "type": "array",
+    "items": {"type": "object", "required": ["run", "label", "split", "minutes", "step", "averaged", "literature"],
+              "properties": {"run": {"type": "string"}, "label": {"type": "string"}, "split": {"type": "string"},
+                             "minutes": {"type": "number", "minimum": 0}, "step": INTEGER_FROM_0,
+                             "averaged": STRINGS, "literature": {"type": "number"}, "bleu": _NUMBER_OR_NULL,
+                             "length_ratio": {"type": "number"}}},
+})
+
 
 def read_log(path: str | os.PathLike, drop_damaged: bool = False) -> list[dict]:
     """The rows of a run's train.jsonl. A line that is not a row (a line torn by a crash, a
@@ -97,6 +107,11 @@ def read_result(path: str | os.PathLike) -> dict:
 def read_sweep(path: str | os.PathLike) -> list[dict]:
     """A run's decoding_sweep.json (an empty sweep where there is none yet)."""
     return load_json(path, SWEEP, RecordError) if os.path.exists(path) else []
+
+
+def read_minutes(path: str | os.PathLike) -> list[dict]:
+    """benchmarks/bleu_minutes.py's record of points (none where there is none yet)."""
+    return load_json(path, MINUTES, RecordError) if os.path.exists(path) else []
 
 
 def read_points(path: str | os.PathLike) -> dict:

@@ -43,6 +43,7 @@ PATH_TYPES = (cli.input_file, cli.input_folder, cli.data_folder, cli.output_file
 # Options that take text, not a path (a test below keeps every other option typed).
 NOT_PATHS = {("ablations", "--rows"), ("plot_attention", "sentence"), ("bleu_tokens", "--note"), ("bleu_minutes", "--label"), ("score", "--lang"),
              ("figures", "names"), ("trained", "--trained-at"), ("trained", "--command"),
+             ("ncu_counts", "--ncu"), ("ncu_counts", "--launch"),
              ("minitransformer.data.download", "--base-url")}
 KINDS = ("link-to-file", "dangling-link", "fifo", "device", "folder", "file", "read-only")
 

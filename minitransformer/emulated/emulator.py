@@ -36,6 +36,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import resource
@@ -450,6 +451,21 @@ def logged_launches(path: Path | None = None, memory=()):
             kernel, *dims, smem = list(record)
             log.append(LoggedLaunch(names[kernel - base], tuple(dims[:3]), tuple(dims[3:]), smem,
                                     _by_line(by_launch.get(i, []), lambda pc: lines[pc - base])))
+
+
+def run_configured(code: str, shared_memory_per_block: int, what: str, env: dict[str, str] | None = None):
+    """The JSON value that Python ``code`` prints on its last line, run in a process of its own on
+    the emulated device configured with an architecture's shared memory per block (by which the
+    launchers choose their tiles), with ``env`` added to the environment; ``what`` names the
+    work in the error raised if the process fails."""
+    program = "\n".join(["from minitransformer.emulated import cupy as emulated_cupy",
+                         f"emulated_cupy.configure(max_shared_memory_per_block_optin={shared_memory_per_block})",
+                         code])
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "MT_EMULATE_CUDA": "1", **(env or {})})
+    if result.returncode:
+        raise RuntimeError(f"{what} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def run_limited(cmd: list[str], cpu_seconds: int, wall_seconds: int = 3600,

@@ -15,11 +15,7 @@ request do not depend on how many there are.
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
-import sys
-from dataclasses import asdict
 
 from ..emulated import emulator
 from ..emulated.emulator import CSRC, Count, LoggedLaunch
@@ -52,21 +48,11 @@ def counted(code: str, arch: int = 90) -> list[LoggedLaunch]:
     """The launches, with their counts, of ``code``: Python run on the emulated device (as it
     is on ``arch``) in a process of its own, which fills ``log`` inside ``with
     emulator.logged_launches() as log:``."""
-    program = "\n".join([
-        "import json",
-        "from dataclasses import asdict",
-        "from minitransformer.emulated import cupy as emulated_cupy, emulator",
-        f"emulated_cupy.configure(max_shared_memory_per_block_optin={SHARED_MEMORY_PER_BLOCK[arch]})",
-        code,
-        "print(json.dumps([asdict(launch) for launch in log]))",
-    ])
     module = os.environ.get(KERNELS_VARIABLE) or str(emulator.compile_variant("count"))
-    env = dict(os.environ, MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=module)
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env,
-                            cwd=emulator.ROOT)
-    if result.returncode:
-        raise RuntimeError(f"counting failed:\n{result.stderr[-4000:]}")
-    launches = json.loads(result.stdout.splitlines()[-1])
+    code = "\n".join(["import json", "from dataclasses import asdict", "from minitransformer.emulated import emulator",
+                      code, "print(json.dumps([asdict(launch) for launch in log]))"])
+    launches = emulator.run_configured(code, SHARED_MEMORY_PER_BLOCK[arch], "counting",
+                                       env={"MT_EMULATED_KERNELS": module})
     return [LoggedLaunch(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"],
                          tuple(Count(**c) for c in d["counts"])) for d in launches]
 

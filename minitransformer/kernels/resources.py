@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -354,14 +353,9 @@ def launched() -> dict[int, dict[str, tuple[int, int]]]:
     architecture's shared memory per block (about a minute in all)."""
     out = {}
     for arch, limit in sorted(SHARED_MEMORY_PER_BLOCK.items()):
-        code = ("import json; from minitransformer.emulated import cupy; "
-                f"cupy.configure(max_shared_memory_per_block_optin={limit}); "
-                "from minitransformer.kernels import resources; print(json.dumps(resources._launched_here()))")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                env=dict(os.environ, MT_EMULATE_CUDA="1"), cwd=emulator.ROOT)
-        if result.returncode:
-            raise RuntimeError(f"recording the launches on sm_{arch} failed:\n{result.stderr[-4000:]}")
-        kernels = json.loads(result.stdout.splitlines()[-1])
+        kernels = emulator.run_configured(
+            "import json\nfrom minitransformer.kernels import resources\nprint(json.dumps(resources._launched_here()))",
+            limit, f"recording the launches on sm_{arch}")
         out[arch] = {k: tuple(v) for k, v in kernels.items()}
     return out
 

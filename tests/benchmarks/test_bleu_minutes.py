@@ -83,3 +83,6 @@ def test_a_run_that_kept_no_checkpoint_and_a_damaged_record_are_refused_in_one_l
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(bleu_minutes.records.RecordError, match="bad.json: not JSON"):
         bleu_minutes.main(["--record", str(tmp_path / "bad.json"), "--plot", str(tmp_path / "c.png")])
+    (tmp_path / "other.json").write_text('[{"run": "runs/x", "minutes": 15.0}]')  # not one of its points
+    with pytest.raises(bleu_minutes.records.RecordError, match=r"other.json: \[0\] must contain .*'literature'"):
+        bleu_minutes.main(["--record", str(tmp_path / "other.json"), "--plot", str(tmp_path / "c.png")])

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from minitransformer.emulated import emulator
+from tests.benchmarks import fake_ncu
 from tests.helpers import MULTI30K_DIR, needs_multi30k
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["tests", "benchmarks", "counts", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
+STAGES = ["tests", "benchmarks", "counts", "ncu", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
 
 pytestmark = [
     needs_multi30k,
@@ -33,14 +34,14 @@ def gpu_check(out_dir: Path, **env) -> subprocess.CompletedProcess:
 
 
 def test_every_stage_runs_on_the_emulated_device(tmp_path):
-    proc = gpu_check(tmp_path)
+    proc = gpu_check(tmp_path, NCU=str(fake_ncu.install(tmp_path / "bin")))  # Nsight Compute's stand-in
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert "skipped" not in log.replace("build: skipped", ""), log  # every stage ran
     for stage in STAGES:
         assert re.search(rf"^{re.escape(stage)}: \d+ s, exit 0", proc.stdout, re.M), (stage, log)
     for name in ("allreduce.log", "train_step_fp32.log", "train_step_bf16.log", "reseed.log", "bench.json",
-                 "counts.json"):
+                 "counts.json", "ncu.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "gpu_check summary" in proc.stdout and "FAILED" not in proc.stdout
 

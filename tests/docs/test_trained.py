@@ -91,3 +91,14 @@ def test_a_lowercased_run_is_refused_in_one_line_before_any_decoding(rendered, t
         trained.main(["--run", str(lowercased), "--trained-at", "abc1234", "--data-dir", str(corpus),
                       "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_page_quotes_the_committed_run():
+    """one-sentence.md discusses the walk's translation in words: what it quotes is what the
+    committed trained.json holds (a render from another run changes both, or fails here)."""
+    with open(os.path.join(ROOT, "docs", "trained", "trained.json"), encoding="utf-8") as f:
+        walk = json.load(f)["walk"]
+    with open(os.path.join(ROOT, "docs", "pages", "one-sentence.md"), encoding="utf-8") as f:
+        page = " ".join(f.read().split())  # the prose's line breaks as spaces
+    assert f'"{walk["translation"]}"' in page
+    assert f"gives this sentence the {walk['sentence_bleu']:.1f} above" in page
