@@ -118,7 +118,8 @@ def profile(ncu: str, case: tuple[str, str, int], kernel_names: list[str], metri
     refused: list[str] = []
     while True:
         wanted = [m for m in metrics if m not in refused]
-        command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--kernel-name-base", "function",
+        command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--print-metric-name", "name",
+                   "--kernel-name-base", "function",
                    "-k", "regex:" + "|".join(dict.fromkeys(kernel_names)), "--metrics", ",".join(wanted),
                    sys.executable, os.path.abspath(__file__), "--launch", dtype, str(D), causal]
         done = subprocess.run(command, capture_output=True, text=True)

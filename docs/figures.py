@@ -275,7 +275,7 @@ def feed_forward(out: str) -> None:
     left.set_xticks(range(3), layers, fontsize=8.5)
     left.set_xlabel("the network at one position: input, hidden layer, output")
     left.set_ylabel("width (features per position)")
-    left.set_ylim(0, 5000)
+    left.set_ylim(0, 6000)  # room for the legend above the tallest bar's label
     left.legend(fontsize=8, loc="upper left", frameon=False)
     left.set_title("Equation (2)'s widths: d_model → d_ff = 4·d_model → d_model")
 
@@ -289,7 +289,7 @@ def feed_forward(out: str) -> None:
     right.bar(range(8), change, color=["#c0392b" if i == 3 else "#9aa3b0" for i in range(8)])
     right.set_xlabel("position")
     right.set_ylabel("max |Δ FFN(x)| at the position")
-    right.set_title("Position-wise: change the input at position 3")
+    right.set_title("Position-wise: position 3's input changed")
     save(fig, out, "feed-forward.png")
 
 

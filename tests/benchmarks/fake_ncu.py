@@ -28,7 +28,7 @@ def install(folder: Path) -> Path:
     return ncu
 
 
-OPTIONS_WITH_VALUES = {"--page", "--print-units", "--kernel-name-base", "-k", "--metrics"}
+OPTIONS_WITH_VALUES = {"--page", "--print-units", "--print-metric-name", "--kernel-name-base", "-k", "--metrics"}
 
 
 def main(argv: list[str]) -> int:

@@ -102,3 +102,8 @@ def test_the_page_quotes_the_committed_run():
         page = " ".join(f.read().split())  # the prose's line breaks as spaces
     assert f'"{walk["translation"]}"' in page
     assert f"gives this sentence the {walk['sentence_bleu']:.1f} above" in page
+    finished = [f for step in walk["steps"] for f in step["finished"]]
+    likeliest, winner = max(finished, key=lambda f: f["log_prob"]), max(finished, key=lambda f: f["score"])
+    assert f"(log P {likeliest['log_prob']:.2f}: the sweet sense), and the winner's *Konsonon* has only " \
+           f"{winner['log_prob']:.2f}" in page
+    assert f"ranks it first ({winner['score']:.2f} against {likeliest['score']:.2f})" in page

@@ -76,6 +76,17 @@ def test_linear_is_xavier_uniform_and_xw_plus_b():
     np.testing.assert_allclose(lin(x).numpy(), x.numpy() @ w + lin.bias.numpy(), rtol=1e-5)
 
 
+def test_embedding_starts_at_standard_deviation_one_over_sqrt_d_model():
+    """Scaled by sqrt(d_model) at the input (section 3.4), a row then has unit-scale entries,
+    the positional encodings' scale; unscaled at the output, logits of variance about 1."""
+    mt.manual_seed(0)
+    d_model = 256
+    w = nn.Embedding(4000, d_model).weight.numpy()
+    np.testing.assert_allclose(w.std(), d_model**-0.5, rtol=0.01)
+    np.testing.assert_allclose((w * np.sqrt(d_model)).std(), 1.0, rtol=0.01)
+    assert abs(w.mean()) < 0.01 * d_model**-0.5
+
+
 def test_manual_seed_makes_init_reproducible():
     mt.manual_seed(3)
     a = Tiny().state_dict()
