@@ -144,8 +144,11 @@ def run_main(main, *args, **kwargs):
         world = _world
         if world is not None and world.world_size > 1 and e.code not in (None, 0):
             status = e.code if isinstance(e.code, int) else 1
-            if status == cli.INTERRUPTED:  # Ctrl-C reached every rank: rank 0 has said it, and aborts first
-                time.sleep(0.5 if world.is_main else 2.0)
+            if status == cli.INTERRUPTED or status - 128 in cli.TERMINATING:
+                # Ctrl-C, SIGTERM or SIGHUP reached every rank: rank 0 says how to continue and
+                # aborts first; the others wait for it (a busy rank 0 may still be saving its
+                # checkpoint), so that none cuts its cleanup short. Its abort ends their wait.
+                time.sleep(0.5 if world.is_main else 10.0)
             else:
                 why = "" if isinstance(e.code, int) else f": {e.code}"
                 sys.stderr.write(f"[rank {world.rank}/{world.world_size}] exiting with status "
