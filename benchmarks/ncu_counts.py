@@ -89,7 +89,7 @@ def launch_case(dtype: str, D: int, causal: bool) -> None:
 
 
 class NcuError(RuntimeError):
-    pass
+    """What ncu or the counts file gave that cannot be compared: told in one line (cli.run)."""
 
 
 def parse_raw_csv(text: str) -> list[dict[str, str]]:
