@@ -60,6 +60,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -505,19 +506,34 @@ class ChecksFail(Exception):
     """The checks fail on the kernels as they are: no mutant's kill would mean anything."""
 
 
-def baseline(files) -> None:
-    """Run every test stage on the unmutated build first: a check that fails without a
-    mutant would count every mutant killed."""
-    env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant()))
-    stages = [(stage, cmd, env) for stage, cmd in test_stages(files)]
-    if cost_stage(files):
-        counted = str(emulator.compile_variant("count"))
-        stages.append(("cost checks", cost_stage(files), check_environment(MT_EMULATED_COUNT_KERNELS=counted)))
-    for stage, cmd, stage_env in stages:
-        run = subprocess.run(cmd, env=stage_env, capture_output=True, text=True, cwd=ROOT)
-        if run.returncode:
-            raise ChecksFail(f"the {stage} fail on csrc/ as it is, without a mutant: fix them first\n"
-                             f"{_tail(run.stdout + run.stderr, 20)}")
+_baseline_lock = threading.Lock()
+_baseline_failed: dict[tuple[str, str], str] = {}
+
+
+def baseline(file: str, stage: str, cmd: list[str]) -> None:
+    """Run one check of ``file``'s mutants on the unmutated build, before the first mutant
+    meets it: a check that fails without a mutant would count every mutant killed. A check
+    that no mutant reaches (the cost checks, when the tests kill every one) costs nothing. A
+    pass is kept beside the emulator's builds, under the digest of the sources and checks it
+    held for, so that the next run on them (CI's second mutation test, say) does not pay again."""
+    sources = csrc_texts()
+    digest = hashlib.sha256("\0".join([checks_digest(file), *(sources[n] for n in sorted(sources)), *cmd]).encode())
+    passed = emulator.CACHE / "mutants-baselines" / digest.hexdigest()[:24]
+    with _baseline_lock:  # once, whichever job comes first; the others wait for its verdict
+        if (file, stage) not in _baseline_failed and not passed.exists():
+            if stage == "cost checks":
+                env = check_environment(MT_EMULATED_COUNT_KERNELS=str(emulator.compile_variant("count")))
+            else:
+                env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant()))
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+            if run.returncode:
+                _baseline_failed[file, stage] = _tail(run.stdout + run.stderr, 20)
+            else:
+                passed.parent.mkdir(parents=True, exist_ok=True)
+                passed.touch()
+        if (file, stage) in _baseline_failed:
+            raise ChecksFail(f"the {stage} of {file} fail on csrc/ as it is, without a mutant: fix them first\n"
+                             f"{_baseline_failed[file, stage]}")
 
 
 def _failure(cmd: list[str], cpu_seconds: int, wall_seconds: int, env: dict, cwd: Path, pytest: bool) -> str | None:
@@ -556,6 +572,7 @@ def test_mutant(mutant: Mutant) -> dict:
         return result("stillborn", evidence=str(e))
     env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module))
     for stage, cmd in [] if emulated_same else test_stages([mutant.file]):
+        baseline(mutant.file, stage, cmd)
         evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
             return result("killed", stage, evidence)
@@ -580,6 +597,7 @@ def test_mutant(mutant: Mutant) -> dict:
             counted = emulator.compile_variant("count", [mutation])
         except RuntimeError as e:  # -O1 and the count flags: what -O2 compiled still compiles
             return result("stillborn", evidence=str(e))
+        baseline(mutant.file, "cost checks", costs)
         env = check_environment(MT_EMULATED_COUNT_KERNELS=str(counted))
         evidence = _failure(costs, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
@@ -707,18 +725,20 @@ def run(mutants: list[Mutant], results_path: Path, jobs: int, progress, known: d
     sources = csrc_texts()
     keys = {m: key(m, sources) for m in mutants}
     todo = [m for m in mutants if keys[m] not in results] if test else []
-    if todo:
-        baseline(sorted({m.file for m in todo}))
     results_path.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool, results_path.open("a") as out:
         futures = {pool.submit(test_mutant, m): m for m in todo}
-        for future in as_completed(futures):
-            mutant = futures[future]
-            record = {"key": keys[mutant], "mutant": mutant.name, **future.result()}
-            out.write(json.dumps(record) + "\n")
-            out.flush()
-            results[keys[mutant]] = record
-            progress(mutant, record)
+        try:
+            for future in as_completed(futures):
+                mutant = futures[future]
+                record = {"key": keys[mutant], "mutant": mutant.name, **future.result()}
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                results[keys[mutant]] = record
+                progress(mutant, record)
+        except BaseException:  # checks that fail unmutated, an interrupt: start no other mutant
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return {m.name: results[keys[m]] | {"mutant_obj": m} for m in mutants if keys[m] in results}
 
 

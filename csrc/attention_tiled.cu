@@ -40,10 +40,19 @@ constexpr int kOutputs = kMaxD / BC;  // outputs a thread keeps: d = c, c + BC, 
 // (at an even D, say 64, all 16 would share one bank).
 __host__ __device__ constexpr int tile_ld(int D) { return D | 1; }
 
-// Shared memory of one block: the Q tile, one K or V tile, and the tile of scores or weights.
+// Shared memory of one block, at row stride ld: carved so by the kernel, and with a null base
+// by shared_bytes, which sizes the launch; one layout, so the two cannot disagree.
+struct Tiles {
+    float* q;   // the Q tile: BR rows
+    float* kv;  // a tile of K, then of V: BC rows
+    float* s;   // the tile's scores (pass 1) or weights (pass 2)
+    __host__ __device__ Tiles(SmemCarver& c, int ld)
+        : q(c.take<float>(BR * ld)), kv(c.take<float>(BC * ld)), s(c.take<float>(BR * BC)) {}
+};
+
 __host__ __device__ size_t shared_bytes(int D) {
     SmemCarver c{nullptr};
-    c.take<float>(BR * tile_ld(D)); c.take<float>(BC * tile_ld(D)); c.take<float>(BR * BC);
+    Tiles(c, tile_ld(D));  // a null base: only the offsets advance
     return c.offset;
 }
 
@@ -72,9 +81,8 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(
     extern __shared__ __align__(128) unsigned char smem[];
     SmemCarver carve{smem};
     const int ld = tile_ld(D);
-    float* sQ = carve.take<float>(BR * ld);
-    float* sKV = carve.take<float>(BC * ld);  // a tile of K, then of V
-    float* sS = carve.take<float>(BR * BC);   // the tile's scores (pass 1) or weights (pass 2)
+    const Tiles tiles(carve, ld);
+    float *sQ = tiles.q, *sKV = tiles.kv, *sS = tiles.s;
 
     const int bh = blockIdx.y, b = bh / H, q0 = blockIdx.x * BR;
     const int r = threadIdx.x / BC, c = threadIdx.x % BC, i = q0 + r;
@@ -95,8 +103,9 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(
         __syncthreads();
         sS[r * BC + c] = k0 + c < end ? score(sQ, sKV, ld, r, c, D, scale) : -INFINITY;  // -inf: masked
         __syncthreads();
+        // No barrier after this: the next tile's load writes sKV, which no thread reads past the
+        // barrier above, and sS is written again only past the barrier after that load.
         for (int j = 0; j < BC; ++j) m = fmaxf(m, sS[r * BC + j]);
-        __syncthreads();  // sKV and sS are overwritten next
     }  // pass 1 done: m is final
 
     // Pass 2: P = exp(S - m), its row sums l, and acc = P V, this thread's outputs d = c + BC n.

@@ -256,6 +256,30 @@ def test_an_index_past_a_local_array_is_killed_though_nvcc_folds_it_away(tmp_pat
     assert len(lines) == 1 and " killed address sanitizer " in lines[0], "\n".join(lines)
 
 
+def test_a_check_runs_unmutated_once_before_a_mutant_first_meets_it(tmp_path, monkeypatch):
+    """Its pass is kept for the next run on the same sources and checks; a failure is told to
+    every mutant that would meet the check, and the check is not run again."""
+    monkeypatch.setattr(emulator, "CACHE", tmp_path)
+    monkeypatch.setattr(emulator, "compile_variant", lambda *args: tmp_path / "module")
+    monkeypatch.setattr(mutants, "_baseline_failed", {})
+    ran = []
+
+    def run(cmd, **kwargs):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0 if cmd == ["passes"] else 1, "3 failed", "")
+
+    monkeypatch.setattr(mutants.subprocess, "run", run)
+    for _ in range(2):
+        mutants.baseline("softmax.cu", "kernel tests", ["passes"])
+    for _ in range(2):
+        with pytest.raises(mutants.ChecksFail, match="the device tests of softmax.cu fail on csrc/ as it is"):
+            mutants.baseline("softmax.cu", "device tests", ["fails"])
+    assert ran == [["passes"], ["fails"]]
+    monkeypatch.setattr(mutants, "_baseline_failed", {})  # a second run: the pass is remembered
+    mutants.baseline("softmax.cu", "kernel tests", ["passes"])
+    assert ran == [["passes"], ["fails"]]
+
+
 def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp_path):
     every = mutants.generate()
     m = every[0]
