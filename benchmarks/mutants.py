@@ -488,10 +488,14 @@ PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cache
 
 
 def cost_stage(files) -> list[str] | None:
-    """The attention kernels' costs (test_costs.py: bank conflicts, coalescing), counted in the
-    count variant, for a mutant of the files they are built from: a padding or a layout
-    changed no result but what a GPU pays for it. None for the other kernels."""
-    return [*PYTEST, str(TESTS / "test_costs.py")] if {"attention.cu", "common.cuh"} & set(files) else None
+    """The attention kernels' costs (test_costs.py: bank conflicts, coalescing, the tiled
+    kernel's tiles and shared memory), counted in the count variant, for a mutant of the files
+    they are built from: a padding, a layout or a tile visited in vain changed no result but
+    what a GPU pays for it. None for the other kernels."""
+    costs = TESTS / "test_costs.py"
+    if {"attention.cu", "common.cuh"} & set(files):
+        return [*PYTEST, str(costs)]
+    return [*PYTEST, str(costs), "-k", "tiled"] if "attention_tiled.cu" in files else None
 
 
 def check_environment(**variables: str) -> dict[str, str]:

@@ -50,9 +50,10 @@ _SHAPES = {
                                                                    lens=[11, 0], causal=True)),
     # The tiled kernel: 3 query tiles, the last short (T = 40 of 16s), causal with T > S (the
     # first 9 queries see no key), a key tile cut by padding (lens 27: NaN past it) and a batch
-    # entry with no keys; D = 20, so each thread keeps one or two outputs and the tiles' loads
-    # cross rows mid-warp.
-    "attention_tiled-masks": (emulated.check_attention_tiled, dict(B=2, H=3, T=40, S=31, D=20,
+    # entry with no keys; D = 21, so each thread keeps one or two outputs, the tiles' loads cross
+    # rows mid-warp, and the odd row stride adds no padding column: a read past a row's D
+    # floats is the next row's, or, from the tile's last row, past the tile.
+    "attention_tiled-masks": (emulated.check_attention_tiled, dict(B=2, H=3, T=40, S=31, D=21,
                                                                    lens=[27, 0], causal=True)),
     # 13 rows: the last block has idle warps, and the backward's 3 blocks loop twice.
     "layernorm-vector": (emulated.check_layernorm, dict(N=13, D=104, affine=True)),

@@ -46,3 +46,34 @@ def test_the_tiles_global_loads_are_coalesced(launches):
     wasteful = [f"{kernel_name(launch.kernel)} {c.line}: {c.units} sectors for {c.ideal}"
                 for launch in launches for c in launch.counts if c.kind in loads and c.units > c.ideal]
     assert not wasteful, "\n".join(wasteful)
+
+
+# The tiled kernel (csrc/attention_tiled.cu) causal with T = S, so that block 0's last key ends
+# a tile (16), and with one batch entry's keys full (40) and one's ending mid-tile (20).
+B, H, T, S, D, LENS = 2, 1, 40, 40, 21, [40, 20]
+_TILED = f"""
+import numpy as np
+from minitransformer import backend
+from minitransformer.kernels import launch
+cupy = backend._cupy
+rng = np.random.default_rng(0)
+q, k, v = (cupy.asarray(rng.standard_normal(({B}, {H}, {T}, {D}), dtype=np.float32)) for _ in range(3))
+lens = cupy.asarray(np.array({LENS}, dtype=np.int32))
+with emulator.logged_launches() as log:
+    launch.attention_tiled_forward(q, k, v, lens, causal=True)
+"""
+
+
+def test_the_tiled_kernel_visits_the_key_tiles_its_queries_see_and_no_more():
+    """Each block of BR = 16 queries visits the key tiles up to the last key its last query sees,
+    with six barriers a tile (two around the scores for the maximum, four around the weights and
+    P V), each counted once per warp; its shared memory is its Q, K/V and score tiles at the odd
+    row stride, each carved to 128 bytes. A tile more or a byte more is paid on every launch."""
+    emulated.require_emulator()
+    (tiled,) = costs.counted(_TILED)
+    BR = BC = 16
+    tiles = sum(-(-max(0, min(LENS[b], min(q0 + BR, T) + S - T)) // BC)
+                for b in range(B) for _ in range(H) for q0 in range(0, T, BR))
+    assert tiled.total("barrier").requests == 6 * (tiled.block[0] // 32) * tiles
+    ld = D | 1
+    assert tiled.smem == sum(-(-floats * 4 // 128) * 128 for floats in (BR * ld, BC * ld, BR * BC))
