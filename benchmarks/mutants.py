@@ -827,16 +827,17 @@ QUICK = ("kernel tests", "device tests")  # the checks that kill a mutant in sec
 def eligible_for_sample(mutants: list[Mutant], entries: list[dict], record: dict,
                         quick: bool = False) -> list[Mutant]:
     """What a sample may draw: not listed in mutants_equivalent.toml, and killed in the last
-    full run's record (with ``quick``, by the tests, not by a sanitizer, which takes minutes),
-    or not in it when that record held every mutant of its rule class (a mutant the sources
-    have gained since). A record vouches only for what it measured: not for a rule class added
-    after it."""
+    full run's record, or not in it when that record held every mutant of its rule class (a
+    mutant the sources have gained since, or one whose line has moved: a name carries its line).
+    A record vouches only for what it measured: not for a rule class added after it. With
+    ``quick`` (CI's sample), only what the record shows killed by the tests, in seconds: a
+    mutant it does not know may take minutes (the sanitizers, nvcc's builds) or survive."""
     recorded = record["mutants"]
 
     def vouched(m):
         r = recorded.get(m.name)
         if r is None:
-            return record["complete"] or m.rule in record.get("rules", [])
+            return not quick and (record["complete"] or m.rule in record.get("rules", []))
         return r["status"] == "killed" and (not quick or r.get("by") in QUICK)
 
     return [m for m in mutants if not equivalent_reason(m, entries) and vouched(m)]

@@ -175,8 +175,13 @@ def test_a_sample_draws_only_what_the_record_vouches_for():
     assert mutants.eligible_for_sample(found, [], record) == [found[0]]
     record["complete"] = True  # then a mutant it lacks is new in the sources: drawn too
     assert mutants.eligible_for_sample(found, [], record) == [found[0], found[2], found[3]]
+    # A quick sample (CI's) draws only what the record shows killed by the tests: not by a
+    # sanitizer, and nothing it does not know, whose cost and fate it cannot tell.
+    record["mutants"][found[0].name]["by"] = "kernel tests"
+    record["mutants"][found[1].name] = {"status": "killed", "by": "device tests"}
+    assert mutants.eligible_for_sample(found, [], record, quick=True) == [found[0], found[1]]
     record["mutants"][found[0].name]["by"] = "thread sanitizer"
-    assert mutants.eligible_for_sample(found, [], record, quick=True) == [found[2], found[3]]
+    assert mutants.eligible_for_sample(found, [], record, quick=True) == [found[1]]
     # A record made before a rule class existed vouches for none of its mutants.
     new = dataclasses.replace(found[3], rule="a class added since")
     record = {"complete": False, "rules": [found[2].rule], "mutants": {}}
