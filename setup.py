@@ -127,6 +127,11 @@ if __name__ == "__main__":  # how pip's build backend runs this file; tests impo
     if cuda_wanted():
         home = find_cuda_home()
         if home is not None:
+            from pybind11.setup_helpers import ParallelCompile
+
+            # csrc/'s files compiled side by side, one per core (MAX_JOBS=N for fewer): nvcc's
+            # --threads splits only one file's architectures.
+            ParallelCompile("MAX_JOBS").install()
             CudaBuildExt.cuda_home = home
             ext_modules, cmdclass = [cuda_extension(home)], {"build_ext": CudaBuildExt}
     setup(ext_modules=ext_modules, cmdclass=cmdclass)
