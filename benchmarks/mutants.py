@@ -514,21 +514,28 @@ _baseline_lock = threading.Lock()
 _baseline_failed: dict[tuple[str, str], str] = {}
 
 
-def baseline(file: str, stage: str, cmd: list[str]) -> None:
-    """Run one check of ``file``'s mutants on the unmutated build, before the first mutant
-    meets it: a check that fails without a mutant would count every mutant killed. A check
-    that no mutant reaches (the cost checks, when the tests kill every one) costs nothing. A
-    pass is kept beside the emulator's builds, under the digest of the sources and checks it
-    held for, so that the next run on them (CI's second mutation test, say) does not pay again."""
+@functools.cache
+def _baseline_mark(file: str, cmd: tuple[str, ...]) -> Path:
+    """Where a pass of ``cmd`` on the unmutated build is kept: named by the digest of the
+    sources and of ``file``'s checks as they are now (read once per process, as the keys)."""
     sources = csrc_texts()
     digest = hashlib.sha256("\0".join([checks_digest(file), *(sources[n] for n in sorted(sources)), *cmd]).encode())
-    passed = emulator.CACHE / "mutants-baselines" / digest.hexdigest()[:24]
+    return emulator.CACHE / "mutants-baselines" / digest.hexdigest()[:24]
+
+
+def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) -> None:
+    """Run one check of ``file``'s mutants on the unmutated build (``variant``: the count
+    variant for the cost checks), before the first mutant meets it: a check that fails without
+    a mutant would count every mutant killed. A check that no mutant reaches (the cost checks,
+    when the tests kill every one) costs nothing. A pass is kept beside the emulator's builds,
+    so that the next run on the same sources and checks (CI's second mutation test, say) does
+    not pay again."""
+    passed = _baseline_mark(file, tuple(cmd))
     with _baseline_lock:  # once, whichever job comes first; the others wait for its verdict
         if (file, stage) not in _baseline_failed and not passed.exists():
-            if stage == "cost checks":
-                env = check_environment(MT_EMULATED_COUNT_KERNELS=str(emulator.compile_variant("count")))
-            else:
-                env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(emulator.compile_variant()))
+            module = str(emulator.compile_variant(variant))
+            env = check_environment(**({"MT_EMULATED_COUNT_KERNELS": module} if variant == "count" else
+                                       {"MT_EMULATE_CUDA": "1", "MT_EMULATED_KERNELS": module}))
             run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             if run.returncode:
                 _baseline_failed[file, stage] = _tail(run.stdout + run.stderr, 20)
@@ -601,7 +608,7 @@ def test_mutant(mutant: Mutant) -> dict:
             counted = emulator.compile_variant("count", [mutation])
         except RuntimeError as e:  # -O1 and the count flags: what -O2 compiled still compiles
             return result("stillborn", evidence=str(e))
-        baseline(mutant.file, "cost checks", costs)
+        baseline(mutant.file, "cost checks", costs, "count")
         env = check_environment(MT_EMULATED_COUNT_KERNELS=str(counted))
         evidence = _failure(costs, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
@@ -877,6 +884,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if Path(args.results).exists() and not Path(args.results).is_file():  # a FIFO would block the resume
+        raise ValueError(f"--results {args.results} is not a regular file: it is read back to resume a run")
     reason = emulator.unavailable_reason() or emulator.unavailable_reason("address") or emulator.unavailable_reason("thread")
     if reason:
         raise Unavailable(f"the emulator cannot build csrc/ here: {reason}")

@@ -267,6 +267,7 @@ def test_a_check_runs_unmutated_once_before_a_mutant_first_meets_it(tmp_path, mo
     monkeypatch.setattr(emulator, "CACHE", tmp_path)
     monkeypatch.setattr(emulator, "compile_variant", lambda *args: tmp_path / "module")
     monkeypatch.setattr(mutants, "_baseline_failed", {})
+    mutants._baseline_mark.cache_clear()  # its paths are under CACHE as patched here
     ran = []
 
     def run(cmd, **kwargs):
@@ -320,3 +321,10 @@ def test_a_mutants_checks_are_its_stages_files_and_what_they_import():
     assert mutants.TESTS / "test_layernorm.py" in mutants.checks_paths("common.cuh")
     assert mutants.TESTS / "test_costs.py" in mutants.checks_paths("attention.cu")
     assert mutants.TESTS / "test_costs.py" not in mutants.checks_paths("softmax.cu")
+
+def test_results_that_are_not_a_regular_file_are_refused_before_any_work(tmp_path):
+    """A FIFO given as --results would block the resume that reads it back."""
+    fifo = tmp_path / "results.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"--results .*results\.fifo is not a regular file"):
+        mutants.main(["--results", str(fifo), "--list"])
