@@ -35,7 +35,8 @@ equivalence) and not counted: the GPU would run the same code. The checks: the k
 of tests/kernels on the mutant (MT_EMULATED_KERNELS), which run every launch with poisoned
 shared memory and shuffled blocks; then the fixed cases of tests/kernels/sanitized_run.py under
 AddressSanitizer/UBSan where the bug's class can reach out of bounds, under ThreadSanitizer
-where it can race (SANITIZERS_FOR). A mutant that fails to compile is stillborn and not
+where it can race (SANITIZERS_FOR). A test's kill counts only if that test passes, alone, on
+the sources as they are (confirm_kill). A mutant that fails to compile is stillborn and not
 counted. A mutant that passes every check survives, unless benchmarks/mutants_equivalent.toml
 lists it as equivalent, with the line that masks it: the score of a kernel is
 killed / (all - equivalent), where all leaves out the stillborn and the identical.
@@ -511,6 +512,7 @@ class ChecksFail(Exception):
 
 
 _baseline_lock = threading.Lock()
+_baseline_locks: dict[Path, threading.Lock] = {}
 _baseline_failed: dict[tuple[str, str], str] = {}
 
 
@@ -523,20 +525,24 @@ def _baseline_mark(file: str, cmd: tuple[str, ...]) -> Path:
     return emulator.CACHE / "mutants-baselines" / digest.hexdigest()[:24]
 
 
-def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) -> None:
+def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) -> bool:
     """Run one check of ``file``'s mutants on the unmutated build (``variant``: the count
-    variant for the cost checks), before the first mutant meets it: a check that fails without
-    a mutant would count every mutant killed. A check that no mutant reaches (the cost checks,
-    when the tests kill every one) costs nothing. A pass is kept beside the emulator's builds,
-    so that the next run on the same sources and checks (CI's second mutation test, say) does
-    not pay again."""
+    variant for the cost checks): True if it passes; ChecksFail if it fails, as every mutant
+    would then count killed; False if pytest could not run it (a node id it cannot find). A
+    pass is kept beside the emulator's builds, so that the next run on the same sources and
+    checks (CI's second mutation test, say) does not pay again; each check runs once, whichever
+    job comes first, and the others wait for its verdict."""
     passed = _baseline_mark(file, tuple(cmd))
-    with _baseline_lock:  # once, whichever job comes first; the others wait for its verdict
+    with _baseline_lock:
+        lock = _baseline_locks.setdefault(passed, threading.Lock())
+    with lock:
         if (file, stage) not in _baseline_failed and not passed.exists():
             module = str(emulator.compile_variant(variant))
             env = check_environment(**({"MT_EMULATED_COUNT_KERNELS": module} if variant == "count" else
                                        {"MT_EMULATE_CUDA": "1", "MT_EMULATED_KERNELS": module}))
             run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+            if run.returncode > 1:
+                return False
             if run.returncode:
                 _baseline_failed[file, stage] = _tail(run.stdout + run.stderr, 20)
             else:
@@ -545,6 +551,25 @@ def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) 
         if (file, stage) in _baseline_failed:
             raise ChecksFail(f"the {stage} of {file} fail on csrc/ as it is, without a mutant: fix them first\n"
                              f"{_baseline_failed[file, stage]}")
+    return True
+
+
+FAILED_TEST = re.compile(r"^FAILED (\S+::\S+)", re.MULTILINE)  # pytest's summary: FAILED <node id> - <message>
+
+
+def confirm_kill(file: str, stage: str, cmd: list[str], evidence: str, variant: str | None = None) -> None:
+    """A check killed a mutant of ``file``: prove that it passes without the mutant, or the
+    kill means nothing (ChecksFail). The tests that failed are run again on the unmutated
+    build, alone: seconds, where the whole check takes up to minutes (every kernel's tests,
+    for a mutant of common.cuh). The profile draws the same examples alone as in the whole run.
+    A kill with no failed test named (a crash, a hang) runs the whole check unmutated."""
+    tests = FAILED_TEST.findall(evidence)
+    if tests:
+        alone = [arg for arg in cmd if not arg.endswith(".py")] + tests
+        if baseline(file, f"{stage} ({' '.join(tests)})", alone, variant):
+            return
+    if not baseline(file, stage, cmd, variant):
+        raise RuntimeError(f"{' '.join(cmd[:4])}...: pytest could not run the {stage} of {file} unmutated")
 
 
 def _failure(cmd: list[str], cpu_seconds: int, wall_seconds: int, env: dict, cwd: Path, pytest: bool) -> str | None:
@@ -583,9 +608,9 @@ def test_mutant(mutant: Mutant) -> dict:
         return result("stillborn", evidence=str(e))
     env = check_environment(MT_EMULATE_CUDA="1", MT_EMULATED_KERNELS=str(module))
     for stage, cmd in [] if emulated_same else test_stages([mutant.file]):
-        baseline(mutant.file, stage, cmd)
         evidence = _failure(cmd, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
+            confirm_kill(mutant.file, stage, cmd, evidence)
             return result("killed", stage, evidence)
     cases = [name for name in _sanitized_cases() if name.split("-")[0] in KERNELS[mutant.file]]
     for sanitize in SANITIZERS_FOR[mutant.rule]:
@@ -608,10 +633,10 @@ def test_mutant(mutant: Mutant) -> dict:
             counted = emulator.compile_variant("count", [mutation])
         except RuntimeError as e:  # -O1 and the count flags: what -O2 compiled still compiles
             return result("stillborn", evidence=str(e))
-        baseline(mutant.file, "cost checks", costs, "count")
         env = check_environment(MT_EMULATED_COUNT_KERNELS=str(counted))
         evidence = _failure(costs, TEST_CPU_SECONDS, 10 * TEST_CPU_SECONDS, env, ROOT, pytest=True)
         if evidence is not None:
+            confirm_kill(mutant.file, "cost checks", costs, evidence, "count")
             return result("killed", "cost checks", evidence)
     return result("survived")
 

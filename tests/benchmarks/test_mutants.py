@@ -261,9 +261,11 @@ def test_an_index_past_a_local_array_is_killed_though_nvcc_folds_it_away(tmp_pat
     assert len(lines) == 1 and " killed address sanitizer " in lines[0], "\n".join(lines)
 
 
-def test_a_check_runs_unmutated_once_before_a_mutant_first_meets_it(tmp_path, monkeypatch):
-    """Its pass is kept for the next run on the same sources and checks; a failure is told to
-    every mutant that would meet the check, and the check is not run again."""
+def test_a_kill_is_confirmed_by_its_failed_test_passing_unmutated_once(tmp_path, monkeypatch):
+    """Only the failed test runs again, unmutated, and its pass is kept for the next run on the
+    same sources and checks; a kill that names no failed test (a crash), or names one pytest
+    cannot find, runs the whole check; a failure is told to every mutant the check kills, and
+    the check is not run again."""
     monkeypatch.setattr(emulator, "CACHE", tmp_path)
     monkeypatch.setattr(emulator, "compile_variant", lambda *args: tmp_path / "module")
     monkeypatch.setattr(mutants, "_baseline_failed", {})
@@ -271,19 +273,27 @@ def test_a_check_runs_unmutated_once_before_a_mutant_first_meets_it(tmp_path, mo
     ran = []
 
     def run(cmd, **kwargs):
-        ran.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0 if cmd == ["passes"] else 1, "3 failed", "")
+        ran.append(cmd[-1])
+        code = {"a.py::fails": 1, "a.py::lost[x": 4}.get(cmd[-1], 0)
+        return subprocess.CompletedProcess(cmd, code, "1 failed", "")
 
     monkeypatch.setattr(mutants.subprocess, "run", run)
+    stage = ["pytest", "-x", "a.py", "b.py", "-m", "emulator"]
+    killed = "...\nFAILED a.py::passes[float32] - AssertionError: ...\n1 failed, 3 passed in 2.00s"
     for _ in range(2):
-        mutants.baseline("softmax.cu", "kernel tests", ["passes"])
+        mutants.confirm_kill("softmax.cu", "kernel tests", stage, killed)
+    assert ran == ["a.py::passes[float32]"]
+    mutants.confirm_kill("softmax.cu", "kernel tests", stage, "Fatal Python error: Segmentation fault")
+    mutants.confirm_kill("softmax.cu", "kernel tests", stage, "FAILED a.py::lost[x y] - a space in its id")
+    assert ran == ["a.py::passes[float32]", "emulator", "a.py::lost[x"]  # the whole stage's pass is kept
     for _ in range(2):
-        with pytest.raises(mutants.ChecksFail, match="the device tests of softmax.cu fail on csrc/ as it is"):
-            mutants.baseline("softmax.cu", "device tests", ["fails"])
-    assert ran == [["passes"], ["fails"]]
-    monkeypatch.setattr(mutants, "_baseline_failed", {})  # a second run: the pass is remembered
-    mutants.baseline("softmax.cu", "kernel tests", ["passes"])
-    assert ran == [["passes"], ["fails"]]
+        with pytest.raises(mutants.ChecksFail, match=r"the kernel tests \(a.py::fails\) of softmax.cu fail on csrc/ as it is"):
+            mutants.confirm_kill("softmax.cu", "kernel tests", stage, "FAILED a.py::fails - AssertionError")
+    assert ran[3:] == ["a.py::fails"]
+    monkeypatch.setattr(mutants, "_baseline_failed", {})  # a second run: the passes are remembered
+    mutants.confirm_kill("softmax.cu", "kernel tests", stage, killed)
+    mutants.confirm_kill("softmax.cu", "kernel tests", stage, "no end: over 180 CPU seconds")
+    assert ran[4:] == []
 
 
 def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp_path):
