@@ -575,13 +575,16 @@ def confirm_kill(file: str, stage: str, cmd: list[str], evidence: str, variant: 
 def _failure(cmd: list[str], cpu_seconds: int, wall_seconds: int, env: dict, cwd: Path, pytest: bool) -> str | None:
     """Run one check of a mutant: None if it passes, else its evidence (a test that failed, a
     signal, a sanitizer's report, or no end within ``cpu_seconds``). A pytest run that ends
-    with its own trouble (no tests, a usage error) is not the mutant's doing: an error."""
+    with its own trouble (no tests, a usage error) is not the mutant's doing: an error; nor
+    is one ended by SIGINT or SIGTERM, an interrupt that must not be recorded as a kill."""
     try:
         run = emulator.run_limited(cmd, cpu_seconds, wall_seconds=wall_seconds, env=env, capture_output=True,
                                    text=True, cwd=cwd)
     except subprocess.TimeoutExpired as e:  # a hang that spends no CPU
         return f"no end: {e}"
     output = run.stdout + run.stderr
+    if run.returncode in (-signal.SIGINT, -signal.SIGTERM):  # Ctrl-C or a kill reached the check
+        raise KeyboardInterrupt(f"{' '.join(cmd[:4])}... was interrupted: no result for this mutant")
     if run.returncode == -signal.SIGXCPU:
         return f"no end: over {cpu_seconds} CPU seconds\n" + output
     if pytest and run.returncode > 1:

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -294,6 +295,17 @@ def test_a_kill_is_confirmed_by_its_failed_test_passing_unmutated_once(tmp_path,
     mutants.confirm_kill("softmax.cu", "kernel tests", stage, killed)
     mutants.confirm_kill("softmax.cu", "kernel tests", stage, "no end: over 180 CPU seconds")
     assert ran[4:] == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_check_ended_by_an_interrupt_is_no_kill(monkeypatch, signum):
+    """Ctrl-C reaches the checks too (the terminal's process group), and a kill sent to a check
+    must not be recorded as the mutant's: the run stops with nothing recorded for it."""
+    monkeypatch.setattr(emulator, "run_limited", lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, -signum, "", ""))
+    with pytest.raises(KeyboardInterrupt, match="interrupted"):
+        mutants._failure(["pytest", "-x"], 1, 1, {}, ROOT, pytest=True)
+    monkeypatch.setattr(emulator, "run_limited", lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, -signal.SIGSEGV, "", ""))
+    assert mutants._failure(["pytest", "-x"], 1, 1, {}, ROOT, pytest=True) == ""  # a crash is the mutant's
 
 
 def test_the_record_keeps_only_results_of_the_sources_and_checks_as_they_are(tmp_path):
