@@ -196,7 +196,9 @@ def test_attention_kernels(C, dtype, data, limit, seed):
 def check_cases(C, dtype, cases, **kwargs):
     """check_attention on each (D, limit, B, T, S, lens, causal) at H = 3 heads, naming the case
     that fails; the padding rows of K and V hold NaN in one case and the largest finite value
-    in the next (emulated.poisoned), so that each way of tiling meets both."""
+    in the next (emulated.poisoned), so that each way of tiling meets both. No cases is an
+    error: a filter that selects none would pass."""
+    assert cases, "no cases to check"
     for n, (D, limit, B, T, S, lens, causal) in enumerate(cases):
         poison = emulated.POISONS[n % 2]
         try:
@@ -231,9 +233,10 @@ def test_attention_kernels_as_decoding_calls_them(C, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_kernels_with_scores_past_exps_range(C, dtype):
     """Scores in the hundreds (q and k scaled by 10): exp of a score overflows float32, so the
-    online softmax must subtract the running maximum; at every tile boundary, causal."""
+    online softmax must subtract the running maximum; causal and unpadded, the first four
+    offsets S - T at the smallest tile of every tiling."""
     check_cases(C, dtype, [(D, limit, *case) for D, limit, tiles in every_tiling(C, dtype)
-                           for case in emulated.attention_boundaries(tiles) if case[0] == 1],
+                           for case in [c for c in emulated.attention_boundaries(tiles) if c[3] is None][:4]],
                 magnitude=10.0)
 
 
