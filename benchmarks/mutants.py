@@ -513,7 +513,7 @@ class ChecksFail(Exception):
 
 _baseline_lock = threading.Lock()
 _baseline_locks: dict[Path, threading.Lock] = {}
-_baseline_failed: dict[tuple[str, str], str] = {}
+_baseline_failed: dict[Path, str] = {}  # by _baseline_mark: the tail of its failure
 
 
 @functools.cache
@@ -536,7 +536,7 @@ def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) 
     with _baseline_lock:
         lock = _baseline_locks.setdefault(passed, threading.Lock())
     with lock:
-        if (file, stage) not in _baseline_failed and not passed.exists():
+        if passed not in _baseline_failed and not passed.exists():
             module = str(emulator.compile_variant(variant))
             env = check_environment(**({"MT_EMULATED_COUNT_KERNELS": module} if variant == "count" else
                                        {"MT_EMULATE_CUDA": "1", "MT_EMULATED_KERNELS": module}))
@@ -544,13 +544,13 @@ def baseline(file: str, stage: str, cmd: list[str], variant: str | None = None) 
             if run.returncode > 1:
                 return False
             if run.returncode:
-                _baseline_failed[file, stage] = _tail(run.stdout + run.stderr, 20)
+                _baseline_failed[passed] = _tail(run.stdout + run.stderr, 20)
             else:
                 passed.parent.mkdir(parents=True, exist_ok=True)
                 passed.touch()
-        if (file, stage) in _baseline_failed:
+        if passed in _baseline_failed:
             raise ChecksFail(f"the {stage} of {file} fail on csrc/ as it is, without a mutant: fix them first\n"
-                             f"{_baseline_failed[file, stage]}")
+                             f"{_baseline_failed[passed]}")
     return True
 
 
