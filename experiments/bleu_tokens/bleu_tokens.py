@@ -1,9 +1,9 @@
 """BLEU against target tokens seen: a training run scored on the validation split as it goes on,
 each score a point of a record, and the record's curve.
 
-    python benchmarks/bleu_tokens.py --run runs/multi30k --data-dir ../shared/data/multi30k
-    python benchmarks/bleu_tokens.py --run runs/multi30k --test    # the run's own test figure
-    python benchmarks/bleu_tokens.py                                # only redraw the curve
+    python experiments/bleu_tokens/bleu_tokens.py --run runs/multi30k --data-dir ../shared/data/multi30k
+    python experiments/bleu_tokens/bleu_tokens.py --run runs/multi30k --test   # the run's own test figure
+    python experiments/bleu_tokens/bleu_tokens.py                               # only redraw the curve
 
 With --run, the run's averaged model (averaged.npz: the last checkpoints, averaged when
 train_wmt.py finished) translates the whole validation split with the run's beam and alpha
@@ -27,12 +27,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "experiments" / "reproduction")]  # train_wmt, reproduction's anchor
 
 import train_wmt  # noqa: E402
 from minitransformer import cli, data, files, records  # noqa: E402
 from minitransformer.bleu import bleu_scores  # noqa: E402
-from reproduction import ANCHOR  # noqa: E402 - benchmarks/, the anchor's printed figures
+from reproduction import ANCHOR  # noqa: E402 - the anchor's printed figures
 
 RECORD = HERE / "bleu_tokens.json"
 PLOT = HERE / "bleu_tokens.png"

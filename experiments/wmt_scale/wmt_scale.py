@@ -1,8 +1,8 @@
 """The WMT14 pipeline at WMT14's size, without the download: a generated corpus of its shape,
 then every stage the main job runs before its first step, timed, with its peak memory.
 
-    python benchmarks/wmt_scale.py --json runs/wmt_scale/result.json       # 0.5M, 1M, 2M, 4.5M pairs
-    python benchmarks/wmt_scale.py --pairs 20000 40000 --vocab-size 2000   # a smoke test
+    python experiments/wmt_scale/wmt_scale.py --json runs/wmt_scale/result.json   # 0.5M, 1M, 2M, 4.5M pairs
+    python experiments/wmt_scale/wmt_scale.py --pairs 20000 40000 --vocab-size 2000  # a smoke test
 
 The corpus (``write_corpus``) is drawn from a seed, so that every run sees the same text. Each
 side draws words from a Zipfian vocabulary of its own, 1,000,000 word types (rank r with
@@ -61,7 +61,7 @@ from minitransformer.files import atomic_write
 from minitransformer.optim import Adam
 from minitransformer.train import train_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import train_step as step_benchmark  # noqa: E402 - benchmarks/train_step.py, for its random batches
 
 STAGES = ("generate", "read", "tokenizer", "encode", "plan", "draw")

@@ -2,9 +2,10 @@
 each run's BLEU (averaged checkpoints, the preset's beam and alpha) and NLL beside the
 preset's own at the same target tokens seen.
 
-    python benchmarks/bleu_tokens.py --run runs/recipe-dropout03 --record benchmarks/recipe.json \\
-        --plot /tmp/unused.png --data-dir ../shared/data/multi30k      # score a finished run
-    python benchmarks/recipe.py                                         # the table and the chart
+    python experiments/bleu_tokens/bleu_tokens.py --run runs/recipe-dropout03 \\
+        --record experiments/recipe/recipe.json --plot /tmp/unused.png \\
+        --data-dir ../shared/data/multi30k                  # score a finished run
+    python experiments/recipe/recipe.py                     # the table and the chart
 
 The preset's points come from bleu_tokens.py's record (the README's run, validation split);
 a change is named by the options its run's first command adds to the README's. One run a
@@ -24,7 +25,7 @@ from minitransformer import cli, files, records
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "recipe.json"
-BASELINE = HERE / "bleu_tokens.json"
+BASELINE = HERE.parent / "bleu_tokens" / "bleu_tokens.json"
 PLOT = HERE / "recipe.png"
 WHERE = {"--data-dir", "--out-dir"}  # where a run reads and writes, not what it trains (each takes a value)
 HOW = {"--no-progress", "--resume"}

@@ -1,7 +1,7 @@
 """Does sentencepiece's vocabulary cut the text as the literature's subword-nmt BPE does?
 
     pip install subword-nmt    # the literature's tool, for this comparison only
-    python benchmarks/subwords.py --data-dir ../shared/data/multi30k --vocab-size 9000,10000
+    python experiments/subwords/subwords.py --data-dir ../shared/data/multi30k --vocab-size 9000,10000
 
 The anchor of the README (Wu et al. 2021) learns a joint subword-nmt BPE of 10,000 merges on the
 Multi30k training text, lowercased and Moses-tokenized. The ``multi30k-tiny`` preset trains a

@@ -1,18 +1,18 @@
 """Keep a finished run's test translations and figures in the repository, so that anyone can
-rescore them: the literature's reproduction, benchmarks/reproduction/.
+rescore them: the literature's reproduction, experiments/reproduction/seed<S>/.
 
-    python benchmarks/reproduction.py --run runs/multi30k-tiny-s1
+    python experiments/reproduction/reproduction.py --run runs/multi30k-tiny-s1
 
 copies the run's ``test.tok.de`` (its output as the literature's metric scores it; a ``moses-lc``
-run's only) and ``test.hyp.de`` (detokenized, as translate.py writes it) into ``--out``
-(``benchmarks/reproduction/`` by default; a seed other than 1 gets a folder of its own,
-``seed<S>/``), and writes ``summary.json``: the preset, seed, the code's commit(s), updates,
-epochs, where training stopped and why, and the figures of bleu.json. With ``--data-dir`` (the
-Multi30k folder, for the test references) it also rescores ``test.tok.de`` into the literature
-figure's parts (n-gram precisions, brevity penalty, lengths), and prints every kept seed's
-parts beside the anchor's, as their README prints them: which part a gap is made of. Rescore with
+run's only) and ``test.hyp.de`` (detokenized, as translate.py writes it) into the folder of the
+run's seed, ``seed<S>/`` of ``--out`` (this script's folder by default), and writes
+``summary.json``: the preset, seed, the code's commit(s), updates, epochs, where training
+stopped and why, and the figures of bleu.json. With ``--data-dir`` (the Multi30k folder, for the
+test references) it also rescores ``test.tok.de`` into the literature figure's parts (n-gram
+precisions, brevity penalty, lengths), and prints every kept seed's parts beside the anchor's,
+as their README prints them: which part a gap is made of. Rescore with
 
-    python examples/score.py --tokenized benchmarks/reproduction/test.tok.de \
+    python examples/score.py --tokenized experiments/reproduction/seed1/test.tok.de \
         ../shared/data/multi30k/test_2016_flickr.de.gz
 """
 
@@ -70,7 +70,7 @@ def table(out: str) -> str:
     """Every kept seed's literature figure and its parts (the summaries in ``out`` that have
     them), the anchor's beside them: a Markdown table."""
     rows = []
-    for folder in [out] + sorted(os.path.join(out, d) for d in os.listdir(out) if d.startswith("seed")):
+    for folder in sorted(os.path.join(out, d) for d in os.listdir(out) if d.startswith("seed")):
         path = os.path.join(folder, "summary.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -92,8 +92,8 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--data-dir", type=cli.data_folder,
                    help="the Multi30k folder: rescore the test output into the literature figure's parts")
     p.add_argument("--out", type=cli.output_folder,
-                   default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "reproduction"),
-                   help="the folder the seed-1 run's files go to")
+                   default=os.path.dirname(os.path.abspath(__file__)),
+                   help="the folder whose seed<S>/ the run's files go to")
     return p
 
 
@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
     record = summary(args.run)
     if args.data_dir:
         record["literature_parts"] = parts(args.run, args.data_dir)
-    out = args.out if record["seed"] in (1, None) else os.path.join(args.out, f"seed{record['seed']}")
+    out = os.path.join(args.out, f"seed{record['seed'] or 1}")  # a run with no parts names no seed: the default, 1
     os.makedirs(out, exist_ok=True)
     for name in KEPT:
         source = os.path.join(args.run, name)

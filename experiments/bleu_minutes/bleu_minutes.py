@@ -1,7 +1,7 @@
 """BLEU against minutes of training: where a recipe's curve crosses the literature's figure.
 
     mpiexec -n 2 python examples/train_wmt.py ... --keep-checkpoints 0   # every checkpoint kept
-    python benchmarks/bleu_minutes.py --run runs/X --data-dir ../shared/data/multi30k --every 15
+    python experiments/bleu_minutes/bleu_minutes.py --run runs/X --data-dir ../shared/data/multi30k --every 15
 
 At each mark (every --every minutes of training, and the run's last checkpoint), the last
 checkpoints written by then are averaged, as train_wmt.py averages at its end (the run's
@@ -28,10 +28,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "experiments" / "reproduction")]  # train_wmt, reproduction's anchor
 
 import train_wmt  # noqa: E402
-from reproduction import ANCHOR as ANCHOR_LINE  # noqa: E402 - benchmarks/, the anchor's printed figures
+from reproduction import ANCHOR as ANCHOR_LINE  # noqa: E402 - the anchor's printed figures
 from translate import find_run_files, model_from, text_settings  # noqa: E402
 
 from minitransformer import cli, data, files, records  # noqa: E402
