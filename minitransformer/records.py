@@ -3,8 +3,10 @@
     train.jsonl            one JSON object a line: {"kind": "start" | "train" | "val", "step": ...}
     bleu.json              the finished run's test figures (examples/train_wmt.py ``finish``)
     decoding_sweep.json    examples/tune_decoding.py's rows, one per decoding tried
-    a benchmark's points   {"points": [...]}: benchmarks/bleu_tokens.py's curve, its recipe runs
-    BLEU against minutes   [...]: benchmarks/bleu_minutes.py's marks, a point each
+    a study's points       {"points": [...]}: experiments/bleu_tokens/'s curve, the recipe runs
+    BLEU against minutes   [...]: experiments/bleu_minutes/'s marks, a point each
+    benchmarks/records/    one JSON object a line, a measurement each: {"date", "commit",
+                           "machine", "command", "config", "figures"} (``append``, ``read_bench``)
 
 A file that does not fit is refused in one line naming it (and the line, for train.jsonl) and
 what is wrong (``RecordError``), before the program does any long work with it. Fields that
@@ -13,7 +15,15 @@ only later versions write are optional, so that the runs of earlier versions sti
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
 import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
 
 from .schema import INTEGER_FROM_0, INTEGER_FROM_1, MAX_JSON_BYTES, STRINGS, Schema, load_json, loads
 
@@ -110,10 +120,100 @@ def read_sweep(path: str | os.PathLike) -> list[dict]:
 
 
 def read_minutes(path: str | os.PathLike) -> list[dict]:
-    """benchmarks/bleu_minutes.py's record of points (none where there is none yet)."""
+    """experiments/bleu_minutes/bleu_minutes.py's record of points (none where there is none yet)."""
     return load_json(path, MINUTES, RecordError) if os.path.exists(path) else []
 
 
 def read_points(path: str | os.PathLike) -> dict:
     """A benchmark's record of points (an empty one where there is none yet)."""
     return load_json(path, POINTS, RecordError) if os.path.exists(path) else {"points": []}
+
+
+# A benchmark's or study's measurement: what was run (command, and the config that names its row
+# in a table), where and when (machine, date, commit), and what it gave (figures).
+BENCH_ROW = Schema({
+    "type": "object",
+    "required": ["date", "commit", "machine", "command", "config", "figures"],
+    "additionalProperties": False,
+    "properties": {
+        "date": {"type": "string", "pattern": r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+        "commit": {"type": "string", "pattern": r"^[0-9a-f]{7,40}(\+dirty)?$"},
+        "machine": {"type": "string", "minLength": 1},
+        "command": {"type": "string", "minLength": 1},
+        "config": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+        "figures": {"type": "object", "minProperties": 1, "additionalProperties": {"type": ["number", "string"]}},
+        "note": {"type": "string"},
+    },
+})
+
+
+def read_bench(path: str | os.PathLike) -> list[dict]:
+    """The measurements of a ``benchmarks/records/<name>.jsonl``, oldest first; a line that is
+    not one is a ``RecordError`` naming the file and the line."""
+    rows = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            where = f"{path}, line {number}"
+            rows.append(BENCH_ROW.check(loads(line, where, RecordError), where, RecordError))
+    return rows
+
+
+def machine() -> str:
+    """The machine a measurement ran on, as the records name it: the GPU if there is one, else
+    the CPU's cores (a benchmark that ran on the CPU of a GPU machine says so in its config)."""
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=False).stdout.split("\n")[0].strip()
+        if out:
+            return out
+    return f"{os.cpu_count()}-core {platform.machine()}, no GPU"
+
+
+def _commit(folder: str) -> str:
+    """The checkout's commit, ``+dirty`` when its tracked files differ from it."""
+    git = lambda *a: subprocess.run(["git", "-C", folder, *a], capture_output=True, text=True, check=False)  # noqa: E731
+    head = git("rev-parse", "--short=7", "HEAD")
+    if head.returncode:
+        raise RecordError(f"{folder}: not a git checkout: a record names the commit it measured")
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def append(path: str | os.PathLike, command: str, config: dict, figures: dict, note: str | None = None,
+           checkout: str | os.PathLike | None = None) -> dict:
+    """Add one measurement to the record at ``path`` (a ``--record`` run of a benchmark), dated
+    today (UTC) at the commit of ``checkout``, the code measured (by default the checkout that
+    holds the record); the file is rewritten whole or not at all."""
+    from .files import atomic_write
+
+    row = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+           "commit": _commit(os.path.abspath(checkout or os.path.dirname(os.path.abspath(path)))),
+           "machine": machine(), "command": command, "config": config, "figures": figures}
+    if note:
+        row["note"] = note
+    BENCH_ROW.check(row, f"{path}: the new line", RecordError)
+    unwritable = [k for k, v in figures.items() if isinstance(v, float) and not math.isfinite(v)]
+    if unwritable:  # JSON has no NaN or infinity: the line would make the whole record unreadable
+        raise RecordError(f"{path}: the new line's figure {unwritable[0]!r} is {figures[unwritable[0]]}, not a number")
+    old = read_bench(path) if os.path.exists(path) else []
+    with atomic_write(path) as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in [*old, row])
+    return row
+
+
+def record(script: str | os.PathLike, argv: list[str], config: dict, figures: dict, ranks: int = 1,
+           note: str | None = None) -> pathlib.Path:
+    """A benchmark's ``--record``: one line for ``records/<script's name>.jsonl`` beside the
+    script (``$MT_RECORDS_DIR`` instead, where a test points it), naming the command as run
+    (``argv``, under ``mpiexec -n ranks``, with the ``OMP_NUM_THREADS`` it ran under) and the
+    commit of the script's checkout. Each float figure keeps 4 significant digits, more than a
+    timing repeats to. Returns the record's path."""
+    script = pathlib.Path(script).resolve()
+    path = pathlib.Path(os.environ.get("MT_RECORDS_DIR") or script.parent / "records") / f"{script.stem}.jsonl"
+    threads = os.environ.get("OMP_NUM_THREADS")
+    command = " ".join([*([f"OMP_NUM_THREADS={shlex.quote(threads)}"] if threads else []),
+                        *(["mpiexec", "-n", str(ranks)] if ranks > 1 else []),
+                        "python", f"{script.parent.name}/{script.name}", *map(shlex.quote, argv)])
+    figures = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in figures.items()}
+    append(path, command, config, figures, note, checkout=script.parent)
+    return path
