@@ -93,6 +93,31 @@ RESULTS = [
 ]
 
 
+# The README's reading order of the source, each file with its length counted when rendered.
+READING = [
+    ("minitransformer/tensor.py", "`Tensor`: an array, its gradient, and the op that made it"),
+    ("minitransformer/autograd.py", "the backward walk: topological order, the chain rule, accumulation"),
+    ("minitransformer/functional/attention.py", "scaled dot-product attention (section 3.2.1), its backward equation by equation"),
+    ("minitransformer/functional/loss.py", "cross-entropy with label smoothing (section 5.4)"),
+    ("minitransformer/nn/attention.py", "multi-head attention (section 3.2.2)"),
+    ("minitransformer/nn/transformer.py", "the encoder, the decoder and the model (section 3.1)"),
+    ("minitransformer/optim/adam.py", "Adam (section 5.3)"),
+    ("minitransformer/train.py", "the training step: the textbook one, then the robust one"),
+    ("minitransformer/decoding.py", "beam search with the KV cache"),
+    ("minitransformer/kernels/reference/attention.py", "the fused attention kernel's NumPy twin: tiles and the online softmax"),
+    ("csrc/attention.cu", "the CUDA kernel itself"),
+    ("examples/train_wmt.py", "the main job, from raw text to BLEU"),
+]
+
+
+def reading_order() -> str:
+    rows = []
+    for path, what in READING:
+        with open(ROOT / path, encoding="utf-8") as f:
+            rows.append([f"[`{path}`]({path})", f"{sum(1 for _ in f):,}", what])
+    return markdown(["file", "lines", "what it holds"], rows)
+
+
 def load(name: str) -> list[dict]:
     path = RECORDS / f"{name}.jsonl"
     return read_bench(path) if path.exists() else []
@@ -196,7 +221,7 @@ def rendered() -> dict[pathlib.Path, dict[str, str]]:
     if unknown:
         raise RecordError(f"{RECORDS / (unknown[0] + '.jsonl')}: no table for this record in render.py's TABLES")
     return {ROOT / "benchmarks" / "README.md": {n: table(n, load(n)) for n in names},
-            ROOT / "README.md": {"results": results()}}
+            ROOT / "README.md": {"results": results(), "reading-order": reading_order()}}
 
 
 def fill(path: pathlib.Path, blocks: dict[str, str]) -> str:

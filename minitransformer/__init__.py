@@ -4,8 +4,8 @@
     model = mt.nn.Transformer(mt.nn.TransformerConfig(vocab_size=8000))
     optimizer = mt.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
 
-Layers, each importing only those before it (README's layer map lists every folder and
-module in this order; tests/test_layers.py checks it):
+Layers, each importing only those before it (``LAYERS`` below lists every folder and module
+in this order; tests/test_layers.py checks it):
 
     emulated           device "cuda" on the CPU (MT_EMULATE_CUDA=1): beneath backend, as CuPy is
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
@@ -38,6 +38,14 @@ float64 = np.dtype("float64")
 int64 = np.dtype("int64")
 
 __version__ = "0.1.0"
+
+# The package's units (folders and top-level modules), lowest first: each imports only units
+# before it (tests/test_layers.py reads every import and checks it; docs/internals/layers.md
+# says what each holds).
+LAYERS = (
+    "emulated", "backend", "files", "schema", "records", "cli", "tensor", "autograd", "gradcheck", "kernels",
+    "functional", "data", "bleu", "nn", "optim", "amp", "checkpoint", "distributed", "run_folder", "decoding", "export", "train",
+)
 
 __all__ = [
     "Function", "Tensor", "amp", "arange", "bfloat16", "checkpoint", "data", "decoding",

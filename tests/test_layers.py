@@ -1,5 +1,5 @@
 """The package's layers form a chain. Its units are its folders and top-level modules
-(``nn/``, ``backend.py``, ...); the README's layer map lists them lowest first, and every
+(``nn/``, ``backend.py``, ...); ``minitransformer.LAYERS`` lists them lowest first, and every
 import, at module level or inside a function, goes from a unit to one listed before it. So no
 two units import each other, directly or through others, and no module imports itself through
 others. Read from the source (ast), so a lazy import inside a function counts too; an import
@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -19,9 +18,7 @@ import pytest
 import minitransformer
 
 PACKAGE = pathlib.Path(minitransformer.__file__).parent
-README = PACKAGE.parent / "README.md"
 COMPILED = {"kernels._C"}  # the CUDA extension: no Python source, imports nothing of the package
-OUTSIDE = ("examples/", "docs/", "benchmarks/")  # the map's rows that are not the package's
 
 
 def unit_of(module: str) -> str:
@@ -29,12 +26,9 @@ def unit_of(module: str) -> str:
     return module.split(".")[0]
 
 
-def readme_layers() -> list[str]:
-    """The package's units, as the README's layer map lists them, lowest first."""
-    text = README.read_text()
-    table = text[text.index("## Layer map"):].split("\n\n")[2]
-    names = [re.match(r"\| `([\w/.]+)`", row).group(1) for row in table.splitlines() if row.startswith("| `")]
-    return [n.removesuffix(".py").removesuffix("/") for n in names if n not in OUTSIDE]
+def package_layers() -> list[str]:
+    """The package's units, lowest first, as the package lists them."""
+    return list(minitransformer.LAYERS)
 
 
 def layer_of(module: str, layers: list[str]) -> int:
@@ -44,7 +38,7 @@ def layer_of(module: str, layers: list[str]) -> int:
     if unit == "":
         return len(layers)
     if unit not in layers:
-        raise AssertionError(f"minitransformer/{unit} is not in the README's layer map")
+        raise AssertionError(f"minitransformer/{unit} is not in minitransformer.LAYERS")
     return layers.index(unit)
 
 
@@ -139,13 +133,13 @@ def find_cycle(g: dict[str, list[tuple[str, int]]]) -> list[str] | None:
     return None
 
 
-def test_every_import_goes_down_the_readme_layer_map():
-    wrong = not_down(graph(), readme_layers())
-    assert not wrong, "imports that do not run down README's layer map:\n" + "\n".join(wrong)
+def test_every_import_goes_down_the_layers():
+    wrong = not_down(graph(), package_layers())
+    assert not wrong, "imports that do not run down minitransformer.LAYERS:\n" + "\n".join(wrong)
 
 
-def test_the_readme_layer_map_lists_every_unit_once():
-    listed = readme_layers()
+def test_the_layers_list_every_unit_once():
+    listed = package_layers()
     units = {unit_of(m) for m in modules()} - {""}
     assert len(listed) == len(set(listed)), f"listed twice: {sorted({u for u in listed if listed.count(u) > 1})}"
     assert set(listed) == units, (f"not in the map: {sorted(units - set(listed))}; "
@@ -206,7 +200,7 @@ def test_the_checks_find_an_import_that_runs_up_and_a_loop():
     loop = unit_graph({"nn.a": [("data.x", 1)], "data.y": [("nn.b", 2)]})
     assert loop == {"nn": [("data", "nn.a:1")], "data": [("nn", "data.y:2")]}
     assert find_cycle(loop) == ["nn", "data", "nn"]
-    with pytest.raises(AssertionError, match="minitransformer/optim is not in the README"):
+    with pytest.raises(AssertionError, match="minitransformer/optim is not in minitransformer.LAYERS"):
         not_down({"optim.adam": [("backend", 1)]}, layers)
 
 
