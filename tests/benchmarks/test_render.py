@@ -29,6 +29,9 @@ def copy(tmp_path):
     shutil.copytree(ROOT / "benchmarks" / "records", tmp_path / "benchmarks" / "records")
     shutil.copy(ROOT / "benchmarks" / "README.md", tmp_path / "benchmarks" / "README.md")
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for path, _ in load_render(ROOT).READING:  # the README counts their lines
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
     return tmp_path
 
 
@@ -49,6 +52,15 @@ def test_a_new_measurement_makes_the_tables_stale_until_rendered(copy, capsys):
     readme = (copy / "README.md").read_text().split("<!-- render.py: results -->")[1].split("<!-- end -->")[0]
     assert "**40.13**" in readme  # the mean of 40.50 (the seed's latest), 39.61 and 40.29
     assert "**39.87**" not in readme
+
+
+def test_the_reading_order_counts_each_files_lines(copy):
+    render = load_render(copy)
+    path = copy / render.READING[0][0]
+    path.write_text(path.read_text() + "\n" * 1000)
+    assert render.main(["--check"]) == 1
+    row = next(line for line in render.reading_order().splitlines() if render.READING[0][0] in line)
+    assert f"| {len(path.read_text().splitlines()):,} |" in row
 
 
 def test_a_configuration_without_a_record_is_not_yet_measured(copy):
