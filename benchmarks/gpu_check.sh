@@ -15,7 +15,7 @@
 #     kernels  the kernel tests            bench  benchmarks/attn.py
 #     counts   attn.py --counts: the kernels' memory traffic counted on the emulator (g++ builds
 #              its count variant here), beside their passes' times on this GPU
-#     ncu      benchmarks/ncu_counts.py: Nsight Compute's counts of the same launches beside the
+#     ncu      tools/kernels/ncu_counts.py: Nsight Compute's counts of the same launches beside the
 #              emulator's (where ncu is installed; NCU=<command> names another)
 #     nccl     NCCL tests and bandwidth    step   the training step, fp32 and bf16, vs torch
 #     suite    the suite's "cuda" cases    wmt    examples/train_wmt.py on Multi30k, bf16
@@ -123,7 +123,7 @@ if want counts 60; then
 fi
 
 # Nsight Compute's own counts of the launches the counts stage counted, each beside the
-# emulator's with their ratio (benchmarks/ncu_counts.py), where ncu is installed (NCU names
+# emulator's with their ratio (tools/kernels/ncu_counts.py), where ncu is installed (NCU names
 # another command).
 if want ncu 60; then
     if ! command -v "$NCU" >/dev/null; then
@@ -132,7 +132,7 @@ if want ncu 60; then
         echo "ncu: not run (no counts.json: the counts stage did not run or failed)"
     else
         start=$SECONDS
-        timeout "$(limit 180)" "$PY" benchmarks/ncu_counts.py --ncu "$NCU" --counts "$LOGS/counts.json" \
+        timeout "$(limit 180)" "$PY" tools/kernels/ncu_counts.py --ncu "$NCU" --counts "$LOGS/counts.json" \
             --json "$LOGS/ncu.json" >"$LOGS/ncu.log" 2>&1
         rc=$?
         check ncu $rc

@@ -197,7 +197,7 @@ def build_parser() -> cli.ArgumentParser:
                    help="checkpoints averaged for the final model (default: the preset's)")
     p.add_argument("--keep-checkpoints", type=cli.integer(0),
                    help="step checkpoints kept on disk: the last N, at least those averaged (default: those "
-                        "averaged); 0 keeps every one, for a curve of the run's progress (benchmarks/bleu_minutes.py)")
+                        "averaged); 0 keeps every one, for a curve of the run's progress (experiments/bleu_minutes/)")
     p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the preset's)")
     p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), help="length penalty (default: the preset's)")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,

@@ -46,7 +46,7 @@ settings.register_profile(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 
-# benchmarks/mutants.py: the kernel tests against a planted bug, the same examples every time
+# tools/kernels/mutants.py: the kernel tests against a planted bug, the same examples every time
 # (a mutant's result is cached, so it must not depend on the draw), no example database (one
 # mutant's failures must not be replayed on the next) and no shrinking (a failure is all it
 # asks, and shrinking one took a minute).

@@ -20,7 +20,8 @@ import pytest
 from minitransformer import backend, cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FOLDERS = ("examples", "benchmarks", "docs")
+FOLDERS = ("examples", "benchmarks", "docs", "tools/kernels",
+           *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "experiments").iterdir() if p.is_dir()))
 for folder in FOLDERS:
     sys.path.insert(0, str(ROOT / folder))
 
@@ -31,7 +32,8 @@ PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ab
 
 
 def test_every_program_has_a_parser_to_read():
-    """Every script of examples/, benchmarks/ and docs/ that parses options is in PROGRAMS."""
+    """Every script of examples/, benchmarks/, docs/, tools/kernels/ and experiments/*/ that parses
+    options is in PROGRAMS."""
     scripts = {p.stem for folder in FOLDERS for p in (ROOT / folder).glob("*.py") if "add_argument(" in p.read_text()}
     assert scripts <= set(PROGRAMS), scripts - set(PROGRAMS)
 

@@ -10,7 +10,7 @@ preset's own at the same target tokens seen.
 The preset's points come from bleu_tokens.py's record (the README's run, validation split);
 a change is named by the options its run's first command adds to the README's. One run a
 change, seed 1: two trainings of one configuration differ by up to a point of validation BLEU
-(RESULTS.md), so a difference smaller than that is not a finding; the NLL varies less.
+(experiments/README.md), so a difference smaller than that is not a finding; the NLL varies less.
 """
 
 from __future__ import annotations

@@ -330,6 +330,7 @@ def main(argv=None) -> int:
                 print(f"{pairs:>9,} pairs  measured already, in {args.json}", flush=True)
                 continue
             folder = Path(work) / str(pairs)
+            folder.mkdir()  # --corpus names a folder that exists, the one "generate" writes into too
             row = {}
             for stage in STAGES:
                 row[stage] = in_subprocess("--stage", stage, "--corpus", str(folder), "--pairs", str(pairs),

@@ -287,7 +287,7 @@ def build():
     """Compile (or reuse) the plain emulated extension and return the imported module: once a
     process (the emulated device and the kernel tests share it). ``MT_EMULATED_KERNELS=PATH``
     takes the unsanitized variant at PATH instead (from ``compile_variant``: a planted bug,
-    which the mutation tester, benchmarks/mutants.py, puts to the kernel tests so)."""
+    which the mutation tester, tools/kernels/mutants.py, puts to the kernel tests so)."""
     global _built
     path = Path(os.environ["MT_EMULATED_KERNELS"]) if os.environ.get("MT_EMULATED_KERNELS") else compile_variant()
     module = load(path)

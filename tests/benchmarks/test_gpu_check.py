@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from minitransformer.emulated import emulator
-from tests.benchmarks import fake_ncu
+from tests.tools.kernels import fake_ncu
 from tests.helpers import MULTI30K_DIR, needs_multi30k
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     """Mark the tests that take C ``emulator``, so that gpu_check.sh can leave them out on a GPU
     machine (-m "not emulator"); and those marked ``on_device`` ``device``, so that a mutant's
-    checks (benchmarks/mutants.py) run only the tests that reach a kernel, not the twins'."""
+    checks (tools/kernels/mutants.py) run only the tests that reach a kernel, not the twins'."""
     for item in items:
         if "C" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.emulator)

@@ -1,4 +1,4 @@
-"""benchmarks/ncu_counts.py against a stand-in for Nsight Compute (tests/benchmarks/fake_ncu.py,
+"""tools/kernels/ncu_counts.py against a stand-in for Nsight Compute (tests/tools/kernels/fake_ncu.py,
 which prints ncu's raw CSV layout): each kind's figures side by side with their ratio, a metric
 ncu refuses left out and named, launches that are not the counted ones refused, and ncu's
 permission error told in one line. The profiled command itself runs on the emulated device."""
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from minitransformer.emulated import emulator
-from tests.benchmarks import fake_ncu
+from tests.tools.kernels import fake_ncu
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tools" / "kernels"))
 import ncu_counts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -40,7 +40,7 @@ COUNTS = {"gpu": "an emulated GPU", "counts": [
 def run(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, dict | None]:
     counts, out = tmp_path / "counts.json", tmp_path / "ncu.json"
     counts.write_text(json.dumps(COUNTS))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ncu_counts.py"),
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "kernels" / "ncu_counts.py"),
                            "--ncu", str(fake_ncu.install(tmp_path / "bin")),
                            "--counts", str(counts), "--json", str(out)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, env={**os.environ, "MT_EMULATE_CUDA": "1", **env})
@@ -106,7 +106,7 @@ def test_no_permission_for_the_counters_is_one_line(tmp_path):
 def test_counts_without_per_kind_figures_are_refused(tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"counts": [{k: v for k, v in COUNTS["counts"][0].items() if k != "kinds"}]}))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ncu_counts.py"), "--counts", str(old)],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "kernels" / "ncu_counts.py"), "--counts", str(old)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "old.json: its counts have no per-kind figures" in proc.stderr
 

@@ -1,8 +1,8 @@
 """Mutation testing of csrc/: how many realistic kernel bugs CI's kernel checks catch.
 
-    python benchmarks/mutants.py --list                 # the mutants, one line each
-    python benchmarks/mutants.py                        # the full run (resumable), then its report
-    python benchmarks/mutants.py --sample 10 --seed 7   # a seeded sample, as CI runs it
+    python tools/kernels/mutants.py --list                 # the mutants, one line each
+    python tools/kernels/mutants.py                        # the full run (resumable), then its report
+    python tools/kernels/mutants.py --sample 10 --seed 7   # a seeded sample, as CI runs it
 
 Until the kernels run on a GPU, what CI can catch is their whole proof; a bug that no check
 sees is a bug CI cannot see. Each rule below is applied at every site of the kernel sources
@@ -37,7 +37,7 @@ shared memory and shuffled blocks; then the fixed cases of tests/kernels/sanitiz
 AddressSanitizer/UBSan where the bug's class can reach out of bounds, under ThreadSanitizer
 where it can race (SANITIZERS_FOR). A test's kill counts only if that test passes, alone, on
 the sources as they are (confirm_kill). A mutant that fails to compile is stillborn and not
-counted. A mutant that passes every check survives, unless benchmarks/mutants_equivalent.toml
+counted. A mutant that passes every check survives, unless tools/kernels/mutants_equivalent.toml
 lists it as equivalent, with the line that masks it: the score of a kernel is
 killed / (all - equivalent), where all leaves out the stillborn and the identical.
 
@@ -931,7 +931,7 @@ def main(argv=None) -> int:
         pool = eligible_for_sample(mutants, entries + survivors, load_record(Path(args.record)), args.quick)
         mutants = random.Random(seed).sample(pool, min(args.sample, len(pool)))
         print(f"mutant sample: {len(mutants)} of {len(pool)} eligible, seed {seed} "
-              f"(python benchmarks/mutants.py --sample {args.sample} --seed {seed})", flush=True)
+              f"(python tools/kernels/mutants.py --sample {args.sample} --seed {seed})", flush=True)
     begin = time.time()
     done = 0
 

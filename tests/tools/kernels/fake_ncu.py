@@ -1,4 +1,4 @@
-"""A stand-in for Nsight Compute's `ncu`, for the tests of benchmarks/ncu_counts.py and
+"""A stand-in for Nsight Compute's `ncu`, for the tests of tools/kernels/ncu_counts.py and
 gpu_check.sh's ncu stage on machines without a GPU: it takes the options ncu_counts.py passes,
 runs the profiled command (on the emulated device, under the tests), and prints a table in the
 layout of `ncu --csv --page raw --print-units base`: ncu's own ==PROF== lines, a header row, a

@@ -2,7 +2,7 @@
 check of the prediction that `attn.py --counts` made without one.
 
     python benchmarks/attn.py --counts --json counts.json     # the emulator's counts (and times)
-    python benchmarks/ncu_counts.py --counts counts.json --json ncu.json
+    python tools/kernels/ncu_counts.py --counts counts.json --json ncu.json
 
 For each case of counts.json (dtype, head dim, mask), one forward and one backward at the
 counted shape run under `ncu`, which collects, for every launch, the metrics of each kind the
@@ -79,7 +79,7 @@ def launch_case(dtype: str, D: int, causal: bool) -> None:
 
     from minitransformer.kernels import costs
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
     from attn import case_arrays
 
     q, k, v, do = case_arrays(dtype, *(costs.SHAPE[x] for x in "BHT"), D)

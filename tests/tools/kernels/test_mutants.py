@@ -1,4 +1,4 @@
-"""benchmarks/mutants.py: the rules find their sites in the code and nowhere else; the planted bugs
+"""tools/kernels/mutants.py: the rules find their sites in the code and nowhere else; the planted bugs
 that once passed all of CI are killed by the kernel checks; every survivor of the last full run
 is explained; and a seeded sample of the mutants that run killed by the tests is killed again
 (the seed is printed: rerun it with MT_MUTANT_SEED=<seed>)."""
@@ -18,8 +18,8 @@ import pytest
 
 from minitransformer.emulated import emulator
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tools" / "kernels"))
 import mutants  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def test_the_ledger_names_existing_mutants_and_says_why():
 
 
 def test_every_survivor_of_the_last_full_run_is_explained():
-    """The record of the full run (benchmarks/mutants_record.json): each mutant it saw survive
+    """The record of the full run (tools/kernels/mutants_record.json): each mutant it saw survive
     is listed, as equivalent or as a survivor with its reason."""
     record = mutants.load_record(mutants.RECORD)
     entries = mutants.equivalents() + mutants.equivalents("survivor")
@@ -195,7 +195,7 @@ needs_emulator = pytest.mark.skipif(
 
 
 def run_mutants(*args, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutants.py"), "--jobs", "2",
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "kernels" / "mutants.py"), "--jobs", "2",
                            "--results", str(tmp_path / "results.jsonl"), *args],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
 
