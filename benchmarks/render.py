@@ -198,6 +198,12 @@ def table(name: str, rows: list[dict]) -> str:
     return text
 
 
+def short_machine(machine: str) -> str:
+    """"2-core x86_64, no GPU" -> "2 CPU cores"; a GPU's name as it is."""
+    cores, _, rest = machine.partition("-core ")
+    return f"{cores} CPU cores" if rest.endswith("no GPU") else machine
+
+
 def results() -> str:
     """The README's results table: each row's current figure, or "not yet measured"."""
     body = []
@@ -206,12 +212,12 @@ def results() -> str:
         if match:
             g = match[-1]
             mean, _, each = figure(g, r.figure, r.fmt).partition(" (")
-            cell = f"**{mean}**" + (f" (seeds {each}" if each else "")
-            when = f"{dates(g)}, {g[0]['machine']}"
+            cell = f"**{mean}**" + (f", mean of {len(g)} seeds" if each else "")
+            when = f"{max(row['date'] for row in g)}, {short_machine(g[0]['machine'])}"
         else:
             cell, when = "not yet measured", ""
         body.append([r.what, cell, r.against, when, f"[how](benchmarks/README.md#{r.reproduce})"])
-    return markdown(["", "ours", "against", "when, machine", "reproduce"], body)
+    return markdown(["", "ours", "against", "measured", "reproduce"], body)
 
 
 def rendered() -> dict[pathlib.Path, dict[str, str]]:
