@@ -22,7 +22,9 @@ these types (a test walks every program's options).
 
 ``ArgumentParser`` is argparse's, with two changes: a bad option is one line (the program, the
 option, what is wrong, and "see --help") instead of a page of usage; and the help shows
-defaults.
+defaults. ``add_removed(flag, replacement)`` keeps a removed option known, so that a command
+written for it stops in that same kind of line, naming what took its place, not a bare
+"unrecognized arguments".
 
 Ordinary failures. ``run(main, argv, ...)`` calls ``main`` and turns what a user meets in
 normal use into one line on stderr and a non-zero status: an interrupt (Ctrl-C: status 130,
@@ -74,9 +76,23 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _ShowDefaults)
         super().__init__(*args, **kwargs)
+        self.removed: dict[str, str] = {}  # add_removed's: flag -> what took its place
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def add_removed(self, flag: str, replacement: str) -> None:
+        """``flag`` is no longer an option: given (with or without a value), the program stops
+        with status 2 and one line, "``flag`` was replaced by ``replacement``" (or "was removed:
+        ..." when ``replacement`` starts with "removed"). Not shown in ``--help``."""
+        why = replacement if replacement.startswith("removed") else f"replaced by {replacement}"
+        parser, self.removed[flag] = self, replacement
+
+        class Removed(argparse.Action):
+            def __call__(self, *_):
+                parser.error(f"{flag} was {why}")
+
+        self.add_argument(flag, nargs="?", action=Removed, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     def add_debug(self) -> None:
         """``--debug``: show the traceback of an ordinary failure (also ``MT_DEBUG=1``)."""
