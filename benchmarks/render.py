@@ -13,7 +13,6 @@ change in one place and stay behind in another.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import re
@@ -21,6 +20,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
+from minitransformer import cli
 from minitransformer.records import RecordError, read_bench
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -244,10 +244,14 @@ def fill(path: pathlib.Path, blocks: dict[str, str]) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from the records")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         due = {path: fill(path, blocks) for path, blocks in rendered().items()}
     except RecordError as e:
