@@ -59,19 +59,17 @@ def exact_match(model, rng, args, n: int = 200, beam: int = 1) -> float:
 def train(model, args, rng: np.random.Generator, stop=None) -> list[float]:
     """Train ``model`` for ``args.steps`` steps of fresh random batches; returns the losses.
 
-    Adam and the warmup schedule are the paper's (section 5.3). ``stop(step)``, if given, is
-    asked at each log line; True ends the training there (the tour stops once the
+    Each step is ``train.train_step``, the textbook step: forward, label-smoothed loss,
+    backward, then Adam with the paper's warmup schedule (section 5.3). ``stop(step)``, if
+    given, is asked at each log line; True ends the training there (the tour stops once the
     cross-attention is diagonal)."""
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = WarmupInverseSqrtSchedule(optimizer, args.d_model, warmup=args.warmup, factor=args.lr_factor)
     losses, start = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         src, tgt_in, tgt_out, _ = make_batch(rng, args.batch_size, args.vocab, args.min_len, args.max_len, args.task)
-        result = train_step(model, optimizer, schedule, mt.tensor(src, device=args.device),
-                            mt.tensor(tgt_in, device=args.device), mt.tensor(tgt_out, device=args.device),
-                            label_smoothing=args.label_smoothing)
-        if result.skipped:
-            print(f"step {step}: skipped ({result.skipped})")
+        batch = tuple(mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
+        result = train_step(model, optimizer, schedule, batch, label_smoothing=args.label_smoothing)
         losses.append(result.loss)
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step:5d}  loss {result.loss:.4f}  ppl {result.ppl:8.3f}  lr {result.lr:.2e}  "

@@ -16,8 +16,9 @@ In the paper's order:
     its rows, which depend on the offset between two positions only (position-dot-products.png).
  5. The learning rate of equation (3), for the base and big models (learning-rate.png).
  6. Label smoothing (5.4): the target distribution and the loss it sets (label-smoothing.png).
- 7. Training: a tiny model learns to copy sequences (examples/copy_task.py); its
-    encoder-decoder attention becomes a diagonal (copy-attention.png).
+ 7. Training: a tiny model learns to copy sequences (examples/copy_task.py), one
+    ``train.train_step`` a batch; its encoder-decoder attention becomes a diagonal
+    (copy-attention.png).
  8. Beam search (6.1) of one sequence with that model, step by step, and the length penalty's
     choice among the finished hypotheses (beam-search.png).
 
@@ -361,7 +362,7 @@ def train_copy_task(seed: int, out: str):
                                  "--warmup", "100", "--steps", "1000", "--batch-size", "32",
                                  "--log-every", "50", "--seed", str(seed)])
     say(f"[7/8] Training to copy sequences of {args.min_len}-{args.max_len} symbols "
-        f"({args.vocab - FIRST_SYMBOL} symbols; examples/copy_task.py): d_model={args.d_model}, "
+        f"({args.vocab - FIRST_SYMBOL} symbols; examples/copy_task.py, train.train_step): d_model={args.d_model}, "
         f"h={args.heads}, N={args.layers}")
     mt.manual_seed(seed)
     model = copy_task.build(args)

@@ -30,7 +30,7 @@ Micikevicius et al. (2018), "Mixed Precision Training", keep three things apart:
         optimizer.step()
     scaler.update(found_inf)
 
-``train.train_step`` does exactly this when given ``amp_dtype`` and ``scaler``.
+``train.accumulated_step`` does exactly this when given ``amp_dtype`` and ``scaler``.
 
 Unlike PyTorch's op-by-op autocast, this one casts the parameters, once per forward: with the
 inputs being integer token ids, every op downstream then computes in 16 bits. That is the

@@ -1,8 +1,10 @@
 """One training step of the paper's recipe, and evaluation of the loss.
 
 A step (section 5): forward the batch, label-smoothed cross-entropy over the non-padding
-target tokens, backward, then Adam with the warmup schedule. Three guards keep a bad batch from
-damaging the model: a non-finite loss is not backpropagated, a non-finite gradient skips the
+target tokens, backward, then Adam with the warmup schedule. ``train_step`` is that step and
+nothing else, the one to read first; ``accumulated_step`` is the one training runs, the same
+arithmetic in named phases with what a real run needs around it. Its three guards keep a bad
+batch from damaging the model: a non-finite loss is not backpropagated, a non-finite gradient skips the
 optimiser step, and so does an update that could overflow the weights (``Adam.max_update``);
 each is reported in the step's result, not trained on. What no single step shows, a run whose
 finite loss climbs away, ``DivergenceDetector`` tells from the losses of many.
@@ -172,17 +174,39 @@ def compute_loss(model, src, tgt_in, tgt_out, label_smoothing: float, amp_dtype=
     return loss_sum, stats["nll_sum"], stats["n_tokens"]
 
 
-def train_step(model, optimizer, schedule, src, tgt_in, tgt_out, label_smoothing: float = 0.1,
-               clip_norm: float | None = None, ddp=None, amp_dtype=None, scaler=None) -> StepResult:
-    """One step on one batch: ``accumulated_step`` of a single micro-batch (``src=None``: this
-    rank's share of the step is empty)."""
-    batch = None if src is None else (src, tgt_in, tgt_out)
-    return accumulated_step(model, optimizer, schedule, [batch], label_smoothing, clip_norm, ddp, amp_dtype, scaler)
+def train_step(model, optimizer, schedule, batch, label_smoothing: float = 0.1,
+               clip_norm: float | None = None) -> StepResult:
+    """One training step of the paper's recipe on one batch, as a textbook writes it.
+
+    ``batch`` is (src, tgt_in, tgt_out): source ids (B, S), the decoder's input (B, T) and the
+    targets it predicts (B, T), the input shifted by one. ``schedule`` sets the learning rate
+    (None keeps ``optimizer.lr``); ``clip_norm``, if given, caps the gradients' global norm.
+
+    It has no guards: a non-finite loss or gradient is trained on. ``accumulated_step`` is the
+    step training runs, the same arithmetic in the same order, with gradient accumulation, data
+    parallelism, mixed precision and the guards around it; on one batch without them the two
+    give the same loss and the same weights.
+    """
+    src, tgt_in, tgt_out = batch
+    model.train()  # dropout on (section 5.4)
+    # Forward pass, then label-smoothed cross-entropy (section 5.4), summed over the n target
+    # tokens that are not padding; the objective is its mean per token.
+    loss_sum, nll_sum, n = compute_loss(model, src, tgt_in, tgt_out, label_smoothing)
+    loss = loss_sum / max(n, 1)
+    loss.backward()  # every parameter's .grad = d loss / d parameter
+    # The gradients' global norm, for the log; rescaled to at most clip_norm if given (the
+    # paper clips nothing).
+    norm = clip_grad_norm_(optimizer.params, clip_norm) if clip_norm else grad_norm(optimizer.params)
+    lr = schedule.step() if schedule is not None else optimizer.lr  # equation (3), section 5.3
+    optimizer.step()  # Adam with beta1 0.9, beta2 0.98, eps 1e-9 (section 5.3)
+    optimizer.zero_grad()  # backward adds into .grad: the next step starts from zero
+    return StepResult(loss.item(), nll_sum / max(n, 1), n, norm, lr)
 
 
 def accumulated_step(model, optimizer, schedule, micro_batches, label_smoothing: float = 0.1,
                      clip_norm: float | None = None, ddp=None, amp_dtype=None, scaler=None) -> StepResult:
-    """Forward and backward each micro-batch, then (unless a guard trips) one optimiser step.
+    """The step training runs: ``train_step``'s arithmetic, in five phases, with gradient
+    accumulation, data parallelism, mixed precision and three guards around it.
 
     ``micro_batches``: (src, tgt_in, tgt_out) tuples, whose gradients add up before the step
     (gradient accumulation: a step on more tokens than one forward pass holds), or None for a
@@ -193,12 +217,41 @@ def accumulated_step(model, optimizer, schedule, micro_batches, label_smoothing:
     ``ddp.reduce_gradients`` once, even when its own loss was not finite (no rank may be left
     waiting in an all-reduce); that rank reports a NaN loss, the reduced loss becomes NaN
     everywhere, and all ranks skip the step together. A non-finite loss ends the step's
-    forward passes: it is skipped anyway.
+    forward passes: it is skipped anyway. A skipped step moves neither the weights nor the
+    schedule, and leaves no gradient behind.
     """
     model.train()
     optimizer.zero_grad()
     if ddp is None and not any(b is not None for b in micro_batches):
-        raise ValueError("train_step: no micro-batch with rows (an empty share of the step needs ddp)")
+        raise ValueError("accumulated_step: no micro-batch with rows (an empty share of the step needs ddp)")
+    # 1. Forward and backward of each micro-batch (train_step's compute_loss and backward).
+    value, nll_sum, n, local_ok = _forward_backward(model, micro_batches, label_smoothing, ddp, amp_dtype, scaler)
+    nll = nll_sum / max(n, 1)
+    # 2. Gradient sync: with ddp, every rank's gradients become those of all ranks' tokens.
+    loss, tokens, all_ok, grads_ok = _sync_gradients(ddp, value, n, local_ok)
+    if not all_ok:
+        why = "non-finite loss" if not local_ok else "non-finite loss on another rank"
+        return _skipped(optimizer, StepResult(loss, nll, tokens, math.nan, optimizer.lr, skipped=why))
+    # 3. Unscale, clip and guard (train_step's clip): a non-finite gradient skips the step.
+    norm, found_inf = _unscale_and_clip(optimizer, clip_norm, scaler, grads_ok)
+    if found_inf:
+        return _skipped(optimizer, StepResult(loss, nll, tokens, norm, optimizer.lr, skipped="non-finite gradient"))
+    # 4. Schedule (train_step's schedule.step()): the rate, looked at before it is set, so that
+    # an update that could overflow the weights is skipped with the schedule unmoved.
+    lr = schedule.next_lr() if schedule is not None else optimizer.lr
+    if not math.isfinite(lr) or not optimizer.max_update(lr) < float(np.finfo(optimizer.params[0].dtype).max):
+        return _skipped(optimizer, StepResult(loss, nll, tokens, norm, lr,
+                                              skipped="an update that would overflow the weights"))
+    # 5. Update (train_step's optimizer.step()).
+    if schedule is not None:
+        schedule.step()
+    optimizer.step()
+    return StepResult(loss, nll, tokens, norm, lr)
+
+
+def _forward_backward(model, micro_batches, label_smoothing, ddp, amp_dtype, scaler):
+    """Phase 1 of ``accumulated_step``: (summed loss, summed NLL, target tokens, whether the loss
+    is finite) of this rank's micro-batches, their gradients added up in ``.grad``."""
     pad = model.config.pad_id
     # Alone, each backward is of its summed loss over the step's tokens; with ddp, of its sum.
     step_tokens = None if ddp is not None else sum(int((_array(b[2]) != pad).sum()) for b in micro_batches if b is not None)
@@ -219,33 +272,36 @@ def accumulated_step(model, optimizer, schedule, micro_batches, label_smoothing:
             else:  # overflow is expected now and then: the scaler handles it, NumPy need not warn
                 with np.errstate(over="ignore", invalid="ignore"):
                     scaler.scale(objective).backward()
-    nll = nll_sum / max(n, 1)
-    if ddp is not None:
-        stats = ddp.reduce_gradients(n, loss_sum=value if local_ok else math.nan)
-        loss, tokens, all_ok, grads_ok = stats.mean_loss, stats.num_tokens, math.isfinite(stats.loss_sum), stats.finite
-    else:
-        loss, tokens, all_ok, grads_ok = value / max(n, 1), n, local_ok, True
-    if not all_ok:
-        optimizer.zero_grad()
-        why = "non-finite loss" if not local_ok else "non-finite loss on another rank"
-        return StepResult(loss, nll, tokens, math.nan, optimizer.lr, skipped=why)
+    return value, nll_sum, n, local_ok
+
+
+def _sync_gradients(ddp, value: float, n: int, local_ok: bool):
+    """Phase 2 of ``accumulated_step``: (loss per token, target tokens, whether the loss is
+    finite, whether the gradients are) of the whole step. With ``ddp`` the all-reduce sums the
+    ranks' gradients and divides them by all ranks' token count; alone there is nothing to do."""
+    if ddp is None:
+        return value / max(n, 1), n, local_ok, True
+    stats = ddp.reduce_gradients(n, loss_sum=value if local_ok else math.nan)
+    return stats.mean_loss, stats.num_tokens, math.isfinite(stats.loss_sum), stats.finite
+
+
+def _unscale_and_clip(optimizer, clip_norm, scaler, grads_ok: bool) -> tuple[float, bool]:
+    """Phase 3 of ``accumulated_step``: (the gradients' global norm before clipping, whether a
+    gradient is not finite). A ``scaler``'s scale is divided out first, and the scaler told of
+    an overflow (it then lowers the scale)."""
     if scaler is not None:
         scaler.unscale_(optimizer.params)
     norm = clip_grad_norm_(optimizer.params, clip_norm) if clip_norm else grad_norm(optimizer.params)
     found_inf = not (grads_ok and math.isfinite(norm))
     if scaler is not None:
         scaler.update(found_inf)
-    if found_inf:
-        optimizer.zero_grad()
-        return StepResult(loss, nll, tokens, norm, optimizer.lr, skipped="non-finite gradient")
-    lr = schedule.next_lr() if schedule is not None else optimizer.lr
-    if not math.isfinite(lr) or not optimizer.max_update(lr) < float(np.finfo(optimizer.params[0].dtype).max):
-        optimizer.zero_grad()
-        return StepResult(loss, nll, tokens, norm, lr, skipped="an update that would overflow the weights")
-    if schedule is not None:
-        schedule.step()
-    optimizer.step()
-    return StepResult(loss, nll, tokens, norm, lr)
+    return norm, found_inf
+
+
+def _skipped(optimizer, result: StepResult) -> StepResult:
+    """A step a guard stopped: its gradients are dropped, not left for the next step."""
+    optimizer.zero_grad()
+    return result
 
 
 def _array(x):

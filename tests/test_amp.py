@@ -13,7 +13,7 @@ from minitransformer import functional as F
 from minitransformer.amp import GradScaler, autocast
 from minitransformer.checkpoint import load_checkpoint, restore, save_checkpoint
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import train_step
+from minitransformer.train import accumulated_step
 
 LOW = ["float16", "bfloat16"]
 # Unit roundoff of each format: a correctly rounded result is within this relative error.
@@ -318,7 +318,7 @@ def test_an_overflowing_float16_step_is_skipped_and_lowers_the_scale(device):
     model, opt, sched = setup_training(device)
     before = model.state_dict()
     scaler = GradScaler(init_scale=2.0**40)  # 2^40 times any gradient overflows float16
-    r = train_step(model, opt, sched, *batches(1, device)[0], amp_dtype=mt.float16, scaler=scaler)
+    r = accumulated_step(model, opt, sched, batches(1, device), amp_dtype=mt.float16, scaler=scaler)
     assert r.skipped == "non-finite gradient" and math.isfinite(r.loss)
     assert scaler.scale_value == 2.0**39 and opt.step_count == 0
     assert all(np.array_equal(before[k], v) for k, v in model.state_dict().items())
@@ -332,7 +332,7 @@ def test_mixed_precision_training_tracks_float32(device, dtype):
     for name, amp_dtype in (("fp32", None), ("amp", dtype)):
         model, opt, sched = setup_training(device)
         scaler = GradScaler(growth_interval=2) if dtype == "float16" and amp_dtype else None
-        curves[name] = [train_step(model, opt, sched, *b, amp_dtype=amp_dtype, scaler=scaler)
+        curves[name] = [accumulated_step(model, opt, sched, [b], amp_dtype=amp_dtype, scaler=scaler)
                         for b in data]
         assert all(p.dtype == np.float32 for p in model.parameters())
     for a, b in zip(curves["fp32"], curves["amp"]):
@@ -346,7 +346,7 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     data = batches(8)
     model, opt, sched = setup_training()
     scaler = GradScaler(growth_interval=3)
-    run = lambda m, o, s, sc, bs: [train_step(m, o, s, *b, amp_dtype=mt.float16, scaler=sc).loss  # noqa: E731
+    run = lambda m, o, s, sc, bs: [accumulated_step(m, o, s, [b], amp_dtype=mt.float16, scaler=sc).loss  # noqa: E731
                                    for b in bs]
     run(model, opt, sched, scaler, data[:4])
     path = str(tmp_path / "last.npz")
@@ -378,8 +378,8 @@ def test_data_parallel_float16_steps_reduce_float32_gradients(device):
                                comm=dist.LocalCommunicator(device))
             ddp = dist.DistributedDataParallel(model, world)
             assert [f.dtype for f in ddp.flats] == [np.float32]
-        r = train_step(model, opt, sched, *batch, ddp=ddp, amp_dtype=mt.float16,
-                       scaler=GradScaler(init_scale=16.0))
+        r = accumulated_step(model, opt, sched, [batch], ddp=ddp, amp_dtype=mt.float16,
+                             scaler=GradScaler(init_scale=16.0))
         assert r.skipped is None
         grads[mode] = {n: f64(p.grad) for n, p in model.named_parameters()}  # unscaled, reduced
     total = np.sqrt(sum(np.sum(g**2) for g in grads["plain"].values()))

@@ -35,7 +35,7 @@ def batches(n, seed=0):
 
 
 def run(model, opt, sched, data):
-    return [train_step(model, opt, sched, *b).loss for b in data]
+    return [train_step(model, opt, sched, b).loss for b in data]
 
 
 def test_resume_continues_the_loss_curve_exactly(tmp_path):

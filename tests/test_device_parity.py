@@ -23,7 +23,7 @@ from minitransformer import amp, backend, kernels, nn
 from minitransformer.autograd import _topological_order
 from minitransformer.decoding import beam_search, greedy_decode
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
-from minitransformer.train import train_step
+from minitransformer.train import accumulated_step
 
 pytestmark = pytest.mark.skipif(not backend.has_cuda(),
                                 reason="no CUDA device (CuPy with a GPU, or MT_EMULATE_CUDA=1)")
@@ -53,7 +53,7 @@ def small_model(seed=0, d_model=64, heads=2):
 
 
 def trainer(model, precision):
-    """A train_step closure for ``model`` (Adam with the warmup schedule; the precision's
+    """A one-batch step closure for ``model`` (Adam with the warmup schedule; the precision's
     autocast and loss scaler), and the scaler."""
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = WarmupInverseSqrtSchedule(optimizer, model.config.d_model, warmup=40)  # lr ~5e-4 a step
@@ -63,9 +63,8 @@ def trainer(model, precision):
 
     def step(batch):
         device = next(model.parameters()).device
-        src, tgt_in, tgt_out = (mt.tensor(a, device=device) for a in batch)
-        return train_step(model, optimizer, schedule, src, tgt_in, tgt_out, 0.1,
-                          amp_dtype=amp_dtype, scaler=scaler)
+        return accumulated_step(model, optimizer, schedule, [tuple(mt.tensor(a, device=device) for a in batch)], 0.1,
+                                amp_dtype=amp_dtype, scaler=scaler)
     return step, scaler
 
 

@@ -33,17 +33,67 @@ def batch(seed=0):
 
 def test_step_reports_loss_perplexity_and_tokens():
     model, opt, sched = setup()
-    r = train_step(model, opt, sched, *batch())
+    r = train_step(model, opt, sched, batch())
     assert r.skipped is None and r.num_tokens == 4 * 6 - 2
     assert r.loss > r.nll > 0 and np.isclose(r.ppl, np.exp(r.nll))
     assert sched.step_count == 1 and opt.step_count == 1
+
+
+@pytest.mark.parametrize("clip_norm", [None, 0.5])
+def test_the_plain_step_is_the_robust_step_of_one_batch(clip_norm):
+    """train_step, the textbook step, and accumulated_step of one micro-batch without ddp or
+    mixed precision do the same arithmetic: two steps of each (dropout on, the same masks from
+    the same seed) report the same loss, NLL, norm and rate, and leave the same weights, Adam
+    moments and schedule, to float32 rounding."""
+    runs = []
+    for step in (lambda m, o, s, b: train_step(m, o, s, b, clip_norm=clip_norm),
+                 lambda m, o, s, b: accumulated_step(m, o, s, [b], clip_norm=clip_norm)):
+        model, opt, sched = setup()
+        results = [step(model, opt, sched, batch(i)) for i in range(2)]
+        runs.append((results, model.state_dict(), opt.state_dict(), sched.state_dict()))
+    (plain, weights, adam, schedule), (robust, weights_r, adam_r, schedule_r) = runs
+    assert schedule == schedule_r and schedule["step_count"] == 2 and adam["step_count"] == adam_r["step_count"] == 2
+    for p, r in zip(plain, robust):
+        assert p.skipped is None and r.skipped is None and p.num_tokens == r.num_tokens
+        np.testing.assert_allclose([p.loss, p.nll, p.grad_norm, p.lr], [r.loss, r.nll, r.grad_norm, r.lr], rtol=1e-6)
+    if clip_norm is not None:
+        assert all(r.grad_norm > clip_norm for r in plain)  # so clipping did happen
+    assert weights.keys() == weights_r.keys()
+    for k in weights:
+        np.testing.assert_allclose(weights[k], weights_r[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for m, m_r in zip(adam["m"] + adam["v"], adam_r["m"] + adam_r["v"]):
+        np.testing.assert_allclose(m, m_r, rtol=1e-5, atol=1e-12)
+
+
+def test_clip_norm_scales_the_gradients_adam_steps_on():
+    """With clip_norm below the gradients' global norm, Adam steps on the same gradients scaled
+    down to that norm, and the step reports the norm before clipping; above it, they are left
+    as they are."""
+    seen, reported = {}, {}
+    for clip_norm in (None, 0.05, 1e6):
+        model, opt, sched = setup()
+        adam_step = opt.step
+
+        def spy(clip_norm=clip_norm, opt=opt, adam_step=adam_step):
+            seen[clip_norm] = [p.grad.numpy().astype(np.float64) for p in opt.params]
+            adam_step()
+
+        opt.step = spy
+        reported[clip_norm] = train_step(model, opt, sched, batch(), clip_norm=clip_norm).grad_norm
+    norm = np.sqrt(sum((g * g).sum() for g in seen[None]))
+    assert norm > 0.05
+    np.testing.assert_allclose([reported[None], reported[0.05], reported[1e6]], norm, rtol=1e-5)
+    np.testing.assert_allclose(np.sqrt(sum((g * g).sum() for g in seen[0.05])), 0.05, rtol=1e-5)
+    for g, clipped, kept in zip(seen[None], seen[0.05], seen[1e6]):
+        np.testing.assert_allclose(clipped, g * (0.05 / norm), rtol=1e-5, atol=1e-12)
+        np.testing.assert_array_equal(kept, g)
 
 
 def test_non_finite_loss_is_caught_not_trained_on():
     model, opt, sched = setup()
     model.src_embed.weight.data[5] = np.nan
     before = model.state_dict()
-    r = train_step(model, opt, sched, *batch())
+    r = accumulated_step(model, opt, sched, [batch()])
     assert r.skipped == "non-finite loss"
     after = model.state_dict()
     assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
@@ -55,7 +105,7 @@ def test_non_finite_gradient_skips_the_step():
     w = model.encoder.layers[0].ffn.w_1.weight
     register_post_accumulate_grad_hook(w, lambda t: t.grad.data.__setitem__((0, 0), np.inf))
     before = model.state_dict()
-    r = train_step(model, opt, sched, *batch())
+    r = accumulated_step(model, opt, sched, [batch()])
     assert r.skipped == "non-finite gradient"
     assert all(np.array_equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
@@ -66,7 +116,7 @@ def test_loss_falls_and_evaluation_is_deterministic():
     data = [batch(i % 3) for i in range(150)]
     first = evaluate_loss(model, data[:3])
     for b in data:
-        train_step(model, opt, sched, *b, label_smoothing=0.0)
+        train_step(model, opt, sched, b, label_smoothing=0.0)
     last = evaluate_loss(model, data[:3])
     # Over six dropout seeds the loss ends at 0.32-0.63 of where it started: a model that
     # does not learn stays near 1.
@@ -90,14 +140,16 @@ def test_batch_size_mismatch_names_the_shapes():
     model, opt, sched = setup()
     src, tgt_in, tgt_out = batch()
     with pytest.raises(ValueError, match=r"src \(3, 6\), tgt_in \(4, 6\)"):
-        train_step(model, opt, sched, src[:3], tgt_in, tgt_out)
+        train_step(model, opt, sched, (src[:3], tgt_in, tgt_out))
+    with pytest.raises(ValueError, match=r"src \(3, 6\), tgt_in \(4, 6\)"):
+        accumulated_step(model, opt, sched, [(src[:3], tgt_in, tgt_out)])
 
 
 def test_an_update_that_would_overflow_the_weights_is_skipped():
     model, opt, sched = setup()
     before = [p.data.copy() for p in opt.params]
     sched.factor = 1e45  # lr * C_t above float32's largest
-    r = train_step(model, opt, sched, *batch())
+    r = accumulated_step(model, opt, sched, [batch()])
     assert r.skipped == "an update that would overflow the weights"
     assert all(np.array_equal(p.data, b) for p, b in zip(opt.params, before))
     assert sched.step_count == 0 and opt.step_count == 0  # a skipped step moves neither
@@ -221,7 +273,7 @@ def test_an_accumulated_step_is_one_step_on_the_union_batch(device):
     assert sched.step_count == 1 and opt.step_count == 1
 
     model, opt, sched = float64_setup(device)
-    whole = train_step(model, opt, sched, *on_device([union(micro_batches(0))], device)[0], label_smoothing=0.1)
+    whole = accumulated_step(model, opt, sched, on_device([union(micro_batches(0))], device), label_smoothing=0.1)
     assert accumulated.num_tokens == whole.num_tokens == sum(int((p[2].numpy() != 0).sum()) for p in parts)
     np.testing.assert_allclose(accumulated.loss, whole.loss, rtol=1e-12)
     np.testing.assert_allclose(accumulated.nll, whole.nll, rtol=1e-12)

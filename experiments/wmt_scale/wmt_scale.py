@@ -59,7 +59,7 @@ from minitransformer import cli, data, nn
 from minitransformer.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from minitransformer.files import atomic_write
 from minitransformer.optim import Adam
-from minitransformer.train import train_step
+from minitransformer.train import accumulated_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import train_step as step_benchmark  # noqa: E402 - benchmarks/train_step.py, for its random batches
@@ -203,7 +203,7 @@ def training_step(preset: str, tokens: int, steps: int) -> dict:
     for _ in range(1 + steps):
         src, tgt_in, tgt_out = map(mt.tensor, step_benchmark.batch(rng, b, STEP_LEN, vocab))
         start = time.perf_counter()
-        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1)
+        accumulated_step(model, opt, None, [(src, tgt_in, tgt_out)], label_smoothing=0.1)
         times.append(time.perf_counter() - start)
     return {"sentences": b, "tokens": b * STEP_LEN, "seconds": round(float(np.median(times[1:])), 1),
             "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}

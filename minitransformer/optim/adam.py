@@ -103,7 +103,7 @@ class Adam:
         Cauchy-Schwarz |m_t| <= (1 - b1) / sqrt(1 - b2) * sqrt(sum_k (b1^2 / b2)^k) * sqrt(v_t);
         the bias corrections multiply that by sqrt(1 - b2^t) / (1 - b1^t). At t = 1 it is 1 (the
         first update is lr * g / |g|). A step whose bound overflows the parameters' dtype would
-        write infinities into them: ``train.train_step`` skips it instead.
+        write infinities into them: ``train.accumulated_step`` skips it instead.
         """
         b1, b2 = self.betas
         lr = self.lr if lr is None else lr

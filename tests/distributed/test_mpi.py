@@ -20,7 +20,7 @@ import pytest
 
 import minitransformer as mt
 from minitransformer import backend
-from minitransformer.train import train_step
+from minitransformer.train import accumulated_step
 from tests.helpers import micro_batches, union
 
 # float32 training for a few steps, two ranks: the two orders of summation (per rank then
@@ -240,7 +240,7 @@ def test_an_accumulated_step_over_ranks_is_one_step_on_the_union(mpirun, tmp_pat
     the sentences at once. The ranks all-reduce once, after the last micro-batch."""
     seed, ranks = run_ok(mpirun, tmp_path, "accumulate", device=device, n=2)
     model, optimizer = worker.accumulation_model(seed, "cpu")
-    whole = train_step(model, optimizer, None, *union(micro_batches(seed)), label_smoothing=0.1)
+    whole = accumulated_step(model, optimizer, None, [union(micro_batches(seed))], label_smoothing=0.1)
     for out in ranks:
         assert str(out["skipped"]) == "None" and int(out["tokens"]) == whole.num_tokens
         assert out["all_reduced"] == out["gradients"]  # each gradient once a step, not once a micro-batch
