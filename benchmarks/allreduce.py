@@ -31,14 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
 
-from minitransformer import backend, cli, files
+from minitransformer import backend, cli, files, records
 from minitransformer import distributed as dist
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+# The message sizes benchmarks/records/allreduce.jsonl keeps, of those a run measures.
+RECORDED = {4 << 10: "4 KiB", 64 << 10: "64 KiB", 1 << 20: "1 MiB", 4 << 20: "4 MiB", 64 << 20: "64 MiB"}
 
 
 def parse_bytes(text: str) -> int:
@@ -115,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=cli.integer(1), default=20, help="all-reduces timed together in a group")
     ap.add_argument("--warmup", type=cli.integer(0), default=3, help="untimed all-reduces first")
     ap.add_argument("--json", type=cli.output_file, help="also write the rows to this file (rank 0)")
+    ap.add_argument("--record", action="store_true",
+                    help=f"append the bus bandwidth at {', '.join(RECORDED.values())} to "
+                         "benchmarks/records/allreduce.jsonl")
     return ap
 
 
@@ -123,20 +129,26 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.min_bytes > args.max_bytes:
         ap.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}: no message to time")
+    sizes = [args.min_bytes]
+    while sizes[-1] * args.factor <= args.max_bytes:
+        sizes.append(sizes[-1] * args.factor)
+    if args.record and not set(sizes) & RECORDED.keys():
+        ap.error(f"--record: the record keeps {', '.join(RECORDED.values())}, and these sizes include none of them")
 
     world = dist.init(args.device, "nccl" if args.device == "cuda" else None)  # NCCL even alone
     comm, n = world.comm, world.world_size
+    if args.record and n == 1:
+        ap.error("--record: with one rank nothing crosses a link (bus bandwidth 0): run under mpiexec -n 2 or more")
     xp = backend.get_array_module(args.device)
     dtype = backend.resolve_dtype(args.dtype)
     itemsize = dtype.itemsize
-    size, stop = args.min_bytes, args.max_bytes
     rows = []
     if world.is_main:
         print(f"# all-reduce (sum, in place), {comm.backend_name}, {n} rank(s), {args.dtype}, "
               f"median of 5 groups of {args.iters} back to back, after {args.warmup} warm-up")
         print(f"{'bytes':>12} {'elements':>11} {'time_us':>10} {'algbw_GB/s':>11} "
               f"{'busbw_GB/s':>11}")
-    while size <= stop:
+    for size in sizes:
         count = max(1, size // itemsize)
         buf = xp.empty(count, dtype=dtype)
         t = comm.all_reduce_scalar(time_all_reduce(comm, buf, args.iters, args.warmup), "max")
@@ -148,11 +160,17 @@ def main(argv=None) -> None:
         if world.is_main:
             print(f"{nbytes:>12} {count:>11} {t * 1e6:>10.1f} {algbw:>11.3f} {busbw:>11.3f}",
                   flush=True)
-        size *= args.factor
     if world.is_main and args.json:
         meta = dict(backend=comm.backend_name, world_size=n, dtype=args.dtype, iters=args.iters)
         with files.atomic_write(args.json) as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
+    if world.is_main and args.record:
+        config = {"device": "emulated" if backend.is_emulated(args.device) else args.device, "ranks": n}
+        if args.dtype != "float32":
+            config["dtype"] = args.dtype
+        figures = {f"GB/s at {RECORDED[r['bytes']]}": r["busbw_GBps"] for r in rows if r["bytes"] in RECORDED}
+        path = records.record(__file__, sys.argv[1:] if argv is None else argv, config, figures, ranks=n)
+        print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ if "--emulated" in sys.argv[1:]:  # read once, when minitransformer is imported
 
 import minitransformer as mt  # noqa: E402
 import minitransformer.functional as F
-from minitransformer import backend, cli, files, kernels  # noqa: E402
+from minitransformer import backend, cli, files, kernels, records  # noqa: E402
 from minitransformer.kernels import reference  # noqa: E402
 
 # Sizes of the bandwidth cases: the copy (float32 elements), layernorm (tokens x d_model),
@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the GPU path on the emulated device, at tiny sizes unless given (a check "
                         "of this script, not a measurement)")
     p.add_argument("--json", type=cli.output_file, help="also write the results to this file")
+    p.add_argument("--record", action="store_true",
+                   help="append a line per dtype and mask to benchmarks/records/attn.jsonl")
     return p
 
 
@@ -423,6 +425,44 @@ def gpu_bandwidth(args, results):
         cp.get_default_memory_pool().free_all_blocks()
 
 
+# --------------------------------------------------------------------------- the record
+
+
+def record(argv: list[str], results: dict) -> None:
+    """A line of benchmarks/records/attn.jsonl for each dtype and mask run, over its cases
+    (sequence length x head dim, forward and backward together, what a training step pays):
+    on a GPU (or the emulated one), the median over the cases of PyTorch SDPA's time over our
+    fused kernels' (where torch ran) and the fused kernels' best TFLOP/s; with --counts, the
+    fused kernels' global sectors and shared wavefronts over the fewest their bytes could take,
+    summed over the head dims and both passes; on the CPU, the median of the NumPy composite's
+    time over the NumPy twin's."""
+    device = {"gpu": "cuda", "cpu": "cpu"}.get(results["device"], "emulated")
+    lines: dict[tuple[str, str], list[dict]] = {}
+    for row in results["attention"]:
+        if row["pass"] == "fwd+bwd":
+            lines.setdefault((row.get("dtype", "fp32"), row["causal"]), []).append(row)
+    for (dtype, causal), rows in lines.items():
+        if device == "cpu":
+            ms = {(r["d"], r["seq"], r["path"]): r["ms"] for r in rows}
+            cases = {(d, seq) for d, seq, _ in ms}
+            figures = {"twin_speed_vs_composite": statistics.median(ms[(*c, "composite")] / ms[(*c, "twin")]
+                                                                    for c in cases)}
+        else:
+            cases = rows
+            ratios = [r["vs_torch"] for r in rows if "vs_torch" in r]
+            tflops = [r["fused_TF"] for r in rows if r["fused_TF"] is not None]
+            figures = ({"speed_vs_torch": statistics.median(ratios)} if ratios else {}) | (
+                {"tflops_max": max(tflops)} if tflops else {})
+            counted = [r for r in results["counts"] if (r["dtype"], r["causal"]) == (dtype, causal)]
+            if counted:
+                for key, units, fewest in (("global_sectors_vs_fewest", "sectors", "ideal"),
+                                           ("shared_wavefronts_vs_fewest", "wavefronts", "ideal_wf")):
+                    figures[key] = sum(r[units] for r in counted) / sum(r[fewest] for r in counted)
+        figures["cases"] = len(cases)
+        path = records.record(__file__, argv, {"device": device, "dtype": dtype, "causal": causal}, figures)
+    print(f"recorded {len(lines)} line(s) in {path}")
+
+
 # --------------------------------------------------------------------------- CPU
 
 
@@ -498,6 +538,8 @@ def main(argv=None):
         if args.json:
             with files.atomic_write(args.json) as f:
                 json.dump(results, f, indent=1, default=str)
+    if args.record:
+        record(sys.argv[1:] if argv is None else argv, results)
     return 0
 
 

@@ -44,11 +44,11 @@ from pathlib import Path
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import backend, cli, distributed, nn, train
+from minitransformer import backend, cli, distributed, nn, records, train
 from minitransformer.amp import PRECISIONS, scaler_for
 from minitransformer.autograd import Function
 from minitransformer.optim import Adam, grad_norm
-from minitransformer.train import compute_loss, train_step
+from minitransformer.train import accumulated_step, compute_loss
 
 
 FIRST_SYMBOL = 4  # ids 0-3: padding, unknown, BOS, EOS
@@ -90,8 +90,8 @@ def time_ours(args, world, data) -> list[float]:
         sync(args.device)
         world.comm.barrier()
         start = time.perf_counter()
-        train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, ddp=ddp, amp_dtype=amp_dtype,
-                   scaler=scaler)
+        accumulated_step(model, opt, None, [(src, tgt_in, tgt_out)], label_smoothing=0.1, ddp=ddp,
+                         amp_dtype=amp_dtype, scaler=scaler)
         sync(args.device)
         times.append(time.perf_counter() - start)
     if world.is_main:
@@ -119,7 +119,7 @@ def breakdown(args, world, model, opt, amp_dtype, scaler, data) -> None:
             marks.append(time.perf_counter())
 
         loss_sum, _, n = compute_loss(model, src, tgt_in, tgt_out, 0.1, amp_dtype)
-        loss = loss_sum / max(n, 1)  # the per-token mean, as train_step scales it alone
+        loss = loss_sum / max(n, 1)  # the per-token mean, as accumulated_step scales it alone
         mark()
         (scaler.scale(loss) if scaler else loss).backward()
         mark()
@@ -174,8 +174,8 @@ def op_times(args, world, ddp, model, opt, amp_dtype, scaler, data) -> None:
         start = time.perf_counter()
         for src, tgt_in, tgt_out in steps:
             src, tgt_in, tgt_out = (mt.tensor(a, device=args.device) for a in (src, tgt_in, tgt_out))
-            train_step(model, opt, None, src, tgt_in, tgt_out, label_smoothing=0.1, ddp=ddp,
-                       amp_dtype=amp_dtype, scaler=scaler)
+            accumulated_step(model, opt, None, [(src, tgt_in, tgt_out)], label_smoothing=0.1, ddp=ddp,
+                             amp_dtype=amp_dtype, scaler=scaler)
             sync(args.device)
         total = time.perf_counter() - start
     finally:
@@ -372,7 +372,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "ranks together (the preset's)")
     p.add_argument("--cache-dir", type=cli.output_folder, default="runs/multi30k", help="with --data-dir: where the BPE vocabulary "
                    "is read from or trained into (train_wmt.py's folder by default)")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/records/train_step.jsonl")
     return p
+
+
+def setup(args, parser, ranks: int) -> str:
+    """The record's name for what was timed: the batches, every size that differs from the
+    defaults (the sizes --data-dir ignores left out), and the processes."""
+    if args.base:
+        what, sizes = "the paper's base model", {}
+    else:
+        what = "the preset's real batches" if args.data_dir else "benchmark batch"
+        ignored = ("vocab", "batch", "len") if args.data_dir else ("max_tokens",)
+        sizes = {name: getattr(args, name) for name in ("d_model", "d_ff", "heads", "layers", "vocab", "batch", "len",
+                                                        "max_tokens")
+                 if name not in ignored and getattr(args, name) != parser.get_default(name)}
+    processes = {1: "one process", 2: "two ranks"}.get(ranks, f"{ranks} ranks")
+    return ", ".join([what, *(f"{name} {value}" for name, value in sizes.items()), processes])
 
 
 def main(argv=None) -> None:
@@ -406,6 +422,7 @@ def main(argv=None) -> None:
         peer = time_torch(args, data)
     ms = statistics.median(ours) * 1e3
     floor_ms = statistics.median(floor) * 1e3
+    figures = {"ours_ms": ms, "vs_gemm_floor": ms / floor_ms}
     print(f"\nstep: d_model {args.d_model}, d_ff {args.d_ff}, h {args.heads}, {args.layers}+{args.layers} layers, "
           f"vocab {args.vocab}, {shape}, {args.device}, {args.precision}, median of {args.steps}")
     print(f"  minitransformer  {ms:8.1f} ms")
@@ -416,6 +433,15 @@ def main(argv=None) -> None:
         peer_ms = statistics.median(peer[args.warmup:]) * 1e3
         print(f"  torch            {peer_ms:8.1f} ms")
         print(f"  ratio            {ms / peer_ms:8.2f}  (minitransformer / torch; lower is better)")
+        figures |= {"torch_ms": peer_ms, "time_vs_torch": ms / peer_ms}
+    if args.record:
+        device = "emulated" if backend.is_emulated(args.device) else args.device
+        config = {"device": device, "setup": setup(args, p, world.world_size)}
+        if args.precision != "fp32":
+            config["precision"] = args.precision
+        path = records.record(__file__, sys.argv[1:] if argv is None else argv, config, figures,
+                              ranks=world.world_size)
+        print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from minitransformer import cli, data, decoding, export, files, nn  # noqa: E402
+from minitransformer import cli, data, decoding, export, files, nn, records  # noqa: E402
 from minitransformer.functional.attention import ScaledDotProductAttention  # noqa: E402
 from minitransformer.functional.layernorm import LayerNorm  # noqa: E402
 from minitransformer.functional.matmul import Linear  # noqa: E402
@@ -89,7 +89,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ours: time our search alone (CTranslate2 is not exported or run)")
     p.add_argument("--hyps", type=cli.output_file, help="write our hypotheses here, one line of token ids per sentence (to compare "
                    "two commits' outputs)")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/records/translate_speed.jsonl")
     return p
+
+
+def record(args, parser, argv: list[str], sentences: int, rows: dict) -> None:
+    """The run's line in benchmarks/records/translate_speed.jsonl: each engine's seconds and
+    our speed over CTranslate2 float32's (the median of the repeats' ratios, as printed). A
+    test set or batches other than the defaults' are part of the configuration."""
+    config = {"beam": args.beam, "alpha": args.alpha}
+    if args.limit != parser.get_default("limit"):
+        config["sentences"] = sentences
+    if args.max_tokens != parser.get_default("max_tokens"):
+        config["max_tokens"] = args.max_tokens
+    names = {"ours": "ours_s", "ct2 float32": "ct2_float32_s", "ct2 int8": "ct2_int8_s"}
+    figures = {names[name]: row["seconds"] for name, row in rows.items()}
+    if "vs_ct2_float32" in rows["ours"]:
+        figures["speed_vs_ct2"] = rows["ours"]["vs_ct2_float32"]
+    print(f"recorded in {records.record(__file__, argv, config, figures)}")
 
 
 def main(argv=None) -> dict:
@@ -156,6 +173,8 @@ def main(argv=None) -> dict:
     if args.json:
         with files.atomic_write(args.json) as f:
             f.write(json.dumps(result, indent=2) + "\n")
+    if args.record:
+        record(args, p, sys.argv[1:] if argv is None else argv, n, rows)
     return result
 
 

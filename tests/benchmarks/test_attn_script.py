@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from minitransformer import records
 from minitransformer.emulated import emulator
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attn.py"
@@ -22,8 +23,9 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     out = tmp_path / "attn.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--emulated", "--dtypes", "bf16", "fp32", "--causal", "yes",
-         "--head-dims", "32", "--seqs", "40", "--counts", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "MT_EMULATE_CUDA": "1"})
+         "--head-dims", "32", "--seqs", "40", "--counts", "--json", str(out), "--record"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "MT_EMULATE_CUDA": "1", "MT_RECORDS_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "EMULATED" in proc.stdout
     results = json.loads(out.read_text())
@@ -54,3 +56,26 @@ def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     assert [r["mma"] > 0 for r in ladder.values()] == [False, False, False, True]
     assert ladder["naive"]["sh_req"] == ladder["naive"]["barriers"] == 0 < ladder["tiled"]["barriers"]
     assert all(r["fwd_ms"] is None and r["global_KB"] >= r["ideal_KB"] for r in ladder.values())
+    # The record: a line per dtype (one mask), over the one case; no torch on the emulated device.
+    lines = records.read_bench(tmp_path / "attn.jsonl")
+    assert [r["config"] for r in lines] == [{"device": "emulated", "dtype": d, "causal": "yes"}
+                                            for d in ("bf16", "fp32")]
+    for line in lines:
+        assert set(line["figures"]) == {"tflops_max", "global_sectors_vs_fewest", "shared_wavefronts_vs_fewest",
+                                        "cases"}
+        assert line["figures"]["cases"] == 1 and line["figures"]["global_sectors_vs_fewest"] >= 1
+
+
+def test_the_cpu_run_records_a_line_per_mask(tmp_path):
+    argv = ["--cpu", "--head-dims", "8", "--causal", "no", "yes"]
+    env = {**os.environ, "MT_RECORDS_DIR": str(tmp_path)}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), *argv, "--record"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = records.read_bench(tmp_path / "attn.jsonl")
+    assert [r["config"] for r in lines] == [{"device": "cpu", "dtype": "fp32", "causal": c} for c in ("no", "yes")]
+    assert {r["command"] for r in lines} == {"python benchmarks/attn.py " + " ".join(argv + ["--record"])}
+    for line in lines:  # two sequence lengths at one head dim; the NumPy twin against the composite
+        assert set(line["figures"]) == {"twin_speed_vs_composite", "cases"} and line["figures"]["cases"] == 2
+        assert line["figures"]["twin_speed_vs_composite"] > 0

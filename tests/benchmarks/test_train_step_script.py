@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from minitransformer import nn
+from minitransformer import nn, records
 from tests.helpers import MULTI30K_DIR as DATA
 from tests.helpers import needs_multi30k
 
@@ -57,14 +58,24 @@ def test_source_and_target_lengths_count_apart():
     assert linear_flops(3, 7, 2) == 3 * 2 * (3 * 7 * per_source_row + 3 * 2 * per_target_row)
 
 
-def test_the_script_prints_the_floor_and_the_ratio():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--d-model", "32", "--d-ff", "64", "--layers", "1",
-                           "--vocab", "100", "--batch", "4", "--len", "6", "--steps", "2", "--warmup", "1"],
-                          capture_output=True, text=True, timeout=300)
+def test_the_script_prints_the_floor_and_the_ratio_and_records_them(tmp_path):
+    argv = ["--d-model", "32", "--d-ff", "64", "--layers", "1", "--vocab", "100", "--batch", "4", "--len", "6",
+            "--steps", "2", "--warmup", "1", "--record"]
+    env = {**os.environ, "MT_RECORDS_DIR": str(tmp_path)}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GEMM floor" in proc.stdout and "step / floor" in proc.stdout
     ratio = float(proc.stdout.split("step / floor")[1].split()[0])
     assert ratio > 0
+    (row,) = records.read_bench(tmp_path / "train_step.jsonl")
+    assert row["command"] == "python benchmarks/train_step.py " + " ".join(argv)
+    # The sizes that differ from the defaults name the row, beside the benchmark batch and one process.
+    assert row["config"] == {"device": "cpu", "setup": "benchmark batch, d_model 32, d_ff 64, layers 1, vocab 100, "
+                                                       "batch 4, len 6, one process"}
+    torch = importlib.util.find_spec("torch") is not None
+    assert set(row["figures"]) == {"ours_ms", "vs_gemm_floor"} | ({"torch_ms", "time_vs_torch"} if torch else set())
+    assert row["figures"]["vs_gemm_floor"] == pytest.approx(ratio, rel=5e-3)  # as printed, to its rounding
 
 
 def test_a_torch_that_cannot_run_on_cuda_is_skipped_in_one_line(tmp_path):
@@ -75,7 +86,9 @@ def test_a_torch_that_cannot_run_on_cuda_is_skipped_in_one_line(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text(
         '__version__ = "2.5.1+cpu"\n\n\nclass cuda:\n    @staticmethod\n    def is_available():\n        return False\n')
-    env = {**os.environ, "MT_EMULATE_CUDA": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SCRIPT.parents[1])])}
+    env = {**os.environ, "MT_EMULATE_CUDA": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SCRIPT.parents[1])]),
+           "MT_RECORDS_DIR": str(tmp_path / "records")}
+    (tmp_path / "records").mkdir()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--d-model", "32", "--d-ff", "64",
                            "--heads", "2", "--layers", "1", "--vocab", "64", "--batch", "4", "--len", "8", "--steps",
                            "1", "--warmup", "1"], capture_output=True, text=True, timeout=300, env=env)
@@ -83,6 +96,7 @@ def test_a_torch_that_cannot_run_on_cuda_is_skipped_in_one_line(tmp_path):
     assert "torch 2.5.1+cpu cannot run on cuda here (a CPU-only build, or no GPU): no peer to compare against" \
         in proc.stdout.splitlines()
     assert "GEMM floor" in proc.stdout
+    assert not list((tmp_path / "records").iterdir())  # nothing recorded without --record
 
 
 @needs_multi30k
