@@ -35,7 +35,7 @@ PY=${PYTHON:-$(command -v python || command -v python3)}
 DEADLINE=${GPU_CHECK_SECONDS:-480}
 # Each stage's sizes: the GPU's, or the emulated check's toys (the same commands otherwise).
 KERNEL_TESTS=() ATTN_SIZES=(--quick) COUNT_SIZES=(--quick --seqs 128) ALLREDUCE_MAX=256M STEP_MODEL=(--base --steps 10) SUITE_PICK=""
-WMT_SIZES=(--max-steps 100 --eval-every 100 --bleu-sample 50 --limit-test 200)
+WMT_SIZES=(--max-steps 100 --eval-every 100 --bleu-sample 50 --limit 4000)  # 200 validation and test pairs
 DATA=${GPU_CHECK_DATA:-.gpu_data/multi30k}
 NCU=${NCU:-ncu}
 if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
@@ -46,7 +46,7 @@ if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
     ALLREDUCE_MAX=64K
     STEP_MODEL=(--d-model 64 --d-ff 128 --heads 2 --layers 1 --vocab 64 --batch 4 --len 8 --steps 2 --warmup 1)
     SUITE_PICK=" and beam"
-    WMT_SIZES=(--max-steps 2 --eval-every 2 --bleu-sample 4 --limit-test 4 --limit-train 300
+    WMT_SIZES=(--max-steps 2 --eval-every 2 --bleu-sample 4 --limit 300
                --vocab-size 400 --d-model 32 --layers 1 --max-tokens 600 --warmup 10)
     DATA=${GPU_CHECK_DATA:-../shared/data/multi30k}
 fi

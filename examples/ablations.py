@@ -20,7 +20,7 @@ of train_wmt.py's ``multi30k`` preset, and the paper's variations are scaled to 
 ``--rows`` takes row names and group letters (``A,D`` or ``base,A1,E``); the base row is always
 trained, as the others are read against it. Every row is a train_wmt.py run in
 ``--out-dir/<row>``, with the same data, BPE vocabulary (trained once, in ``--out-dir``), seed,
-budget (``--max-steps``, ``--budget-minutes``) and checkpoint averaging, then scored as Table 3
+budget (``--max-steps``) and checkpoint averaging, then scored as Table 3
 is: train steps, dev perplexity per target BPE token, dev BLEU (sacreBLEU, beam 4, alpha 0.6)
 of the averaged model, parameters. The dev set is the validation split; no test set is read.
 
@@ -127,10 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=cli.output_folder, default=os.path.join("runs", "ablations"),
                    help="a folder per row, the shared BPE vocabulary, and the table")
     p.add_argument("--max-steps", type=cli.integer(1),
-                   help="optimiser steps per row (comparable on a busy machine)")
-    p.add_argument("--budget-minutes", type=cli.real(0.0, 1e6, low_open=True), help="training minutes per row")
+                   help="optimiser steps per row (comparable on a busy machine; needed unless --list)")
     p.add_argument("--eval-every", type=cli.integer(1), help="validate and checkpoint every N steps (default: a "
-                   "tenth of --max-steps, else 50)")
+                   "tenth of --max-steps)")
     p.add_argument("--average-last", type=cli.integer(1), default=4, help="checkpoints averaged for a row's score "
                    "(with the default --eval-every, the last 30%% of training)")
     p.add_argument("--bleu-sample", type=cli.integer(1), default=20, help="validation sentences beam-searched at "
@@ -141,20 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=cli.integer(1), default=BASE[field], help=f"the base row's {field}")
     # As train_wmt.py reads them (not given: the multi30k preset's, or no limit); a BPE vocabulary
     # has the 4 special ids and at least one piece more.
-    for flag, kind in (("--warmup", cli.integer(1)), ("--lr-factor", cli.real(0.0, 1e100, low_open=True)),
-                       ("--max-tokens", cli.integer(1)), ("--vocab-size", cli.integer(5)),
-                       ("--limit-train", cli.integer(1)), ("--limit-val", cli.integer(1))):
+    for flag, kind in (("--warmup", cli.integer(1)), ("--peak-lr", cli.real(0.0, 1.0, low_open=True)),
+                       ("--max-tokens", cli.integer(1)), ("--vocab-size", cli.integer(5)), ("--limit", cli.integer(1))):
         p.add_argument(flag, type=kind,
                        help="as in train_wmt.py (every row trains alone: --max-tokens is its whole batch)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    for flag in ("--lr-factor", "--limit-train", "--limit-val"):
+        p.add_removed(flag, train_wmt.REMOVED_OPTIONS[flag])
+    p.add_removed("--budget-minutes", "removed: each row trains for --max-steps, so that rows compare whatever "
+                                      "the machine's load")
     return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if not (args.list or args.max_steps or args.budget_minutes):
-        p.error("give each row a budget: --max-steps, --budget-minutes, or both")
+    if not (args.list or args.max_steps):
+        p.error("give each row a budget: --max-steps")
     args.base = {**BASE, "d_model": args.d_model, "d_ff": args.d_ff, "h": args.heads,
                  "num_encoder_layers": args.layers, "num_decoder_layers": args.layers}
     args.preprocess = PRESET.preprocess  # the preset's text, for train_wmt.read_data
@@ -199,12 +201,12 @@ def row_run_args(args, row: Row, progress: bool) -> argparse.Namespace:
     # train_wmt.py's preset chose for its own test figure), so that a resumed sweep stays comparable.
     run_args = train_wmt.parse_args(["--out-dir", out_dir, "--beam", str(BEAM), "--alpha", str(ALPHA),
                                      "--length-penalty", "gnmt"])
-    run_args.argv = None  # train.jsonl records the command that runs this sweep (train_wmt.command_line)
+    run_args.argv = None  # train.jsonl records the command that runs this sweep (run_folder.command_line)
     vars(run_args).update(
-        data_dir=args.data_dir, seed=args.seed, max_steps=args.max_steps, time_budget=args.budget_minutes,
-        eval_every=args.eval_every or (max(1, args.max_steps // 10) if args.max_steps else 50),
+        data_dir=args.data_dir, seed=args.seed, max_steps=args.max_steps,
+        eval_every=args.eval_every or max(1, args.max_steps // 10),
         average_last=args.average_last, bleu_sample=args.bleu_sample, warmup=args.warmup,
-        lr_factor=args.lr_factor, max_tokens=args.max_tokens, limit_train=args.limit_train,
+        peak_lr=args.peak_lr, max_tokens=args.max_tokens, limit=args.limit,
         vocab_size=args.vocab_size, no_progress=not progress, resume=os.path.exists(os.path.join(out_dir, "last.npz")))
     return run_args
 
@@ -216,8 +218,7 @@ def train_row(args, row: Row, corpus, rank: int, progress: bool) -> dict:
     run_args = row_run_args(args, row, progress)
     with lock_folder(run_args.out_dir):
         train, val, tok = corpus
-        preset = dataclasses.replace(PRESET, model={**args.base, **row.changes},
-                                     max_steps=None, time_budget=None)  # our budget
+        preset = dataclasses.replace(PRESET, model={**args.base, **row.changes}, max_steps=None)  # our budget
         alone = distributed.World(0, 1, 0, "cpu", distributed.LocalCommunicator("cpu"))
         run = train_wmt.prepare(run_args, preset, alone, train, val, tok)
         step, history_s = train_wmt.start_or_resume(run)
@@ -287,7 +288,7 @@ def main(argv=None) -> list[dict] | None:
     with atomic_write(os.path.join(args.out_dir, "table.md")) as f:
         f.write(table)
     write_json(os.path.join(args.out_dir, "table.json"),
-               dict(budget=dict(max_steps=args.max_steps, budget_minutes=args.budget_minutes), rows=results))
+               dict(budget=dict(max_steps=args.max_steps), rows=results))
     plot(results, os.path.join(args.out_dir, "ablations.png"))
     print(table)
     return results
@@ -312,11 +313,9 @@ def markdown_table(results: list[dict], args) -> str:
         cells = [str(r[k]) if r is base or r[k] != base[k] else "" for k, _ in COLUMNS]
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {r['dev_ppl']:.2f} | {r['dev_bleu']:.1f} | {r['params'] / 1e6:.2f} |")
-    budget = " and ".join(filter(None, [args.max_steps and f"{args.max_steps} steps",
-                                        args.budget_minutes and f"{args.budget_minutes:g} minutes"]))
     return ("\n".join(lines) + "\n\n"
-            f"Multi30k EN→DE, dev = the validation split ({base['dev_sentences']} sentences), at most {budget} "
-            f"a row. Perplexity per target BPE token; BLEU by sacreBLEU ({base['signature']}), beam 4, α 0.6, "
+            f"Multi30k EN→DE, dev = the validation split ({base['dev_sentences']} sentences), {args.max_steps} "
+            f"steps a row. Perplexity per target BPE token; BLEU by sacreBLEU ({base['signature']}), beam 4, α 0.6, "
             f"of the average of the last {len(base['averaged'])} checkpoints.\n")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import minitransformer as mt
 from minitransformer import backend, cli, nn
 from minitransformer.decoding import beam_search, greedy_decode
-from minitransformer.optim import Adam, WarmupInverseSqrtSchedule
+from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, schedule_factor
 from minitransformer.train import train_step
 
 PAD, BOS, EOS, FIRST_SYMBOL = 0, 2, 3, 4
@@ -64,7 +64,8 @@ def train(model, args, rng: np.random.Generator, stop=None) -> list[float]:
     given, is asked at each log line; True ends the training there (the tour stops once the
     cross-attention is diagonal)."""
     optimizer = Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = WarmupInverseSqrtSchedule(optimizer, args.d_model, warmup=args.warmup, factor=args.lr_factor)
+    factor = schedule_factor(args.peak_lr, args.d_model, args.warmup) if args.peak_lr else 1.0  # 1: the paper's
+    schedule = WarmupInverseSqrtSchedule(optimizer, args.d_model, warmup=args.warmup, factor=factor)
     losses, start = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         src, tgt_in, tgt_out, _ = make_batch(rng, args.batch_size, args.vocab, args.min_len, args.max_len, args.task)
@@ -111,11 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-smoothing", type=cli.real(0.0, 1.0, high_open=True), default=0.1,
                    help="epsilon_ls, in [0, 1)")
     p.add_argument("--warmup", type=cli.integer(1), default=200, help="warmup steps of the schedule")
-    p.add_argument("--lr-factor", type=cli.real(0.0, 1e100, low_open=True), default=1.0,
-                   help="scale of the paper's schedule")
+    p.add_argument("--peak-lr", type=cli.real(0.0, 1.0, low_open=True),
+                   help="the schedule's largest rate, at the end of --warmup (default: the paper's schedule, "
+                        "which peaks at (d_model * warmup)^-0.5)")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model trains")
     p.add_argument("--seed", type=cli.integer(0), default=0, help="seeds the model, the data and the evaluation")
     p.add_argument("--log-every", type=cli.integer(1), default=100, help="print the loss every N steps")
+    p.add_removed("--lr-factor", "--peak-lr (the schedule's largest rate, at the end of --warmup)")
     return p
 
 

@@ -26,15 +26,12 @@ test.tok.de, the Moses tokens, for a moses-lc run), bleu.json and curves.png.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import glob
 import json
 import logging
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -42,15 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import minitransformer as mt
-from minitransformer import backend, cli, data, decoding, distributed, files, nn, records
+from minitransformer import backend, cli, data, decoding, distributed, files, nn, records, run_folder
 from minitransformer.amp import PRECISIONS, GradScaler, autocast, scaler_for
 from minitransformer.bleu import bleu, bleu_literature, bleu_scores
-from minitransformer.checkpoint import (
-    CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint, verify_checkpoint,
-)
+from minitransformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, restore, save_checkpoint
 from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, noam_lr, schedule_factor
+from minitransformer.run_folder import ResumeError, checkpoint_step, checkpoints, code_commit
 from minitransformer.train import DivergenceDetector, EarlyStopping, accumulated_step, evaluate_loss, format_ppl
 
 log = logging.getLogger("train_wmt")
@@ -63,15 +59,13 @@ class Preset:
     model: dict  # TransformerConfig fields
     max_tokens: int  # per step and side, padding included, all ranks together
     warmup: int
-    lr_factor: float
+    lr_factor: float  # the schedule's factor (section 5.3), unless peak_lr names its peak
     epochs: int
     max_len: int
     average_last: int
     max_steps: int | None = None  # None: no limit
-    time_budget: float | None = None  # minutes
     beam: int = decoding.BEAM  # beam search: the paper's unless a preset chose its own
     alpha: float = decoding.ALPHA
-    bpe_dropout: float = 0.0  # subword regularization of the training side (0: the paper's fixed BPE)
     preprocess: str = "raw"  # data.moses.PREPROCESSING: what is done to the text before BPE
     adam_eps: float = 1e-9  # section 5.3
     clip_norm: float = 0.0  # the gradients' largest global norm (0: not clipped, as in the paper)
@@ -86,8 +80,8 @@ PRESETS = {
     # (benchmarks/RESULTS.md): a 3+3-layer model of d_model 128 with P_drop 0.2 fits 2.3 times
     # as many steps into it as one of d_model 256, which overfits Multi30k within the hour; beam 8 and
     # alpha 2.0 (examples/tune_decoding.py), as these models' translations run short. A step
-    # count, not a time budget, ends the run (about an hour on 2 quiet cores), so that its result
-    # depends on the seed alone, not on how busy the machine is.
+    # count ends the run (about an hour on 2 quiet cores), so that its result depends on the
+    # seed alone, not on how busy the machine is.
     "multi30k": Preset("multi30k", "multi30k",
                        dict(d_model=128, d_ff=512, h=4, num_encoder_layers=3, num_decoder_layers=3,
                             dropout=0.2, label_smoothing=0.1),
@@ -150,13 +144,25 @@ class Budget:
     """When training stops, and how often it validates and saves a checkpoint."""
     epochs: int
     max_steps: float  # math.inf: no limit
-    seconds: float  # math.inf: no limit; the time trained before a resume counts
     eval_every: int
 
-    def spent(self, step: int, seconds: float, epochs: float) -> float:
-        """The share of the budget spent (0 to 1) after ``step`` steps, ``seconds`` trained and
-        ``epochs`` (fractional) seen: the largest of the three, as the first limit ends the run."""
-        return min(1.0, max(step / self.max_steps, seconds / self.seconds, epochs / self.epochs))
+    def spent(self, step: int, epochs: float) -> float:
+        """The share of the budget spent (0 to 1) after ``step`` steps and ``epochs`` (fractional)
+        seen: the larger of the two, as the first limit ends the run."""
+        return min(1.0, max(step / self.max_steps, epochs / self.epochs))
+
+
+# Options this program had, and what took their place (a run recorded with them resumes as
+# run_folder.REMOVED says).
+REMOVED_OPTIONS = {
+    "--limit-train": "--limit N (N training pairs, N/20 of validation and test)",
+    "--limit-val": "--limit N (N training pairs, N/20 of validation and test)",
+    "--limit-test": "--limit N (N training pairs, N/20 of validation and test)",
+    "--lr-factor": "--peak-lr (the schedule's largest rate, at the end of --warmup)",
+    "--time-budget": "removed: a run ends at its --max-steps or --epochs, so that its result depends on its seed "
+                     "alone",
+    "--bpe-dropout": "removed: BPE-dropout is a study now (experiments/bpe_dropout/), not a training option",
+}
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -178,8 +184,6 @@ def build_parser() -> cli.ArgumentParser:
                    "batches (default: the preset's)")
     p.add_argument("--epochs", type=cli.integer(1), help="epochs to train (default: the preset's)")
     p.add_argument("--max-steps", type=cli.integer(1), help="stop after this many optimiser steps (default: the preset's)")
-    p.add_argument("--time-budget", type=cli.real(0.0, 1e6, low_open=True),
-                   help="stop training after this many minutes (default: the preset's; none for multi30k)")
     p.add_argument("--eval-every", type=cli.integer(0), default=0, help="validate and checkpoint every N steps "
                    "(0: every as many steps as epoch 0 has, about once per epoch)")
     p.add_argument("--bleu-sample", type=cli.integer(0),
@@ -204,28 +208,20 @@ def build_parser() -> cli.ArgumentParser:
                    help="what alpha shapes: gnmt, ((5 + |Y|) / 6)^alpha (Wu et al., 2016, as the paper), or fairseq, "
                         "|Y|^alpha (its --lenpen) (default: the preset's)")
     p.add_argument("--warmup", type=cli.integer(1), help="warmup steps of the schedule (default: the preset's)")
-    lr = p.add_mutually_exclusive_group()
     # Any finite rate computes (a runaway one is what the divergence detector stops); 1e100 keeps
     # the schedule's products finite.
-    lr.add_argument("--lr-factor", type=cli.real(0.0, 1e100, low_open=True),
-                    help="scale of the schedule of section 5.3 (default: the preset's)")
-    lr.add_argument("--peak-lr", type=cli.real(0.0, 1.0, low_open=True),
-                    help="the schedule's largest rate, reached at the end of --warmup, as fairseq's --lr with "
-                         "inverse_sqrt: sets --lr-factor to peak * sqrt(d_model * warmup)")
+    p.add_argument("--peak-lr", type=cli.real(0.0, 1e100, low_open=True),
+                   help="the schedule's largest rate, reached at the end of --warmup, as fairseq's --lr with "
+                        "inverse_sqrt: the schedule of section 5.3 scaled to peak there (default: the preset's)")
     p.add_argument("--adam-eps", type=cli.real(0.0, 1.0, low_open=True), help="Adam's epsilon (default: the preset's)")
     p.add_argument("--clip-norm", type=cli.real(0.0, 1e9),
                    help="scale the gradients down to this global norm when above it (0: never; default: the preset's)")
-    p.add_argument("--limit-train", type=cli.integer(1), help="use only the first N training pairs (smoke tests)")
-    p.add_argument("--limit-val", type=cli.integer(1), help="validate on only the first N validation pairs")
-    p.add_argument("--limit-test", type=cli.integer(1), help="translate only the first N test sentences")
+    p.add_argument("--limit", type=cli.integer(1), help="a toy size: the first N training pairs, and the first "
+                   "N/20 (at least 10) of validation and test")
     p.add_argument("--preprocess", choices=data.moses.PREPROCESSING,
                    help="what is done to the text before BPE: raw (nothing), or moses-lc (lowercased, punctuation "
                         "normalized and Moses-tokenized, as the Multi30k literature's text; default: the preset's)")
     p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
-    p.add_argument("--bpe-dropout", type=cli.real(0.0, 1.0, high_open=True),
-                   help="BPE-dropout of the training side: a new segmentation each epoch, each possible merge "
-                        "removed with this probability at every step (Provilkov et al., 2020, who use 0.1; "
-                        "0: off; default: the preset's)")
     p.add_argument("--d-model", type=cli.integer(1), help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--d-ff", type=cli.integer(1), help="d_ff, the inner width of the feed-forward layers "
                    "(default: the preset's, or 4 * --d-model)")
@@ -237,6 +233,8 @@ def build_parser() -> cli.ArgumentParser:
                    "optimiser steps in a row skipped for a non-finite loss or gradient (a diverged run)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs still go to stderr)")
     p.add_debug()
+    for flag, replacement in REMOVED_OPTIONS.items():
+        p.add_removed(flag, replacement)
     return p
 
 
@@ -265,26 +263,26 @@ def load_data(args, preset: Preset, world, with_test: bool = True):
 
 
 def read_data(args, preset: Preset, world, with_test: bool = True):
-    """(train, val, test) as --data-dir and the --limit-* flags give them (downloaded first
-    if missing), train and val as --preprocess makes them (test stays raw: finish() preprocesses
+    """(train, val, test) as --data-dir and --limit give them (downloaded first if missing),
+    train and val as --preprocess makes them (test stays raw: finish() preprocesses
     its source and scores against its raw references too); test is None unless ``with_test``."""
     data_dir = args.data_dir or os.path.join("data", preset.corpus)
     with distributed.main_process_alone(world) as main:
         if main:
             ensure_dataset(preset.corpus, data_dir)
-    train = data.load_corpus(preset.corpus, data_dir, "train")
-    if args.limit_train:
-        train = train.subset(range(min(args.limit_train, len(train))))
-    val = data.load_corpus(preset.corpus, data_dir, "val")
-    if args.limit_val:
-        val = val.subset(range(min(args.limit_val, len(val))))
+    train = limited(data.load_corpus(preset.corpus, data_dir, "train"), args.limit)
+    val = limited(data.load_corpus(preset.corpus, data_dir, "val"), args.limit and max(args.limit // 20, 10))
     train, val = (data.moses.preprocess_corpus(c, args.preprocess) for c in (train, val))
     test = None
     if with_test:
         test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
-        if args.limit_test:
-            test = test.subset(range(min(args.limit_test, len(test))))
+        test = limited(test, args.limit and max(args.limit // 20, 10))
     return train, val, test
+
+
+def limited(corpus: data.ParallelCorpus, n: int | None) -> data.ParallelCorpus:
+    """The first ``n`` pairs of ``corpus`` (None: all of it)."""
+    return corpus.subset(range(min(n, len(corpus)))) if n else corpus
 
 
 def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer:
@@ -319,10 +317,9 @@ def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
 
 
 def lr_factor(args, preset: Preset, d_model: int, warmup: int) -> float:
-    """The schedule's factor: --peak-lr's, --lr-factor, or the preset's (its peak_lr's if it
-    names one)."""
-    peak = args.peak_lr or (None if args.lr_factor else preset.peak_lr)
-    return schedule_factor(peak, d_model, warmup) if peak else args.lr_factor or preset.lr_factor
+    """The schedule's factor: --peak-lr's, or the preset's (its peak_lr's if it names one)."""
+    peak = args.peak_lr or preset.peak_lr
+    return schedule_factor(peak, d_model, warmup) if peak else preset.lr_factor
 
 
 def build(args, preset: Preset, tok) -> nn.Transformer:
@@ -346,18 +343,6 @@ def kept_checkpoints(args) -> float:
     if args.keep_checkpoints is None:
         return average_last(args)
     return math.inf if args.keep_checkpoints == 0 else max(args.keep_checkpoints, average_last(args))
-
-
-def checkpoint_step(path: str) -> int | None:
-    """The step of ckpt-<step>.npz; None for another ckpt-*.npz (a user's ckpt-best.npz)."""
-    stem = os.path.basename(path)[len("ckpt-"):-len(".npz")]
-    return int(stem) if stem.isdigit() else None
-
-
-def checkpoints(out_dir: str) -> list[str]:
-    """Step checkpoints ckpt-<step>.npz, oldest first."""
-    steps = {p: checkpoint_step(p) for p in glob.glob(os.path.join(out_dir, "ckpt-*.npz"))}
-    return sorted((p for p, s in steps.items() if s is not None), key=steps.get)
 
 
 def plot_curves(log_path: str, png_path: str) -> None:
@@ -394,65 +379,28 @@ class SetupError(Exception):
 # Errors a user can act on, each with a message that says what is wrong and what to do: one
 # line each (the traceback only with --debug), as argparse's own errors. Interrupts and OSErrors
 # on the run's files are told in one line too (minitransformer.cli).
-USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError, files.FolderInUse, records.RecordError)
+USER_ERRORS = (data.CorpusError, DownloadError, CheckpointError, SetupError, ResumeError, files.FolderInUse,
+               records.RecordError)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     return cli.run(lambda _: train_and_evaluate(args), argv, debug=args.debug, user_errors=USER_ERRORS,
-                   on_interrupt=lambda: interrupted(args, argv))
-
-
-def command_line(argv: list[str] | None, world) -> list[str]:
-    """The command that started this process as a user types it: mpiexec and its ranks, the
-    script (called in-process, by its path from here if that is shorter) and its arguments."""
-    script = sys.argv[0] if argv is None else min(os.path.relpath(__file__), os.path.abspath(__file__), key=len)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ranks = ["mpiexec", "-n", str(world.world_size)] if world is not None and world.world_size > 1 else []
-    return ranks + ["python", script] + argv
-
-
-def code_commit() -> str | None:
-    """The commit of the code that runs, "+" marking uncommitted changes to tracked files; None
-    outside a git checkout (an installed copy)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True)
-    except OSError:  # no git
-        return None
-    if head.returncode:
-        return None
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-
-
-def interrupted(args, argv) -> str | bool:
-    """The line an interrupted run ends with: the command that continues it (rank 0 alone
-    speaks; the others end quietly)."""
-    try:
-        world = distributed.get_world()
-    except RuntimeError:  # interrupted before distributed.init
-        world = None
-    if world is not None and not world.is_main:
-        return False
-    if not os.path.exists(os.path.join(args.out_dir, "last.npz")):
-        return "no checkpoint was written yet, so there is nothing to resume: run the command again to start over"
-    command = command_line(argv, world)
-    return f"continue with: {shlex.join(command + ([] if '--resume' in command else ['--resume']))}"
+                   on_interrupt=lambda: run_folder.resume_hint(args.out_dir, __file__, argv))
 
 
 def train_and_evaluate(args) -> dict:
     preset = PRESETS[args.preset]
     world = distributed.init(args.device)
     step_tokens(args, preset, world)  # a bad --max-tokens is refused before anything is read or written
+    def open_record():  # before minutes of reading, vocabulary training and encoding
+        return run_folder.open_record(args, lambda vocab_size: model_config(args, preset, vocab_size))
+
     if args.resume and not os.path.isdir(args.out_dir):
-        check_resume_flags(args, preset)  # says there is no run to resume, and makes no folder
-    with own_folder(args.out_dir, world):
-        saved = {}
-        if args.resume:  # before minutes of reading, vocabulary training and encoding
-            saved = check_resume_flags(args, preset)
+        open_record()  # says there is no run to resume, and makes no folder
+    with run_folder.hold(args.out_dir, world):
+        saved = open_record() if args.resume else {}
         for key in ("beam", "alpha", "length_penalty"):  # not given: the run's own (a resumed run keeps its
             # beam search), or the preset's
             if getattr(args, key) is None:
@@ -460,28 +408,14 @@ def train_and_evaluate(args) -> dict:
         if args.keep_checkpoints is None:  # a resumed run keeps what it kept: its curve's checkpoints survive
             args.keep_checkpoints = saved.get("args", {}).get("keep_checkpoints")
         train, val, test = read_data(args, preset, world)
-        if args.resume:
-            check_same_data(args, saved, train)  # before the tokenizer is trained into the folder
+        if args.resume:  # before the tokenizer is trained into the folder
+            run_folder.check_data(args, saved, train, args.data_dir or os.path.join("data", preset.corpus))
         tok = tokenizer(args, preset, world, train)
         run = prepare(args, preset, world, train, val, tok)
         step, history_s = start_or_resume(run)
         step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
         with distributed.main_process_alone(world) as main:
             return finish(run, test, step, train_seconds) if main else {}
-
-
-@contextlib.contextmanager
-def own_folder(out_dir: str, world):
-    """The run's hold on --out-dir, from its first moment to its end (rank 0 takes it for all
-    ranks): a second run started into it is refused, and so is a --resume while it runs."""
-    if not world.is_main:
-        yield
-        return
-    with files.lock_folder(out_dir) as left:
-        if left:
-            log.warning("%s was held by a run that ended without releasing it (%s): taking it over",
-                        out_dir, left)
-        yield
 
 
 def step_tokens(args, preset: Preset, world) -> int:
@@ -509,11 +443,9 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     ddp = distributed.DistributedDataParallel(model, world) if world.world_size > 1 else None
     amp_dtype = PRECISIONS[args.precision]
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
-    dropout = preset.bpe_dropout if args.bpe_dropout is None else args.bpe_dropout
-    resegment = data.SampledSegmentation(tok, train.src, train.tgt, dropout, args.seed) if dropout else None
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
                                 max_tokens=step_tokens(args, preset, world), max_len=preset.max_len,
-                                seed=args.seed, rank=world.rank, world_size=world.world_size, resegment=resegment)
+                                seed=args.seed, rank=world.rank, world_size=world.world_size)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
                                               shuffle=False).iter_epoch(0)]
@@ -538,9 +470,10 @@ def start_or_resume(run: Run) -> tuple[int, float]:
     last_path = os.path.join(args.out_dir, "last.npz")
     if args.resume:
         if run.world.is_main:
-            remove_unfinished_writes(args.out_dir)
+            run_folder.remove_unfinished_writes(args.out_dir)
         ckpt = load_checkpoint(last_path)
-        check_resume(args, ckpt, run, last_path)
+        run_folder.check_resume(args, ckpt, os.path.basename(run.tok.path),
+                                checkpoints(args.out_dir)[-average_last(args):] if run.world.is_main else [])
         restore(ckpt, run.model, run.optimizer, run.schedule, scaler=run.scaler)
         if "divergence" in ckpt.extra:  # checkpoints from before the detector have none
             run.detector.load_state_dict(ckpt.extra["divergence"])
@@ -550,10 +483,10 @@ def start_or_resume(run: Run) -> tuple[int, float]:
             run.batcher.load_state_dict(ckpt.extra["batcher"])
         except ValueError as e:  # --max-tokens, --seed, the data subset, the ranks or the code changed
             old = ckpt.extra["batcher"].get("batching") != data.batching.BATCHING
-            raise SetupError(f"{last_path}: {e}; " + (
+            raise ResumeError(f"{last_path}: {e}; " + (
                 "the run's batches were made by an earlier version of the batcher, which this code cannot "
                 "continue exactly: finish it with that version, or start a new run"
-                if old else "resume with the run's --max-tokens, --seed, --limit-train and number of ranks, or "
+                if old else "resume with the run's --max-tokens, --seed, --limit and number of ranks, or "
                 "start a new run")) from e
         step = ckpt.extra["step"]
         if run.world.is_main:
@@ -562,7 +495,7 @@ def start_or_resume(run: Run) -> tuple[int, float]:
             if before != args.patience:
                 log.info("--patience %d where the run had %d (0: never): it goes on as a run with --patience %d "
                          "from the start would have", args.patience, before, args.patience)
-            truncate_log(run.log_path, step)
+            run_folder.truncate_log(run.log_path, step)
             log_start(run, step)
             averaged_copy = os.path.join(args.out_dir, f"ckpt-{step}.npz")
             if not os.path.exists(averaged_copy):  # killed between the two writes of validate_and_save
@@ -572,7 +505,7 @@ def start_or_resume(run: Run) -> tuple[int, float]:
         raise SystemExit(f"error: {args.out_dir} holds checkpoints of an earlier run: pass --resume to "
                          f"continue it, or choose another --out-dir")
     if run.world.is_main:
-        remove_unfinished_writes(args.out_dir)
+        run_folder.remove_unfinished_writes(args.out_dir)
         if os.path.exists(run.log_path):
             os.remove(run.log_path)  # a fresh run starts a fresh log
         log_start(run, 0)
@@ -583,17 +516,16 @@ def log_start(run: Run, step: int) -> None:
     """train.jsonl's line for the start of each part of a run (the first, and every --resume):
     its command, the code's commit, the seed and when, so that a figure from the run says what
     made it."""
-    append_record(run.log_path, dict(kind="start", step=step, command=shlex.join(command_line(run.args.argv, run.world)),
+    command = run_folder.command_line(__file__, run.args.argv, run.world)
+    append_record(run.log_path, dict(kind="start", step=step, command=shlex.join(command),
                                      commit=code_commit(), seed=run.args.seed,
                                      time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
 
 
 def training_budget(args, preset: Preset, batcher: data.TokenBatcher) -> Budget:
     """The flags' limits, or the preset's; validation about once an epoch unless --eval-every."""
-    minutes = args.time_budget or preset.time_budget
     return Budget(epochs=args.epochs or preset.epochs,
                   max_steps=args.max_steps or preset.max_steps or math.inf,
-                  seconds=minutes * 60 if minutes else math.inf,
                   eval_every=args.eval_every or math.ceil(batcher.steps_per_epoch(0) / args.accumulate))
 
 
@@ -604,24 +536,11 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
     uninterrupted one. Rank 0 logs every ``--log-every`` steps, and validates and saves a
     checkpoint every ``budget.eval_every`` steps and when training stops (the other ranks wait).
     ``--max-skipped`` steps in a row skipped for a non-finite loss or gradient end the run with
-    an error: it has diverged. ``history_s`` (seconds trained before a resume) counts against
-    the time budget.
+    an error: it has diverged. ``history_s`` (seconds trained before a resume) counts in the
+    seconds trained.
     """
     args, world = run.args, run.world
     start = time.perf_counter() - history_s
-
-    def out_of_time() -> bool:
-        late = time.perf_counter() - start >= budget.seconds
-        if world.world_size > 1:  # one rank's clock must not stop it alone: agree
-            late = bool(world.comm.all_reduce_scalar(int(late), "max"))
-        return late
-
-    if history_s >= budget.seconds:  # a resumed run that had spent its budget trains no more
-        if world.is_main:
-            log.warning("this run already trained for its %.1f-minute budget: pass a larger --time-budget "
-                        "to train it further", budget.seconds / 60)
-        run.stop_reason = "time budget"
-        return step, history_s
     if run.early_stop is not None and run.early_stop.bad >= run.early_stop.patience:  # a resumed run that had
         run.stop_reason = patience_reason(run.early_stop)                              # stopped early
         return step, history_s
@@ -659,10 +578,9 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
             log_step(run, step, batch.epoch, result, rate.read(), time.perf_counter() - start, progress)
         if progress is not None:
             epochs = batch.epoch + (batch.step + 1) / run.batcher.steps_per_epoch(batch.epoch)
-            progress.update(100 * budget.spent(step, time.perf_counter() - start, epochs) - progress.n)
+            progress.update(100 * budget.spent(step, epochs) - progress.n)
 
-        late = out_of_time()
-        done = step >= budget.max_steps or late
+        done = step >= budget.max_steps
         patience_spent = False
         if step % budget.eval_every == 0 or done:
             with distributed.main_process_alone(world) as main:
@@ -670,10 +588,8 @@ def train_loop(run: Run, step: int, history_s: float, budget: Budget) -> tuple[i
                     patience_spent = validate_and_save(run, step, start, supersede=near_copy, final=done)
             if world.world_size > 1:  # rank 0 alone validated: it tells the others
                 patience_spent = bool(world.comm.all_reduce_scalar(int(patience_spent), "max"))
-            if not done and out_of_time():  # the validation spent the budget: stop at its checkpoint,
-                done = late = True         # not one step later with a near copy of it
         if done or patience_spent:
-            stop_reason = "time budget" if late else "max steps" if done else patience_reason(run.early_stop)
+            stop_reason = "max steps" if done else patience_reason(run.early_stop)
             break
     if progress is not None:
         progress.close()
@@ -719,7 +635,7 @@ def stop_diverged(run: Run, step: int, why: str) -> None:
     else:
         kept = "It wrote no checkpoint before it diverged"
     raise SystemExit(f"error: training diverged at step {step}: {why}. {kept}. Start a new run with a lower "
-                     f"--lr-factor or a longer --warmup")
+                     f"--peak-lr or a longer --warmup")
 
 
 def append_record(path: str, record: dict) -> None:
@@ -751,8 +667,8 @@ class TokenRate:
 
 def progress_bar(run: Run, step: int, budget: Budget):
     """A tqdm bar on rank 0 (None elsewhere, or with --no-progress) of the share of the budget
-    spent, in percent: of the time, the steps or the epochs, whichever ends the run first, so
-    that its time left is the run's (a time-bounded run is not shown as the 19,400 steps its
+    spent, in percent: of the steps or the epochs, whichever ends the run first, so that its
+    time left is the run's (a step-bounded run is not shown as the 19,400 steps its
     epochs would take)."""
     if not run.world.is_main or run.args.no_progress:
         return None
@@ -776,131 +692,13 @@ def log_step(run: Run, step: int, epoch: int, result, tokens_per_s: float, secon
                              tok_s=f"{tokens_per_s:.0f}", epoch=epoch)
 
 
-def check_resume_flags(args, preset: Preset) -> dict:
-    """What --resume can check from the flags alone: that there is a run, and that these flags
-    build the model it holds (in one line naming the flag, not a traceback per parameter; the
-    vocabulary is the tokenizer's, which check_resume compares). Returns the run's saved flags."""
-    path = os.path.join(args.out_dir, "last.npz")
-    if not os.path.exists(path):
-        raise SystemExit(f"error: --resume: {path} does not exist, so {args.out_dir} holds no run to "
-                         f"continue; drop --resume to start one there")
-    meta = load_checkpoint(path, metadata_only=True)
-    saved = meta.config or {}
-    now = vars(model_config(args, preset, saved.get("vocab_size", 1)))
-    for flag, key in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--layers", "num_encoder_layers"),
-                      ("--layers", "num_decoder_layers"), ("--dropout", "dropout"),
-                      ("--label-smoothing", "label_smoothing")):
-        if key in saved and saved[key] != now[key]:
-            raise SystemExit(f"error: {path} holds a model with {flag} {saved[key]}, but these settings give "
-                             f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")
-    differ = [f"{k} {saved[k]} (now {now[k]})" for k in saved if k in now and saved[k] != now[k]]
-    if differ:
-        raise SystemExit(f"error: {path} holds a model with {', '.join(differ)}: resume with the run's "
-                         f"--preset and model flags, or start a new run")
-    # Another precision would train on from a loss scale and rounding the run never had, another
-    # --accumulate on steps of another size, and from other batches.
-    flags = meta.extra.get("args", {})
-    if "precision" in flags and flags["precision"] != args.precision:
-        raise SetupError(f"{path} was trained with --precision {flags['precision']}, not {args.precision}: "
-                         f"resume with --precision {flags['precision']}, or start a new run")
-    # Another optimiser would make the run's figure one of no recipe.
-    for flag, key in (("--adam-eps", "adam_eps"), ("--clip-norm", "clip_norm")):
-        if key in flags and flags[key] != getattr(args, key):
-            raise SetupError(f"{path} was trained with {flag} {flags[key]}, not {getattr(args, key)}: resume with "
-                             f"{flag} {flags[key]}, or start a new run")
-    # The stopping rule decides only where a run ends, never what it trains on, so a longer
-    # patience (or none, 0) continues the very run it would have been from the start; a shorter
-    # one might have stopped it earlier than where it is.
-    if "patience" in flags and not patience_extends(flags["patience"], args.patience):
-        raise SetupError(f"{path} was trained with --patience {flags['patience']}, not {args.patience}: a shorter "
-                         f"patience might have stopped it before now; resume with --patience {flags['patience']} "
-                         f"or longer (0: never), or start a new run")
-    if flags.get("accumulate", 1) != args.accumulate:
-        raise SetupError(f"{path} was trained with --accumulate {flags.get('accumulate', 1)}, not {args.accumulate}: "
-                         f"resume with --accumulate {flags.get('accumulate', 1)}, or start a new run")
-    return meta.extra
-
-
-def patience_extends(before: int, now: int) -> bool:
-    """Whether --patience ``now`` stops a run no earlier than ``before`` does, wherever it is (0: never)."""
-    return now == before or now == 0 or (before != 0 and now > before)
-
-
-def _with(flag: str, value) -> str:
-    """How a run was trained as to ``flag``: "with --x 3", or "without --x" when it was not given."""
-    return f"without {flag}" if value is None else f"with {flag} {value}"
-
-
-def check_same_data(args, saved: dict, train) -> None:
-    """Refuse, naming the flag or the data, to resume on other training data than the run's
-    (``saved``: its last checkpoint's extra). Runs from before the corpus fingerprint have only
-    the tokenizer's check (check_resume)."""
-    path = os.path.join(args.out_dir, "last.npz")
-    flags = saved.get("args", {})
-    for flag, key in (("--limit-train", "limit_train"), ("--vocab-size", "vocab_size"),
-                      ("--bpe-dropout", "bpe_dropout"), ("--preprocess", "preprocess")):
-        if key in flags and flags[key] != getattr(args, key):
-            raise SetupError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
-                             f"resume {_with(flag, flags[key])}, or start a new run")
-    corpus = saved.get("corpus")
-    if corpus is not None and corpus["fingerprint"] != train.fingerprint:
-        raise SetupError(f"{path} was trained on other data than {len(train)} pairs of "
-                         f"{args.data_dir or 'data/' + PRESETS[args.preset].corpus} give now ({corpus['pairs']} "
-                         f"pairs, fingerprint {corpus['fingerprint']}, now {train.fingerprint}): resume with the "
-                         f"run's training data, or start a new run")
-
-
-def check_resume(args, ckpt, run: Run, path: str) -> None:
-    """Refuse, in one line naming the flag, to resume with settings the checkpoint would silently
-    override or contradict; and check the checkpoints that finish() will average, so that a bad
-    one is found now, not after training."""
-    saved_tok = ckpt.extra.get("tokenizer")
-    if saved_tok is not None and saved_tok != os.path.basename(run.tok.path):
-        raise SystemExit(f"error: {path} was trained with the tokenizer {saved_tok}, but these settings give "
-                         f"{os.path.basename(run.tok.path)}: resume with the run's --limit-train and --vocab-size")
-    sched = ckpt.schedule or {}
-    for flag, key, value in (("--warmup", "warmup", args.warmup), ("--lr-factor", "factor", args.lr_factor)):
-        if value is not None and key in sched and sched[key] != value:
-            raise SystemExit(f"error: {path} was trained with {flag} {sched[key]}, not {value}: a resumed run "
-                             f"keeps its schedule; drop {flag} or start a new run")
-    if args.peak_lr and "factor" in sched:
-        peak = noam_lr(sched["warmup"], sched["d_model"], sched["warmup"], sched["factor"])
-        if not math.isclose(peak, args.peak_lr, rel_tol=1e-12):
-            raise SystemExit(f"error: {path} was trained to a peak rate of {peak:.6g}, not --peak-lr {args.peak_lr}: a "
-                             f"resumed run keeps its schedule; drop --peak-lr or start a new run")
-    if run.world.is_main:
-        for p in checkpoints(args.out_dir)[-average_last(args):]:
-            try:
-                verify_checkpoint(p)
-            except CheckpointError as e:
-                raise CheckpointError(f"{e}. It is one of the checkpoints averaged when training ends: "
-                                      f"delete it (the others are averaged) and resume again") from e
-
-
-def remove_unfinished_writes(out_dir: str) -> None:
-    """Delete the temporary files that a kill left of the run's writes (checkpoints, the log, the
-    tokenizer, results)."""
-    stale = files.remove_unfinished_writes(out_dir)
-    if stale:
-        log.warning("removed %d unfinished write(s) left in %s by an interrupted run: %s",
-                    len(stale), out_dir, ", ".join(stale))
-
-
-def truncate_log(log_path: str, step: int) -> None:
-    """Keep the log lines of steps up to ``step`` (those after it will be run again), dropping a
-    line torn by a crash; rewritten atomically."""
-    rows = records.read_log(log_path, drop_damaged=True) if os.path.exists(log_path) else []
-    with files.atomic_write(log_path) as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows if row.get("step", math.inf) <= step)
-
-
 def validate_and_save(run: Run, step: int, start: float, supersede: int = 0, final: bool = False) -> bool:
     """Validate, log, and checkpoint; True when --patience is spent (the label-smoothed
     validation loss, the one fairseq's --patience watches, has not improved for that many
     validations). ``start`` is the training clock's zero (perf_counter), and the checkpoint's
-    time trained includes this validation, as the budget does. The checkpoint
-    replaces the one before it if that is fewer than ``supersede`` steps older: a run that stops
-    shortly after a checkpoint (its time budget, --max-steps), or resumes shortly before one,
+    time trained includes this validation. The checkpoint replaces the one before it if that
+    is fewer than ``supersede`` steps older: a run that stops shortly after a checkpoint
+    (--max-steps, the end of its epochs), or resumes shortly before one,
     would otherwise average a near copy. Regular checkpoints, an interval apart, are all kept.
 
     No checkpoint is written while the divergence detector suspects the run (its training loss

@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="length penalties, comma-separated")
     p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
                    help="what alpha shapes: gnmt or fairseq (default: the run's)")
-    p.add_argument("--limit-val", type=cli.integer(1), help="only the first N validation pairs (none: all)")
+    p.add_argument("--limit", type=cli.integer(1), help="a toy size: the first N validation pairs (none: all)")
     p.add_argument("--device", default="cpu", type=cli.device, choices=backend.DEVICES, help="where the model decodes")
+    p.add_removed("--limit-val", "--limit N (the first N validation pairs)")
     return p
 
 
@@ -76,8 +77,8 @@ def main(argv=None) -> list[dict]:
     refuse_wide_beams(p, args.beam, tok)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
     split = "val"
-    if args.limit_val:
-        val = val.subset(range(min(args.limit_val, len(val))))
+    if args.limit:
+        val = val.subset(range(min(args.limit, len(val))))
         split = f"val{len(val)}"
     src = data.moses.preprocess(val.src, "en", preprocess)
     refs_tok = data.moses.moses_lc(val.tgt, "de")  # once for the sweep, not once a row

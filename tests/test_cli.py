@@ -28,7 +28,7 @@ for folder in FOLDERS:
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
             "bleu_tokens", "bleu_minutes", "recipe", "subwords", "reproduction", "ncu_counts", "score", "build", "figures",
-            "trained", "minitransformer.data.download"]
+            "trained", "render", "minitransformer.data.download"]
 
 
 def test_every_program_has_a_parser_to_read():
@@ -129,7 +129,7 @@ def test_every_numeric_option_is_checked_when_parsed(program):
         for value in (0, -1, kind.high, 10**30 if kind.kind == "integer" else 1e308):
             assert accepts(action.type, wrap(str(value))) == in_range(kind, value), \
                 f"{program} {action.option_strings} at {value}"
-    assert numeric or program in ("plot_attention", "build", "figures", "bleu_tokens", "recipe", "reproduction",
+    assert numeric or program in ("plot_attention", "build", "figures", "render", "bleu_tokens", "recipe", "reproduction",
                                   "score", "ncu_counts")  # none takes a number
 
 
@@ -260,3 +260,29 @@ def test_sigterm_and_sighup_end_a_program_as_ctrl_c_does(tmp_path, signum, ignor
     assert proc.returncode == 128 + number
     assert err.strip().splitlines()[-1] == f"terminated ({signum}): continue with: prog --resume"
     assert "Traceback" not in err and marker.read_text() == "cleaned up"
+
+
+def test_a_removed_option_stops_in_one_line_naming_what_took_its_place(capsys):
+    p = cli.ArgumentParser(prog="x")
+    p.add_argument("--limit", type=cli.integer(1))
+    p.add_removed("--limit-train", "--limit N")
+    p.add_removed("--time-budget", "removed: runs end at their steps")
+    assert vars(p.parse_args(["--limit", "3"])) == {"limit": 3}  # nothing of the removed ones
+    for argv, said in ((["--limit-train", "300"], "--limit-train was replaced by --limit N"),
+                       (["--limit-train=300"], "--limit-train was replaced by --limit N"),
+                       (["--limit", "3", "--time-budget"], "--time-budget was removed: runs end at their steps")):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert said in line
+    assert "--limit-train" not in p.format_help()
+
+
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if importlib.import_module(p).build_parser().removed])
+def test_every_program_s_removed_options_name_their_replacement(program, capsys):
+    parser = importlib.import_module(program).build_parser()
+    for flag, replacement in parser.removed.items():
+        line = one_line_parse_error(program, [flag, "1"], capsys)
+        assert flag in line and replacement in line
+        assert flag not in parser.format_help()

@@ -150,7 +150,7 @@ def test_the_copy_task_trains_on_cuda_as_on_the_cpu():
     spec.loader.exec_module(copy_task)
     args = copy_task.parse_args(["--device", "cuda", "--batch-size", "8", "--steps", "200", "--min-len", "3",
                                  "--max-len", "6", "--heads", "2", "--layers", "1", "--dropout", "0", "--warmup", "100",
-                                 "--lr-factor", "0.3", "--log-every", "20"])
+                                 "--peak-lr", "0.00375", "--log-every", "20"])
     mt.manual_seed(0)
     rng = np.random.default_rng(0)
     model, twin = copy_task.build(args).to("cuda"), copy_task.build(args)

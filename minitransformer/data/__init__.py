@@ -4,7 +4,6 @@
     download    python -m minitransformer.data.download multi30k|wmt14 --dest DIR
     moses       the Multi30k literature's text: lowercased, normalized, Moses-tokenized (sacremoses)
     tokenizer   sentencepiece BPE, one vocabulary for both languages; PAD/UNK/BOS/EOS = 0/1/2/3
-    bpe_dropout sampled segmentations of the training side (BPE-dropout), from a seed alone
     batching    batches of about max_tokens tokens, bucketed by length, sharded over ranks
 
 A training script strings them together::
@@ -29,7 +28,7 @@ imports nothing from the model or the autograd engine.
 """
 
 from . import moses
-from .batching import Batch, PackedSequences, SampledSegmentation, TokenBatcher, collate, encode_packed
+from .batching import Batch, PackedSequences, TokenBatcher, collate, encode_packed
 from .corpus import (
     CorpusError, ParallelCorpus, decode_utf8, find_split_file, load_corpus, load_multi30k, load_wmt14,
     missing_files, read_lines, read_parallel, read_sgm,
@@ -41,7 +40,7 @@ from .tokenizer import (
 
 __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
-    "ParallelCorpus", "SampledSegmentation", "TokenBatcher", "Tokenizer", "TokenizerConfig", "TokenizerError", "UNK_ID", "collate",
+    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "TokenizerError", "UNK_ID", "collate",
     "decode_utf8", "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
     "load_wmt14", "missing_files", "moses", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
 ]

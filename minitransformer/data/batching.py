@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,18 +161,12 @@ class PackedSequences:
         return self.data[self.offsets[i]:self.offsets[i + 1]]
 
 
-def encode_packed(tokenizer: Tokenizer, texts: Sequence[str], chunk_size: int = 100_000,
-                  dropout: float = 0.0, seed: int | None = None) -> PackedSequences:
+def encode_packed(tokenizer: Tokenizer, texts: Sequence[str], chunk_size: int = 100_000) -> PackedSequences:
     """``tokenizer.encode(texts)``, packed chunk by chunk, so that a corpus the size of
-    WMT14 never exists as Python lists all at once; with ``dropout``, a sampled segmentation
-    (``Tokenizer.encode``) drawn from ``seed`` and the chunk's place."""
-    starts = range(0, max(len(texts), 1), chunk_size)
-    if dropout and seed is None:
-        raise ValueError("a sampled segmentation (dropout > 0) needs a seed, so that it can be drawn again")
-    seeds = np.random.SeedSequence(seed).generate_state(len(starts)).tolist() if dropout else [None] * len(starts)
+    WMT14 never exists as Python lists all at once."""
     return PackedSequences.concatenate([
-        PackedSequences.from_sequences(tokenizer.encode(texts[i:i + chunk_size], dropout=dropout, seed=s))
-        for i, s in zip(starts, seeds)
+        PackedSequences.from_sequences(tokenizer.encode(texts[i:i + chunk_size]))
+        for i in range(0, max(len(texts), 1), chunk_size)
     ])
 
 
@@ -182,8 +176,7 @@ def _packed(seqs: PackedSequences | Sequence[Sequence[int]]) -> PackedSequences:
 
 @dataclass
 class _Pairs:
-    """One segmentation of the data set's pairs and the plan that follows from their lengths
-    alone: ``by_length``, the pairs the batches may use, sorted stably by (longest, S, T);
+    """The data set's pairs and the plan that follows from their lengths alone: ``by_length``, the pairs the batches may use, sorted stably by (longest, S, T);
     ``ties``, the (start, end) of each run of two or more equal lengths in it; ``cuts``, where
     each batch ends in it."""
 
@@ -220,27 +213,6 @@ def length_rank(src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
     return rank.astype(np.uint16) if rank.max() < 2**16 else rank
 
 
-class SampledSegmentation:
-    """``resegment`` for ``TokenBatcher``: a new BPE-dropout segmentation of both sides every
-    epoch (subword regularization, Provilkov et al., 2020), drawn from (seed, epoch) alone.
-
-    BPE-dropout removes each possible merge with probability ``dropout`` at every step of a
-    word's segmentation (``bpe_dropout.BPEDropout``), so a word the vocabulary holds whole now
-    and then comes in smaller pieces, and the model learns to compose them; validation, test
-    and decoding keep the deterministic segmentation.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], dropout: float, seed: int):
-        if not 0 < dropout < 1:
-            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
-        self.tokenizer, self.src, self.tgt, self.dropout, self.seed = tokenizer, src, tgt, dropout, seed
-
-    def __call__(self, epoch: int) -> tuple[PackedSequences, PackedSequences]:
-        src_seed, tgt_seed = np.random.SeedSequence([self.seed, epoch]).generate_state(2).tolist()
-        return (encode_packed(self.tokenizer, self.src, dropout=self.dropout, seed=src_seed),
-                encode_packed(self.tokenizer, self.tgt, dropout=self.dropout, seed=tgt_seed))
-
-
 class TokenBatcher:
     """Batches of about ``max_tokens`` padded tokens, bucketed by length; with ``world_size``
     ranks, this rank's share of each.
@@ -254,11 +226,6 @@ class TokenBatcher:
     shuffle: False gives a fixed order (sorted by length, the same each epoch), e.g. for
         evaluation; ``Batch.indices`` maps rows back to the input order.
     seed, rank, world_size: see the module docstring.
-    resegment: ``resegment(epoch)`` gives that epoch's (src, tgt) segmentation of the same pairs,
-        in place of ``src``/``tgt`` (subword regularization: ``SampledSegmentation``); it must
-        depend on the epoch alone, so that ranks and resumed runs see the same batches.
-        ``src``/``tgt`` still give ``num_dropped`` and the errors. Pairs that a sampled
-        segmentation makes longer than ``max_len`` sit that epoch out.
 
     Iterate with ``for batch in batcher`` (endless, epoch after epoch, from ``position``),
     or ``iter_epoch(epoch)`` for one epoch.
@@ -267,8 +234,7 @@ class TokenBatcher:
     def __init__(self, src: PackedSequences | Sequence[Sequence[int]],
                  tgt: PackedSequences | Sequence[Sequence[int]] | None = None, *,
                  max_tokens: int, max_len: int | None = None, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1,
-                 resegment: Callable[[int], tuple[PackedSequences, PackedSequences | None]] | None = None):
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
         if tgt is not None and len(tgt) != len(src):
             raise ValueError(f"TokenBatcher got {len(src)} source and {len(tgt)} target sequences")
         if len(src) == 0:
@@ -282,14 +248,12 @@ class TokenBatcher:
         self.max_tokens, self.max_len, self.shuffle = max_tokens, max_len, shuffle
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.num_pairs = len(src)
-        self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None, warn=True)
+        self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None)
         self.num_dropped = self.num_pairs - len(self._pairs.by_length)
-        self.resegment = resegment
-        self._resegmented: tuple[int, _Pairs] | None = None
         self.position = (0, 0)  # (epoch, step) of the next batch the iterator yields
         self._cached: tuple[int, list[np.ndarray]] | None = None
 
-    def _measure(self, src: PackedSequences, tgt: PackedSequences | None, warn: bool) -> _Pairs:
+    def _measure(self, src: PackedSequences, tgt: PackedSequences | None) -> _Pairs:
         """The pairs with their lengths and their plan (``_Pairs``), of those kept: within
         max_len, or (without it) an error naming a pair that cannot fit max_tokens on its own."""
         src_len = src.lengths + 1                                        # + EOS
@@ -298,7 +262,7 @@ class TokenBatcher:
         if self.max_len is not None:
             kept = np.flatnonzero(longest <= self.max_len)
             dropped = len(src) - len(kept)
-            if dropped and warn:
+            if dropped:
                 logger.warning("dropped %d of %d sentence pairs longer than max_len=%d tokens",
                                dropped, len(src), self.max_len)
             if len(kept) == 0:
@@ -339,20 +303,9 @@ class TokenBatcher:
         ends.append(first)
         return np.array(ends)
 
-    def pairs(self, epoch: int) -> _Pairs:
-        """The epoch's segmentation of the pairs: the one given, or ``resegment(epoch)``'s."""
-        if self.resegment is None:
-            return self._pairs
-        if self._resegmented is None or self._resegmented[0] != epoch:
-            src, tgt = self.resegment(epoch)
-            if len(src) != self.num_pairs or (tgt is not None and len(tgt) != self.num_pairs):
-                raise ValueError(f"resegment({epoch}) gave {len(src)} pairs, not {self.num_pairs}")
-            self._resegmented = (epoch, self._measure(src, tgt, warn=False))
-        return self._resegmented[1]
-
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches of an epoch (all ranks together), as index arrays, in step order."""
-        pairs = self.pairs(epoch)
+        pairs = self._pairs
         if not self.shuffle:
             return np.split(pairs.by_length, pairs.cuts[:-1])
         rng = np.random.default_rng([self.seed, epoch])
@@ -380,14 +333,13 @@ class TokenBatcher:
         return batch[start:start + size + (self.rank < extra)]
 
     def steps_per_epoch(self, epoch: int) -> int:
-        """How many steps this epoch has (the same on every rank and every epoch, unless
-        ``resegment`` changes the lengths)."""
+        """How many steps this epoch has (the same on every rank and every epoch)."""
         return len(self.epoch_batches(epoch))
 
-    def make_batch(self, indices: np.ndarray, epoch: int = 0) -> Batch:
-        """The padded ``Batch`` for these pair indices (in the epoch's segmentation); no
-        indices (an empty share of a step) give a batch of no rows."""
-        pairs = self.pairs(epoch)
+    def make_batch(self, indices: np.ndarray) -> Batch:
+        """The padded ``Batch`` for these pair indices; no indices (an empty share of a step)
+        give a batch of no rows."""
+        pairs = self._pairs
         if len(indices) == 0:
             none = np.zeros((0, 0), dtype=np.int64)
             has_tgt = pairs.tgt is not None
@@ -398,7 +350,7 @@ class TokenBatcher:
         return collate(src, tgt, indices)
 
     def _batch_at(self, epoch: int, step: int) -> Batch:
-        batch = self.make_batch(self.epoch_batches(epoch)[step], epoch)
+        batch = self.make_batch(self.epoch_batches(epoch)[step])
         batch.epoch, batch.step = epoch, step
         return batch
 

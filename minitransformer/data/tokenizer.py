@@ -43,7 +43,6 @@ import numpy as np
 import sentencepiece as spm
 
 from ..files import atomic_write
-from .bpe_dropout import BPEDropout
 from .corpus import CorpusError, ParallelCorpus
 
 logger = logging.getLogger(__name__)
@@ -119,30 +118,15 @@ class Tokenizer:
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
         self._word_start = self._sp.piece_to_id("\u2581")  # "▁" alone, before an unknown word
-        self._dropout: BPEDropout | None = None  # built at the first sampled encode
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
-    def encode(self, texts: Sequence[str], dropout: float = 0.0, seed: int | None = None) -> list[list[int]]:
-        """Piece ids of each sentence, without BOS/EOS.
-
-        ``dropout`` > 0 samples a segmentation instead of the deterministic one: BPE-dropout
-        (Provilkov et al., 2020) with that probability, as their Algorithm 1, drawn from
-        ``seed`` alone (``bpe_dropout.BPEDropout``; not sentencepiece's sampler, whose draws
-        change from process to process).
-        """
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Piece ids of each sentence, without BOS/EOS."""
         if isinstance(texts, str):
             raise TypeError("encode takes a batch (a list of sentences), not one str")
-        if not dropout:
-            return self._sp.encode(list(texts), out_type=int)
-        if not 0 < dropout < 1:
-            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
-        if seed is None:
-            raise ValueError("a sampled segmentation (dropout > 0) needs a seed, so that it can be drawn again")
-        if self._dropout is None:
-            self._dropout = BPEDropout(self._sp)
-        return self._dropout.encode(texts, dropout, seed)
+        return self._sp.encode(list(texts), out_type=int)
 
     def decode(self, batch: Iterable[Sequence[int]] | np.ndarray) -> list[str]:
         """Detokenized text of each row of ids (cut at the first EOS; PAD and BOS dropped)."""

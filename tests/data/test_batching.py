@@ -304,33 +304,3 @@ def test_packed_encoding_matches_lists(sample_pairs, tmp_path):
     assert len(encode_packed(tok, [])) == 0
     with pytest.raises(ValueError, match="offsets"):
         PackedSequences(np.zeros(5, np.int32), np.array([0, 2, 4]))
-
-
-def test_a_sampled_segmentation_each_epoch_decided_by_seed_and_epoch(multi30k_train, tmp_path):
-    """BPE-dropout batches: a new segmentation every epoch, the same for a fresh batcher (a
-    resumed run) and for every rank (the ranks' shares still make one process's batches)."""
-    from minitransformer.data import SampledSegmentation, TokenizerConfig, encode_packed, load_or_train
-
-    pairs = multi30k_train.subset(range(300))
-    tok = load_or_train(pairs, tmp_path, TokenizerConfig(vocab_size=300))
-
-    def batcher(rank=0, world_size=1):
-        return TokenBatcher(encode_packed(tok, pairs.src), encode_packed(tok, pairs.tgt), max_tokens=400, max_len=60,
-                            seed=3, rank=rank, world_size=world_size,
-                            resegment=SampledSegmentation(tok, pairs.src, pairs.tgt, 0.1, seed=3))
-
-    def rows(b, epoch):
-        return [(batch.indices.tolist(), batch.src.tolist(), batch.tgt_out.tolist()) for batch in b.iter_epoch(epoch)]
-
-    one = batcher()
-    assert rows(one, 1) == rows(batcher(), 1)  # the same epoch, drawn again
-    e0, e1 = one.pairs(0), one.pairs(1)
-    assert [e0.src[i].tolist() for i in range(50)] != [e1.src[i].tolist() for i in range(50)]
-    fixed = tok.encode(pairs.src[:50])
-    assert tok.decode([e1.src[i] for i in range(50)]) == tok.decode(fixed)  # the same sentences
-    shares = [batcher(r, 2).epoch_batches(2) for r in range(2)]
-    assert [np.concatenate(s).tolist() for s in zip(*shares)] == [b.tolist() for b in one.epoch_batches(2)]
-    again = batcher()  # resumed mid-epoch from a state_dict: the batches an uninterrupted run sees
-    one.position = (1, 2)
-    again.load_state_dict(one.state_dict())
-    assert [b.src.tolist() for b in itertools.islice(iter(again), 3)] == [r[1] for r in rows(one, 1)[2:5]]

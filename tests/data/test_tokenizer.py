@@ -136,18 +136,3 @@ def test_vocabulary_too_large_for_the_text(tmp_path):
     assert not (tmp_path / "x.model").exists()
     with pytest.raises(ValueError, match="vocab_size"):
         TokenizerConfig(vocab_size=4)
-
-
-def test_bpe_dropout_samples_segmentations_of_the_same_text_from_its_seed_alone(tok, sample_pairs):
-    texts = sample_pairs.src[:200]
-    fixed = tok.encode(texts)
-    sampled = tok.encode(texts, dropout=0.1, seed=7)
-    assert tok.encode(texts, dropout=0.1, seed=7) == sampled  # drawn again from the seed
-    assert tok.encode(texts, dropout=0.1, seed=8) != sampled
-    assert tok.decode(sampled) == tok.decode(fixed)  # other pieces, the same text
-    assert sampled != fixed and sum(map(len, sampled)) > sum(map(len, fixed))  # merges skipped: more pieces
-    assert tok.encode(texts, dropout=0.0, seed=7) == fixed
-    with pytest.raises(ValueError, match="needs a seed"):
-        tok.encode(texts, dropout=0.1)
-    with pytest.raises(ValueError, match=r"in \(0, 1\)"):
-        tok.encode(texts, dropout=1.0, seed=1)

@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_ranks_train_and_only_rank_0_writes(mpiexec, tmp_path):
     out = tmp_path / "run"
     cmd = [mpiexec, "-n", "2", sys.executable, str(REPO / "examples" / "train_wmt.py"),
-           "--data-dir", str(DATA), "--out-dir", str(out), "--limit-train", "300", "--vocab-size", "400",
+           "--data-dir", str(DATA), "--out-dir", str(out), "--limit", "300", "--vocab-size", "400",
            "--d-model", "32", "--layers", "1", "--max-tokens", "400", "--max-steps", "4", "--eval-every", "2",
-           "--bleu-sample", "3", "--limit-test", "6", "--log-every", "1", "--no-progress", "--warmup", "10"]
+           "--bleu-sample", "3", "--log-every", "1", "--no-progress", "--warmup", "10"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -34,7 +34,7 @@ def test_two_ranks_train_and_only_rank_0_writes(mpiexec, tmp_path):
     assert proc.returncode == 0, stderr[-3000:]
     assert [line.startswith("BLEU = ") for line in stdout.splitlines()].count(True) == 1  # by rank 0 only
     result = json.loads((out / "bleu.json").read_text())
-    assert result["steps"] == 4 and result["test_sentences"] == 6
+    assert result["steps"] == 4 and result["test_sentences"] == 15  # --limit 300: 300 // 20
     rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4]  # one writer, one line per step
@@ -48,9 +48,9 @@ def test_one_two_and_three_ranks_train_on_the_same_batches(mpiexec, tmp_path):
     with fewer sentences than ranks included (one rank's share is empty there)."""
     from minitransformer import data
 
-    args = ["--data-dir", str(DATA), "--limit-train", "100", "--vocab-size", "200", "--d-model", "32",
+    args = ["--data-dir", str(DATA), "--limit", "100", "--vocab-size", "200", "--d-model", "32",
             "--layers", "1", "--max-tokens", "400", "--dropout", "0", "--max-steps", "11", "--eval-every", "11",
-            "--bleu-sample", "2", "--limit-val", "10", "--limit-test", "2", "--log-every", "1", "--no-progress",
+            "--bleu-sample", "2", "--log-every", "1", "--no-progress",
             "--warmup", "10"]
     logs = {}
     for n in (1, 2, 3):
@@ -83,9 +83,9 @@ def test_sigterm_to_mpiexec_ends_every_rank_as_ctrl_c_does(mpiexec, tmp_path):
     resumes from its last checkpoint."""
     out = tmp_path / "run"
     cmd = [mpiexec, "-n", "2", sys.executable, str(REPO / "examples" / "train_wmt.py"),
-           "--data-dir", str(DATA), "--out-dir", str(out), "--limit-train", "300", "--vocab-size", "400",
+           "--data-dir", str(DATA), "--out-dir", str(out), "--limit", "300", "--vocab-size", "400",
            "--d-model", "32", "--layers", "1", "--max-tokens", "400", "--max-steps", "100000", "--eval-every", "2",
-           "--bleu-sample", "0", "--limit-test", "6", "--log-every", "1", "--no-progress", "--warmup", "10"]
+           "--bleu-sample", "0", "--log-every", "1", "--no-progress", "--warmup", "10"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180

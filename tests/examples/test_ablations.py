@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import ablations  # noqa: E402
 
 # Two rows (the base row comes with A1), a 400-piece vocabulary, a 1-layer d_model=32 model.
-TOY = ["--data-dir", str(DATA), "--rows", "A1", "--limit-train", "300", "--limit-val", "12", "--vocab-size", "400",
+TOY = ["--data-dir", str(DATA), "--rows", "A1", "--limit", "300", "--vocab-size", "400",
        "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "600", "--max-steps", "8",
        "--eval-every", "2", "--bleu-sample", "2", "--warmup", "10", "--no-progress"]
 # One BLAS thread everywhere, as each of two ranks has: the tables are compared to the last digit.

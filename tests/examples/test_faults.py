@@ -30,7 +30,6 @@ from tests.helpers import needs_multi30k
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = needs_multi30k
-QUICK = SMALL + ["--limit-test", "2", "--limit-val", "20"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
@@ -67,7 +66,7 @@ def test_an_interrupt_at_a_random_step_ends_in_one_line_and_resumes_exactly(tmp_
     why = f"interrupt seed {seed}: SIGINT at step {at}"
     print(why)  # shown with a failure, to replay it
     straight, split = tmp_path / "straight", tmp_path / "split"
-    args = QUICK + ["--max-steps", "12", "--accumulate", "2"]
+    args = SMALL + ["--max-steps", "12", "--accumulate", "2"]
     proc = start(args + ["--out-dir", str(split)])
     wait_for(lambda: logged_step(split) >= at, f"step {at}", proc)
     proc.send_signal(signal.SIGINT)  # as Ctrl-C does
@@ -105,21 +104,21 @@ def test_a_full_disk_ends_in_one_line_and_the_run_resumes_once_there_is_room(tmp
     with tmpfs(tmp_path / "disk", "size=1200k") as disk:
         out = disk / "run"
         with pytest.raises(SystemExit, match=r"^error: No space left on device: .*/run/") as e:
-            train_wmt.main(QUICK + ["--out-dir", str(out), "--max-steps", "60"])
+            train_wmt.main(SMALL + ["--out-dir", str(out), "--max-steps", "60"])
         one_line_error(e)
         assert not [p for p in out.iterdir() if p.name.startswith(files.PREFIX)]  # no half-written file
         verify_checkpoint(str(out / "last.npz"))  # what was saved is whole
         reached = load_checkpoint(str(out / "last.npz"), metadata_only=True).extra["step"]
         assert 3 <= reached < 60
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-        result = train_wmt.main(QUICK + ["--out-dir", str(out), "--max-steps", "60", "--resume"])
+        result = train_wmt.main(SMALL + ["--out-dir", str(out), "--max-steps", "60", "--resume"])
         assert result["steps"] == 60 and sorted(losses(out)) == list(range(1, 61))
 
 
 def test_a_read_only_folder_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
     with tmpfs(tmp_path / "ro", "ro,size=64k") as folder:
         with pytest.raises(SystemExit) as e:
-            train_wmt.main(QUICK + ["--out-dir", str(folder), "--max-steps", "3"])
+            train_wmt.main(SMALL + ["--out-dir", str(folder), "--max-steps", "3"])
         assert e.value.code == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert f"argument --out-dir: cannot write {folder}: Read-only file system: {folder}" in line
@@ -127,12 +126,12 @@ def test_a_read_only_folder_is_refused_in_one_line_before_anything_runs(tmp_path
 
 def test_a_second_run_into_a_folder_in_use_is_refused_from_its_first_moment(tmp_path, caplog):
     out = tmp_path / "run"
-    first = start(QUICK + ["--out-dir", str(out), "--max-steps", "500", "--eval-every", "400"])
+    first = start(SMALL + ["--out-dir", str(out), "--max-steps", "500", "--eval-every", "400"])
     try:
         wait_for(lambda: (out / files.LOCK_NAME).is_file() and (out / files.LOCK_NAME).read_text(), "lock", first)
         for extra in ([], ["--resume"]):  # before any checkpoint exists, and with --resume
             with pytest.raises(SystemExit, match=rf"^error: {out} is in use by another run \(pid {first.pid} on ") as e:
-                train_wmt.main(QUICK + ["--out-dir", str(out), "--max-steps", "3", *extra])
+                train_wmt.main(SMALL + ["--out-dir", str(out), "--max-steps", "3", *extra])
             one_line_error(e)
         wait_for(lambda: logged_step(out) >= 1, "a step of the first run", first)
     finally:
@@ -141,28 +140,28 @@ def test_a_second_run_into_a_folder_in_use_is_refused_from_its_first_moment(tmp_
     assert (out / files.LOCK_NAME).read_text().startswith(f"pid {first.pid} ")  # left behind
     assert not (out / "last.npz").exists()  # killed before its first checkpoint (step 400)
     with caplog.at_level(logging.WARNING, logger="train_wmt"):  # the kernel dropped the lock with its process
-        assert train_wmt.main(QUICK + ["--out-dir", str(out), "--max-steps", "3"])["steps"] == 3
+        assert train_wmt.main(SMALL + ["--out-dir", str(out), "--max-steps", "3"])["steps"] == 3
     assert f"held by a run that ended without releasing it (pid {first.pid} on " in caplog.text
     assert (out / files.LOCK_NAME).read_text() == ""  # released
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # it overflows on purpose
-@pytest.mark.parametrize("lr_factor, why", [
-    ("1e6", r"grown without bound"),  # every loss finite, climbing away
-    ("1e20", r"the validation loss is nan"),  # one step destroys the model: every later loss is NaN
-    ("1e45", r"100 steps in a row were skipped \(the last for an update that would overflow the weights\)"),
+@pytest.mark.parametrize("peak_lr, why", [  # SMALL's schedule peaks at factor * (32 * 10)^-0.5
+    ("5e4", r"grown without bound"),  # every loss finite, climbing away
+    ("5e18", r"the validation loss is nan"),  # one step destroys the model: every later loss is NaN
+    ("5e43", r"100 steps in a row were skipped \(the last for an update that would overflow the weights\)"),
 ])
-def test_a_diverging_run_stops_in_one_line_and_keeps_its_last_good_checkpoint(tmp_path, lr_factor, why):
+def test_a_diverging_run_stops_in_one_line_and_keeps_its_last_good_checkpoint(tmp_path, peak_lr, why):
     with pytest.raises(SystemExit, match=rf"^error: training diverged at step \d+: .*{why}") as e:
-        train_wmt.main(QUICK + ["--out-dir", str(tmp_path), "--max-steps", "400", "--eval-every", "5",
-                                "--lr-factor", lr_factor])
+        train_wmt.main(SMALL + ["--out-dir", str(tmp_path), "--max-steps", "400", "--eval-every", "5",
+                                "--peak-lr", peak_lr])
     message = one_line_error(e)
     if (tmp_path / "last.npz").exists():
         good = load_checkpoint(str(tmp_path / "last.npz"), metadata_only=True).extra["step"]
         assert f"Its last good checkpoint, of step {good}, is {tmp_path / 'last.npz'}" in message
     else:
         assert "It wrote no checkpoint before it diverged" in message
-    assert "lower --lr-factor" in message
+    assert "lower --peak-lr" in message
     assert not (tmp_path / "averaged.npz").exists() and not (tmp_path / "bleu.json").exists()
 
 
@@ -178,7 +177,7 @@ def copy_of_the_corpus(folder: pathlib.Path, n: int = 300) -> pathlib.Path:
 
 def test_resuming_on_other_training_data_is_refused_before_anything_is_written(tmp_path):
     corpus = copy_of_the_corpus(tmp_path / "corpus")
-    args = QUICK[2:] + ["--data-dir", str(corpus), "--out-dir", str(tmp_path / "run")]
+    args = SMALL[2:] + ["--data-dir", str(corpus), "--out-dir", str(tmp_path / "run")]
     train_wmt.main(args + ["--max-steps", "3"])
     with gzip.open(corpus / "train.en.gz", "rt", encoding="utf-8") as f:
         lines = f.readlines()
@@ -194,6 +193,6 @@ def test_resuming_on_other_training_data_is_refused_before_anything_is_written(t
 
 def test_a_bad_max_tokens_is_refused_before_anything_is_read_or_written(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: --max-tokens 50 shared among 1 ranks gives each 50, fewer") as e:
-        train_wmt.main(QUICK + ["--max-tokens", "50", "--out-dir", str(tmp_path / "run")])
+        train_wmt.main(SMALL + ["--max-tokens", "50", "--out-dir", str(tmp_path / "run")])
     one_line_error(e)
     assert not (tmp_path / "run").exists()

@@ -8,7 +8,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import types
 
 import pytest
@@ -26,10 +25,12 @@ import translate  # noqa: E402
 from minitransformer import files  # noqa: E402
 from minitransformer.checkpoint import load_checkpoint  # noqa: E402
 from minitransformer.data import batching  # noqa: E402
+from minitransformer.optim import noam_lr  # noqa: E402
 
-SMALL = ["--data-dir", str(DATA), "--limit-train", "300", "--vocab-size", "400", "--d-model", "32",
+# --limit 300: 300 training pairs, 15 of validation and 15 of test.
+SMALL = ["--data-dir", str(DATA), "--limit", "300", "--vocab-size", "400", "--d-model", "32",
          "--layers", "1", "--max-tokens", "600", "--eval-every", "3", "--bleu-sample", "4",
-         "--limit-test", "12", "--log-every", "1", "--no-progress", "--average-last", "2", "--warmup", "10"]
+         "--log-every", "1", "--no-progress", "--average-last", "2", "--warmup", "10"]
 
 
 def losses(out_dir):
@@ -40,17 +41,17 @@ def losses(out_dir):
 def test_train_resume_average_translate(tmp_path, caplog):
     straight, split = tmp_path / "straight", tmp_path / "split"
     result = train_wmt.main(SMALL + ["--out-dir", str(straight), "--max-steps", "9"])
-    assert result["steps"] == 9 and result["test_sentences"] == 12
+    assert result["steps"] == 9 and result["test_sentences"] == 15
     assert 0.0 <= result["bleu"] <= 100.0 and result["signature"].startswith("nrefs:1|case:mixed")
     assert result["averaged"] == ["ckpt-6.npz", "ckpt-9.npz"]
     hyps = (straight / "test.hyp.de").read_text().splitlines()
-    assert len(hyps) == 12
+    assert len(hyps) == 15
     assert (straight / "curves.png").stat().st_size > 10_000
     assert json.loads((straight / "bleu.json").read_text())["bleu"] == result["bleu"]
     # The literature's metric beside ours: sacreBLEU on lowercased text, with its own signature.
     from sacrebleu.metrics import BLEU
 
-    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:12]
+    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:15]
     lowered = BLEU(lowercase=True).corpus_score(hyps, [refs]).score
     assert result["bleu_lowercased"] == pytest.approx(lowered) and "case:lc" in result["signature_lowercased"]
     assert json.loads((straight / "bleu.json").read_text())["signature_lowercased"] == result["signature_lowercased"]
@@ -92,8 +93,7 @@ def test_train_resume_average_translate(tmp_path, caplog):
 
 
 def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
-    fp16 = SMALL + ["--precision", "fp16", "--eval-every", "2", "--limit-test", "2", "--bleu-sample", "2",
-                   "--limit-val", "20"]
+    fp16 = SMALL + ["--precision", "fp16", "--eval-every", "2", "--bleu-sample", "2"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     result = train_wmt.main(fp16 + ["--out-dir", str(straight), "--max-steps", "4"])
     assert result["precision"] == "fp16" and result["steps"] == 4
@@ -109,7 +109,7 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
 def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path, accumulate):
     """A run that stops at the end of its epochs resumes with the next epoch's first batch;
     with --accumulate 2, an epoch's last step takes the one batch or two it has left."""
-    args = SMALL + ["--eval-every", "5", "--limit-test", "2", "--limit-val", "20", "--accumulate", accumulate]
+    args = SMALL + ["--eval-every", "5", "--accumulate", accumulate]
     straight, split = tmp_path / "straight", tmp_path / "split"
     train_wmt.main(args + ["--out-dir", str(straight), "--epochs", "2"])
     train_wmt.main(args + ["--out-dir", str(split), "--epochs", "1"])
@@ -118,7 +118,7 @@ def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path, accumulate):
 
 
 def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    args = SMALL + ["--out-dir", str(tmp_path)]
     train_wmt.main(args + ["--max-steps", "3"])
     with open(tmp_path / "train.jsonl", "a") as f:
         f.write('null\n{"kind": "train", "step": "2"}\n')  # damaged lines: dropped on resume, with a warning
@@ -128,8 +128,8 @@ def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
     with pytest.raises(SystemExit, match="trained with --accumulate 1, not 2"):
         train_wmt.main(args + ["--max-steps", "6", "--resume", "--accumulate", "2"])
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(SystemExit, match="--limit-train 300, not with --limit-train 200") as e:
-        train_wmt.main(args + ["--max-steps", "6", "--resume", "--limit-train", "200"])
+    with pytest.raises(SystemExit, match="--limit 300, not with --limit 200") as e:
+        train_wmt.main(args + ["--max-steps", "6", "--resume", "--limit", "200"])
     one_line_error(e)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # refused before it wrote a tokenizer
     train_wmt.main(args + ["--max-steps", "6", "--resume"])
@@ -139,7 +139,7 @@ def test_resume_survives_a_torn_log_and_refuses_other_settings(tmp_path):
 
 
 def test_resume_refuses_the_batches_of_an_earlier_batcher(tmp_path, monkeypatch):
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    args = SMALL + ["--out-dir", str(tmp_path)]
     monkeypatch.setattr(batching, "BATCHING", batching.BATCHING - 1)
     train_wmt.main(args + ["--max-steps", "2"])
     monkeypatch.undo()
@@ -155,7 +155,7 @@ def one_line_error(excinfo) -> str:
 
 
 def test_resume_refuses_another_model_shape_and_finds_a_bad_checkpoint_early(tmp_path):
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path)]
+    args = SMALL + ["--out-dir", str(tmp_path)]
     with pytest.raises(SystemExit, match="does not exist") as e:  # --resume into an empty folder
         train_wmt.main(args + ["--max-steps", "3", "--resume"])
     assert "drop --resume" in one_line_error(e)
@@ -245,36 +245,10 @@ def test_model_flags_override_the_preset():
         preset.model["d_model"], preset.model["dropout"], preset.model["label_smoothing"])
 
 
-def test_a_validation_that_spends_the_budget_ends_training_at_its_checkpoint(tmp_path, monkeypatch, caplog):
-    """Validation counts against the time budget: when it spends the rest, training stops at the
-    checkpoint it just wrote (not one step later, with a near copy of it to average), that
-    checkpoint's clock includes it, and a resumed run with no budget left trains no more."""
-    offset = [0.0]
-    clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0])
-    monkeypatch.setattr(train_wmt, "time", clock)
-    evaluate = train_wmt.evaluate_loss
-
-    def an_hour_long_validation(*args, **kwargs):
-        offset[0] += 3600
-        return evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(train_wmt, "evaluate_loss", an_hour_long_validation)
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path), "--time-budget", "30",
-                    "--eval-every", "2", "--max-steps", "10"]
-    result = train_wmt.main(args)
-    assert result["steps"] == 2 and [os.path.basename(p) for p in train_wmt.checkpoints(tmp_path)] == ["ckpt-2.npz"]
-    assert load_checkpoint(str(tmp_path / "last.npz"), metadata_only=True).extra["train_seconds"] >= 3600
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="train_wmt"):
-        assert train_wmt.main(args + ["--resume"])["steps"] == 2
-    assert "already trained for its 30.0-minute budget" in caplog.text
-    assert sorted(losses(tmp_path)) == [1, 2]
-
-
 def test_a_stop_just_after_a_checkpoint_replaces_it_rather_than_averaging_a_near_copy(tmp_path):
     """The last checkpoint, written where training stops, replaces the regular one before it when
     that is less than half a checkpoint interval older, and joins the others when it is not."""
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--eval-every", "4", "--average-last", "3"]
+    args = SMALL + ["--eval-every", "4", "--average-last", "3"]
     near = train_wmt.main(args + ["--out-dir", str(tmp_path / "near"), "--max-steps", "9"])
     assert near["averaged"] == ["ckpt-4.npz", "ckpt-9.npz"]
     far = train_wmt.main(args + ["--out-dir", str(tmp_path / "far"), "--max-steps", "11"])
@@ -285,7 +259,7 @@ def test_every_checkpoint_is_kept_on_request_and_across_a_resume_while_the_last_
     """--keep-checkpoints 0 keeps every step checkpoint (a curve of the run's progress reads
     them); a resumed run keeps doing so without being told again; the final model still
     averages only the last --average-last. By default only those are kept."""
-    args = SMALL + ["--limit-test", "2", "--limit-val", "20", "--eval-every", "2", "--out-dir", str(tmp_path)]
+    args = SMALL + ["--eval-every", "2", "--out-dir", str(tmp_path)]
     train_wmt.main(args + ["--max-steps", "6", "--keep-checkpoints", "0"])
     result = train_wmt.main(args + ["--max-steps", "10", "--resume"])
     assert sorted(p.name for p in tmp_path.glob("ckpt-*.npz")) == [f"ckpt-{s}.npz" for s in (10, 2, 4, 6, 8)]
@@ -311,51 +285,26 @@ def test_the_step_batch_is_shared_among_the_ranks():
 
 
 def test_the_bar_shows_the_budget_the_run_really_has():
-    """A run ends at the first of its limits: the bar's share is the largest share spent, so a
-    55-minute run is half done at 27.5 minutes, not at half of the steps its epochs would take."""
-    hour = train_wmt.Budget(epochs=100, max_steps=math.inf, seconds=3300, eval_every=200)
-    assert hour.spent(step=5000, seconds=1650, epochs=25.8) == pytest.approx(0.5)
-    steps = train_wmt.Budget(epochs=100, max_steps=1000, seconds=3300, eval_every=200)
-    assert steps.spent(step=900, seconds=60, epochs=4.6) == pytest.approx(0.9)
-    epochs = train_wmt.Budget(epochs=2, max_steps=math.inf, seconds=math.inf, eval_every=200)
-    assert epochs.spent(step=10, seconds=5, epochs=1.5) == pytest.approx(0.75)
-    assert hour.spent(step=1, seconds=4000, epochs=0.1) == 1.0  # a validation ran past the end
+    """A run ends at the first of its limits: the bar's share is the larger share spent, so a
+    9,000-step run is half done at step 4,500, not at half of the steps its epochs would take."""
+    steps = train_wmt.Budget(epochs=100, max_steps=9000, eval_every=200)
+    assert steps.spent(step=4500, epochs=23.2) == pytest.approx(0.5)
+    epochs = train_wmt.Budget(epochs=2, max_steps=math.inf, eval_every=200)
+    assert epochs.spent(step=10, epochs=1.5) == pytest.approx(0.75)
+    assert steps.spent(step=9000, epochs=200) == 1.0
 
 
 def test_the_progress_bar_counts_the_budget(tmp_path, capsys):
     args = [a for a in SMALL if a != "--no-progress"]
-    train_wmt.main(args + ["--limit-test", "2", "--limit-val", "20", "--out-dir", str(tmp_path), "--max-steps", "4"])
+    train_wmt.main(args + ["--out-dir", str(tmp_path), "--max-steps", "4"])
     err = capsys.readouterr().err
     assert "100% of the budget" in err and "step=4" in err
 
 
-def test_bpe_dropout_trains_and_resumes_exactly_across_epochs(tmp_path):
-    """--bpe-dropout: a new segmentation of the training side each epoch, decided by (seed,
-    epoch), so a run stopped in its first epoch and resumed in its second repeats an
-    uninterrupted one; the resumed run must keep the setting."""
-    args = [a for a in SMALL] + ["--limit-train", "100", "--vocab-size", "200", "--limit-test", "2", "--limit-val",
-                                 "20", "--bpe-dropout", "0.1", "--eval-every", "4"]
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    result = train_wmt.main(args + ["--out-dir", str(straight), "--max-steps", "10"])
-    train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "4"])
-    train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "10", "--resume"])
-    assert losses(split) == losses(straight) and result["steps"] == 10
-    rows = [json.loads(line) for line in open(straight / "train.jsonl") if '"train"' in line]
-    assert rows[-1]["epoch"] >= 1  # the resumed part crossed into a new segmentation
-    with pytest.raises(SystemExit, match="trained with --bpe-dropout 0.1, not with --bpe-dropout 0.2: resume with"):
-        train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--bpe-dropout", "0.2"])
-    without = [a for i, a in enumerate(args) if "--bpe-dropout" not in args[max(i - 1, 0):i + 1]]
-    with pytest.raises(SystemExit, match="trained with --bpe-dropout 0.1, not without --bpe-dropout: resume with"):
-        train_wmt.main(without + ["--out-dir", str(split), "--max-steps", "12", "--resume"])
-    with pytest.raises(SystemExit, match="trained with --precision fp32, not fp16: resume with --precision fp32"):
-        train_wmt.main(args + ["--out-dir", str(split), "--max-steps", "12", "--resume", "--precision", "fp16"])
-
-
 # The anchor's preset at toy sizes: its text, schedule, optimiser, clipping, stopping and scoring,
 # on a model, vocabulary and batches a few seconds can train.
-TINY = ["--preset", "multi30k-tiny", "--data-dir", str(DATA), "--limit-train", "300", "--vocab-size", "400",
-        "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "600", "--limit-val", "20",
-        "--limit-test", "6", "--log-every", "1", "--no-progress"]
+TINY = ["--preset", "multi30k-tiny", "--data-dir", str(DATA), "--limit", "300", "--vocab-size", "400",
+        "--d-model", "32", "--d-ff", "64", "--layers", "1", "--max-tokens", "600", "--log-every", "1", "--no-progress"]
 
 
 def test_the_anchor_s_preset_is_its_recipe():
@@ -372,9 +321,12 @@ def test_the_anchor_s_preset_is_its_recipe():
         "moses-lc", 1e-8, 25.0, 10, 0)
     for d_model in (128, 32):  # fairseq's --lr is the peak, whatever the model's width
         factor = train_wmt.lr_factor(args, preset, d_model, preset.warmup)
-        assert train_wmt.noam_lr(preset.warmup, d_model, preset.warmup, factor) == pytest.approx(0.005, rel=1e-12)
-    assert train_wmt.lr_factor(train_wmt.parse_args(["--preset", "multi30k-tiny", "--lr-factor", "2"]), preset, 128,
-                               2000) == 2
+        assert noam_lr(preset.warmup, d_model, preset.warmup, factor) == pytest.approx(0.005, rel=1e-12)
+    mine = train_wmt.lr_factor(train_wmt.parse_args(["--preset", "multi30k-tiny", "--peak-lr", "0.001"]), preset,
+                               128, 2000)
+    assert noam_lr(2000, 128, 2000, mine) == pytest.approx(0.001, rel=1e-12)
+    plain = train_wmt.PRESETS["multi30k"]  # a factor, not a peak
+    assert train_wmt.lr_factor(train_wmt.parse_args([]), plain, 128, plain.warmup) == plain.lr_factor
     assert (preset.max_tokens, preset.max_steps, preset.average_last) == (8192, 8000, 10)
     assert (preset.beam, preset.alpha, preset.length_penalty) == (5, 1.0, "fairseq")
     assert train_wmt.data.PRESETS[preset.tokenizer].vocab_size == 10000
@@ -389,9 +341,9 @@ def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s
     assert (result["preprocess"], result["beam"], result["alpha"], result["length_penalty"]) == (
         "moses-lc", 5, 1.0, "fairseq")
     tokens = (tmp_path / "test.tok.de").read_text().splitlines()
-    assert len(tokens) == 6 and all(line == line.lower() for line in tokens)
+    assert len(tokens) == 15 and all(line == line.lower() for line in tokens)
     assert (tmp_path / "test.hyp.de").read_text().splitlines() == moses.detokenize(tokens, "de")
-    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:6]
+    refs = train_wmt.data.load_corpus("multi30k", DATA, "test_2016_flickr").tgt[:15]
     assert result["bleu"] is None and result["signature"] is None  # a lowercased model has no cased figure
     assert result["literature"] == bleu_literature(tokens, moses.moses_lc(refs, "de"), tokenized=True)[0]
     assert result["bleu_lowercased"] == bleu_lowercased(moses.detokenize(tokens, "de"), refs)[0]
@@ -402,7 +354,7 @@ def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s
     assert (flags["adam_eps"], flags["clip_norm"], flags["patience"], flags["bleu_sample"]) == (1e-8, 25.0, 10, 0)
     assert last.optimizer["eps"] == 1e-8
     sched = last.schedule
-    assert train_wmt.noam_lr(sched["warmup"], sched["d_model"], sched["warmup"], sched["factor"]) == pytest.approx(
+    assert noam_lr(sched["warmup"], sched["d_model"], sched["warmup"], sched["factor"]) == pytest.approx(
         0.005, rel=1e-12)
     # The tokenizer learned lowercased Moses tokens: no capital letter among its pieces.
     tok = train_wmt.data.Tokenizer(tmp_path / last.extra["tokenizer"])
@@ -448,7 +400,7 @@ def test_patience_stops_on_the_validation_loss_and_a_resumed_run_counts_on(tmp_p
     ends training there, at step 4, and bleu.json says why. A run stopped at step 3 by
     --max-steps (one bad validation counted) and resumed stops at step 4 as well, which it
     would not if its count started again; a run that has stopped early trains no more."""
-    common = TINY + ["--eval-every", "1", "--patience", "2", "--limit-test", "2", "--average-last", "10"]
+    common = TINY + ["--eval-every", "1", "--patience", "2", "--average-last", "10"]
     args = common + ["--max-steps", "10"]
     curve = [5.0, 4.0, 4.5, 4.2]
     scripted_validation(monkeypatch, curve)
@@ -472,7 +424,7 @@ def test_a_stopped_run_resumes_with_a_longer_patience_but_not_a_shorter_one(tmp_
     and resumed with --patience 0 (never) or 3 trains on as that run would have from the start,
     to the same losses; --patience 1 might have stopped it earlier, and is refused, as is a
     finite patience after none."""
-    common = TINY + ["--eval-every", "1", "--limit-test", "2", "--average-last", "10"]
+    common = TINY + ["--eval-every", "1", "--average-last", "10"]
     curve = [5.0, 4.0, 4.5, 4.2, 3.9, 4.3]
     scripted_validation(monkeypatch, curve)
     never = train_wmt.main(common + ["--patience", "0", "--max-steps", "6", "--out-dir", str(tmp_path / "never")])
@@ -502,7 +454,30 @@ def test_a_stopped_run_resumes_with_a_longer_patience_but_not_a_shorter_one(tmp_
     assert longer["steps"] == 6 and losses(tmp_path / "longer") == losses(tmp_path / "never")
 
 
-@pytest.mark.parametrize("before, now, extends", [(10, 10, True), (10, 0, True), (10, 11, True), (10, 9, False),
-                                                  (0, 0, True), (0, 10, False)])
-def test_patience_extends(before, now, extends):
-    assert train_wmt.patience_extends(before, now) is extends
+def recorded_with(path, **old):
+    """Rewrite checkpoint ``path``'s resume record (its options) as the code before issue 74
+    wrote it: ``old``'s options in place of --limit."""
+    import numpy as np
+
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    meta = json.loads(arrays["__meta__"].tobytes())
+    meta["extra"]["args"].pop("limit", None)
+    meta["extra"]["args"].update(old)
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+
+
+def test_a_run_recorded_with_removed_options_resumes_with_their_replacements_or_is_refused(tmp_path):
+    args = SMALL + ["--out-dir", str(tmp_path)]
+    train_wmt.main(args + ["--max-steps", "3"])
+    last = str(tmp_path / "last.npz")
+    recorded_with(last, limit_train=300, limit_val=20, limit_test=2, lr_factor=None, time_budget=None, bpe_dropout=0.0)
+    with pytest.raises(SystemExit, match="trained with --limit 300, not with --limit 200") as e:
+        train_wmt.main(args + ["--max-steps", "6", "--resume", "--limit", "200"])
+    one_line_error(e)
+    assert train_wmt.main(args + ["--max-steps", "6", "--resume"])["steps"] == 6  # --limit-train 300 is --limit 300
+    recorded_with(last, limit_train=300, bpe_dropout=0.1)
+    with pytest.raises(SystemExit, match=r"trained with --bpe-dropout 0\.1: .*start a new run") as e:
+        train_wmt.main(args + ["--max-steps", "9", "--resume"])
+    one_line_error(e)

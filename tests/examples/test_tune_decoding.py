@@ -76,7 +76,7 @@ def test_a_second_sweep_adds_its_rows_to_the_file(run_with_checkpoints):
 
 def test_a_sweep_of_part_of_the_split_names_its_translations_apart(run_with_checkpoints):
     run, corpus = run_with_checkpoints
-    (row,) = tune_decoding.main(["--run", str(run), "--data-dir", str(corpus), "--limit-val", "4",
+    (row,) = tune_decoding.main(["--run", str(run), "--data-dir", str(corpus), "--limit", "4",
                                  "--average", "1", "--beam", "1"])
     assert row["hypotheses"] == "val4-avg1-beam1-alpha0.6.hyp" and row["sentences"] == 4
     assert len((run / row["hypotheses"]).read_text(encoding="utf-8").splitlines()) == 4

@@ -13,7 +13,7 @@ one geometric draw a step.
 Why not sentencepiece's own sampler (``encode(enable_sampling=True, alpha=p)``)? It draws once
 per pair, as the pair leaves its queue, and a pair it skips stays unmerged unless a
 neighbour's merge forms it again, so its p splits words more finely than the paper's
-(``benchmarks/bpe_dropout.py``: its 0.1 makes Multi30k 40% longer, the paper's 21%). And its
+(``bpe_dropout.py`` beside this file: its 0.1 makes Multi30k 40% longer, the paper's 21%). And its
 draws are not a function of the seed alone: sentencepiece 0.2.3, seeded alike, samples other
 segmentations in another process, so ranks of one run would train on different batches (and
 wait forever at an epoch's end when their step counts differ), and a resumed run would not
