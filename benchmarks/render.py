@@ -46,12 +46,14 @@ TABLES = {
                               ("CTranslate2 int8", "ct2_int8_s", "{:.2f} s"), ("our speed / CTranslate2's", "speed_vs_ct2", "{:.2f}×")]),
     "train_step": Table([("device", "device", "{}"), ("setup", "setup", "{}")],
                         [("ours", "ours_ms", "{:.1f} ms"), ("torch.nn.Transformer", "torch_ms", "{:.1f} ms"),
-                         ("our time / torch's", "time_vs_torch", "{:.2f}×"), ("our time / its GEMM floor", "vs_gemm_floor", "{}")]),
+                         ("our time / torch's", "time_vs_torch", "{:.2f}×"), ("our time / its GEMM floor", "vs_gemm_floor", "{:.2f}")]),
     "allreduce": Table([("device", "device", "{}"), ("ranks", "ranks", "{}")],
                        [(f"bus GB/s at {size}", f"GB/s at {size}", "{:.2f}") for size in ("4 KiB", "64 KiB", "1 MiB", "4 MiB", "64 MiB")]),
     "attn": Table([("device", "device", "{}"), ("dtype", "dtype", "{}"), ("causal", "causal", "{}")],
                   [("our speed / PyTorch's SDPA", "speed_vs_torch", "{:.2f}×"), ("best TFLOP/s", "tflops_max", "{:.1f}"),
-                   ("cases", "cases", "{}")]),
+                   ("NumPy twin's speed / the composite's", "twin_speed_vs_composite", "{:.2f}×"),
+                   ("global sectors / fewest", "global_sectors_vs_fewest", "{:.2f}"),
+                   ("shared wavefronts / fewest", "shared_wavefronts_vs_fewest", "{:.2f}"), ("cases", "cases", "{}")]),
     "parameters": Table([("preset", "preset", "{}")], [("parameters", "parameters", "{:,}"), ("the paper's", "paper", "{}")]),
     "mutation": Table([("kernel", "kernel", "{}")],
                       [("killed", "killed", "{}"), ("survived", "survived", "{}"), ("equivalent", "equivalent", "{}"),
@@ -141,10 +143,10 @@ def figure(group: list[dict], key: str, fmt: str) -> str:
     values = [row["figures"][key] for row in group if key in row["figures"]]
     if not values:
         return ""
-    if len(set(map(str, values))) == 1:
+    if not all(isinstance(v, (int, float)) for v in values):  # a range as measured: "1.5-1.6"
+        return ", ".join(dict.fromkeys(map(str, values)))
+    if len(set(values)) == 1:
         return fmt.format(values[0])
-    if not all(isinstance(v, (int, float)) for v in values):
-        return ", ".join(map(str, values))
     return f"{fmt.format(statistics.fmean(values))} ({', '.join(fmt.format(v) for v in values)})"
 
 
