@@ -32,11 +32,13 @@ import dataclasses
 import html
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import jinja2
 from latex2mathml.converter import convert as latex_to_mathml
@@ -58,9 +60,20 @@ LADDER_COMMAND = "python benchmarks/attn.py --emulated --counts --json docs/ladd
 
 @dataclasses.dataclass(frozen=True)
 class Page:
-    name: str  # docs/pages/<name>.md, written as <name>.html
+    name: str  # docs/pages/<name>.md, written as <name>.html; or docs/<group>/<name>.md, as <group>/<name>.html
     title: str
-    section: str  # the paper's section, or "" for the engine's pages
+    section: str  # the paper's section, or "" for the engine's pages and the others
+    group: str = ""  # "" for the reading; "guide" or "internals" for the manual's pages
+
+    @property
+    def markdown(self) -> str:
+        """Its Markdown, relative to the repository's root."""
+        return f"docs/{self.group or 'pages'}/{self.name}.md"
+
+    @property
+    def html(self) -> str:
+        """Its page, relative to the site's root."""
+        return f"{self.group}/{self.name}.html" if self.group else f"{self.name}.html"
 
 
 # The paper's order (sections 3, 5 and 6), then the engine under it.
@@ -85,6 +98,26 @@ PAGES = [
     Page("mixed-precision", "Mixed precision", ""),
     Page("data-parallel", "Data parallel: the gradients' all-reduce", ""),
 ]
+
+# The manual: how to run the project (docs/guide/) and how it is checked (docs/internals/).
+# Their links are relative Markdown links (../pages/attention.md, ../../benchmarks/README.md),
+# which a code host follows as they are and the build turns into the site's own.
+GUIDE = [
+    Page("training", "Training: the main job", "", "guide"),
+    Page("reproducing", "Reproducing the Multi30k figures", "", "guide"),
+    Page("deployment", "Deployment: export to CTranslate2", "", "guide"),
+    Page("data", "Data", "", "guide"),
+    Page("operations", "Operations: failures, interrupts and files", "", "guide"),
+]
+INTERNALS = [
+    Page("layers", "Layers", "", "internals"),
+    Page("kernels", "Kernels", "", "internals"),
+    Page("emulated-device", "The emulated device", "", "internals"),
+    Page("mutation-testing", "Mutation testing", "", "internals"),
+]
+GROUPS = [("The reading", PAGES), ("Guide", GUIDE), ("Internals", INTERNALS)]
+SITE = PAGES + GUIDE + INTERNALS  # every page the site has
+IMAGE = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 
 
 # Inline math and the punctuation right after it ("$x$:"): one unit, as a word and its colon
@@ -216,7 +249,8 @@ class Site:
         self.pictures = pictures
         self.pages = pages
         self.sources: set[str] = set()  # files a page points into, written under src/
-        self.images: set[str] = set()  # pictures of docs/ the pages show
+        self.images: dict[str, str] = {}  # pictures the pages show: their place in the site -> their file
+        self.folders = {"": pages, "guide": os.path.join(DOCS, "guide"), "internals": os.path.join(DOCS, "internals")}
         self.formatter = HtmlFormatter(cssclass="hl")
         self.listing_formatter = ListingFormatter(cssclass="hl")
         self.md = MarkdownIt("commonmark", {"html": True}).enable("table")
@@ -232,6 +266,9 @@ class Site:
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(DOCS), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.page: Page | None = None
+        # What is being rendered: its Markdown (repository path, and the file read), its place
+        # in the site; relative links and pictures are resolved from the one, written for the other.
+        self.markdown = self.file = self.html = ""
 
     # -- what the Markdown pages may contain beyond CommonMark ----------------------------------
 
@@ -244,7 +281,35 @@ class Site:
 
     def where(self, token) -> str:
         line = token.map[0] + 1 if token.map else token.meta.get("line", "?")
-        return f"{os.path.relpath(os.path.join(self.pages, self.page.name + '.md'), ROOT)}:{line}"
+        return f"{os.path.relpath(self.file, ROOT)}:{line}"
+
+    @property
+    def root(self) -> str:
+        """The site's root, relative to the page being rendered."""
+        return "../" * self.html.count("/")
+
+    def url(self, target: str) -> str:
+        """The link, from the page being rendered, to the repository's file ``target``: its page
+        if it is one, else its copy (a picture) or its highlighted listing under src/."""
+        page = next((p for p in SITE if p.markdown == target), None)
+        if page is not None:
+            where = page.html
+        elif target.lower().endswith(IMAGE):
+            where = target[len("docs/"):] if target.startswith("docs/") else f"src/{target}"
+            self.images[where] = os.path.join(ROOT, target)
+        else:
+            where = f"src/{target}.html"
+            self.sources.add(target)
+        return posixpath.relpath(where, posixpath.dirname(self.html) or ".")
+
+    def relative(self, href: str, where: str) -> str | None:
+        """A relative link of the Markdown (``../pages/attention.md#masks``) as the site's, or
+        None if it names no file of the repository."""
+        path, hash_, fragment = href.partition("#")
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(self.markdown), urllib.parse.unquote(path)))
+        if target.startswith("../") or not os.path.isfile(os.path.join(ROOT, target)):
+            return None
+        return self.url(target) + hash_ + fragment
 
     def fence(self, tokens, idx, options, env):
         token = tokens[idx]
@@ -270,8 +335,15 @@ class Site:
         if href.startswith("src:"):
             ref = resolve(href[4:], self.where(token))
             self.sources.add(ref.path)
-            token.attrSet("href", src_href(ref))
+            token.attrSet("href", self.root + src_href(ref))
             token.attrSet("class", "src")
+        elif href and not href.startswith(("#", "mailto:")) and "://" not in href:
+            url = self.relative(href, self.where(token))
+            if url is not None:
+                token.attrSet("href", url)
+            elif href.partition("#")[0].endswith(".md") or not self.markdown.startswith("docs/pages/"):
+                # The reading's pages link each other by their .html; any other page links files.
+                raise BuildError(f"{self.where(token)}: the link {href} names no file of the repository")
         return self.md.renderer.renderToken(tokens, idx, options, env)
 
     def image(self, tokens, idx, options, env):
@@ -280,10 +352,18 @@ class Site:
         if src.startswith("pictures/"):
             if not os.path.isfile(os.path.join(self.pictures, src[len("pictures/"):])):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py or docs/figures.py draw it?)")
-        elif "://" not in src:  # a picture kept in docs/ (e.g. ablations.png): copied beside the pages
+            src = self.root + src
+        elif "://" in src:
+            pass
+        elif self.markdown.startswith("docs/pages/"):  # the reading names a picture kept in docs/ (e.g. ablations.png)
             if not os.path.isfile(os.path.join(DOCS, src)):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture docs/{src}")
-            self.images.add(src)
+            self.images[src] = os.path.join(DOCS, src)
+        else:  # any other page names it relative to its Markdown, as a code host shows it
+            url = self.relative(src, self.where(tokens[idx]))
+            if url is None:
+                raise BuildError(f"{self.where(tokens[idx])}: no picture {src}")
+            src = url
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
 
@@ -366,16 +446,17 @@ class Site:
             notes += bind_punctuation(self.notes.render(notes_md))
         code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.listing_formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
-        return (f'<div class="listing"><div class="notes"><a class="where" href="{src_href(ref)}">'
+        return (f'<div class="listing"><div class="notes"><a class="where" href="{self.root}{src_href(ref)}">'
                 f'{html.escape(label).replace("/", "/<wbr>")}, line {ref.first}</a>{notes}</div><div class="code">{code}</div></div>\n')
 
     # -- the pages ---------------------------------------------------------------------------
 
-    def render_page(self, page: Page, i: int) -> None:
+    def render_page(self, page: Page, group: list[Page]) -> None:
         self.page = page
-        path = os.path.join(self.pages, page.name + ".md")
+        path = os.path.join(self.folders[page.group], page.name + ".md")
         if not os.path.isfile(path):
-            raise BuildError(f"docs/build.py: PAGES lists {page.name!r}, but there is no docs/pages/{page.name}.md")
+            raise BuildError(f"docs/build.py: the site lists {page.name!r}, but there is no {page.markdown}")
+        self.markdown, self.file, self.html = page.markdown, path, page.html
         text = open(path, encoding="utf-8").read()
         tokens = self.md.parse(text)
         for token in tokens:  # inline tokens (links, pictures) know no line: give them their block's
@@ -384,29 +465,39 @@ class Site:
         body = bind_punctuation(self.md.renderer.render(tokens, self.md.options, {}))
         heading = lambda inline: self.md.renderer.renderInline(inline.children or [], self.md.options, {})
         body = body.replace("</h1>", "</h1>\n" + contents(tokens, heading), 1)
+        i = group.index(page)  # the previous and next pages of its own group
         out = self.env.get_template("template.html").render(
-            page=page, body=body, pages=PAGES, prev=PAGES[i - 1] if i > 0 else None,
-            next=PAGES[i + 1] if i + 1 < len(PAGES) else None, root="")
-        write(os.path.join(self.out, page.name + ".html"), out)
+            page=page, body=body, groups=GROUPS, prev=group[i - 1] if i > 0 else None,
+            next=group[i + 1] if i + 1 < len(group) else None, root=self.root)
+        write(os.path.join(self.out, page.html), out)
 
     def render_source(self, path: str) -> None:
-        text = open(os.path.join(ROOT, path), encoding="utf-8").read()
-        formatter = HtmlFormatter(cssclass="hl", linenos="inline", lineanchors="L", anchorlinenos=True)
-        code = highlight(text, get_lexer_for_filename(path), formatter)
-        depth = path.count("/") + 1
-        out = self.env.get_template("source.html").render(path=path, code=code, root="../" * depth, pages=PAGES)
-        write(os.path.join(self.out, "src", path + ".html"), out)
+        """A file a page points into, under src/: highlighted with its lines numbered, or, for a
+        Markdown file (benchmarks/README.md), rendered as a code host shows it, its links the site's."""
+        self.markdown, self.file, self.html = path, os.path.join(ROOT, path), f"src/{path}.html"
+        text = open(self.file, encoding="utf-8").read()
+        if path.endswith(".md"):
+            code = self.md.render(text)
+        else:
+            formatter = HtmlFormatter(cssclass="hl", linenos="inline", lineanchors="L", anchorlinenos=True)
+            code = highlight(text, get_lexer_for_filename(path), formatter)
+        out = self.env.get_template("source.html").render(path=path, code=code, root=self.root, groups=GROUPS)
+        write(os.path.join(self.out, self.html), out)
 
     def build(self) -> None:
-        for i, page in enumerate(PAGES):
-            self.render_page(page, i)
-        for path in sorted(self.sources):
-            self.render_source(path)
+        for _, group in GROUPS:
+            for page in group:
+                self.render_page(page, group)
+        done: set[str] = set()
+        while self.sources - done:  # a rendered Markdown file may point into more files
+            for path in sorted(self.sources - done):
+                done.add(path)
+                self.render_source(path)
         css = open(os.path.join(DOCS, "style.css"), encoding="utf-8").read()
         write(os.path.join(self.out, "style.css"), css + "\n" + self.formatter.get_style_defs(".hl"))
-        for image in self.images:
-            os.makedirs(os.path.dirname(os.path.join(self.out, image)), exist_ok=True)
-            shutil.copyfile(os.path.join(DOCS, image), os.path.join(self.out, image))
+        for where, image in self.images.items():
+            os.makedirs(os.path.dirname(os.path.join(self.out, where)), exist_ok=True)
+            shutil.copyfile(image, os.path.join(self.out, where))
         if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
             shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
 
@@ -541,7 +632,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
     site = build(args.out, args.pictures)
-    print(f"{len(PAGES)} pages and {len(site.sources)} source files in {time.perf_counter() - start:.1f} s: "
+    print(f"{len(SITE)} pages and {len(site.sources)} source files in {time.perf_counter() - start:.1f} s: "
           f"open {os.path.join(args.out, 'index.html')}")
     return 0
 

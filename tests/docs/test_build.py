@@ -60,8 +60,9 @@ def test_every_section_of_the_paper_has_its_page(site):
 
 def test_every_link_and_picture_on_every_page_resolves(site):
     out, built = site
-    pages = sorted(out.glob("*.html")) + sorted((out / "src").rglob("*.html"))
-    assert len(pages) == len(build.PAGES) + len(built.sources)
+    pages = sorted(out.glob("*.html")) + sorted(out.glob("guide/*.html")) + sorted(out.glob("internals/*.html")) \
+        + sorted((out / "src").rglob("*.html"))
+    assert len(pages) == len(build.SITE) + len(built.sources)
     for page in pages:
         refs = _Refs()
         refs.feed(page.read_text())
@@ -72,8 +73,29 @@ def test_every_link_and_picture_on_every_page_resolves(site):
                 continue  # #anchor on the same page
             target = (page.parent / urllib.parse.unquote(url.path)).resolve()
             assert target.is_file(), f"{page.relative_to(out)}: broken link {ref}"
-            if url.fragment.startswith("L") and target.suffix == ".html":
-                assert f'id="{url.fragment}"' in target.read_text(), f"{page.name}: no line {ref}"
+            if url.fragment and target.suffix == ".html":  # a line of a listing, or a section
+                assert f'id="{url.fragment}"' in target.read_text(), f"{page.name}: no anchor {ref}"
+
+
+def test_the_manuals_markdown_links_become_the_sites_own(tmp_path):
+    """A guide page links files as a code host resolves them, relative to its Markdown; the
+    build points each at the site's page, its copy of a picture, or its listing under src/, and
+    stops at a link to no file, naming the page and line."""
+    site = build.Site(str(tmp_path / "out"), str(tmp_path))
+    site.folders["guide"] = str(tmp_path)
+    page = build.GUIDE[0]
+    (tmp_path / f"{page.name}.md").write_text(
+        "# A\n\n[a](../pages/attention.md#masks), [b](../../benchmarks/README.md#multi30k), "
+        "[c](reproducing.md), [d](../../examples/train_wmt.py)\n\n![e](../ablations.png)\n")
+    site.render_page(page, build.GUIDE)
+    text = (tmp_path / "out" / "guide" / f"{page.name}.html").read_text()
+    for href in ('href="../attention.html#masks"', 'href="../src/benchmarks/README.md.html#multi30k"',
+                 'href="reproducing.html"', 'href="../src/examples/train_wmt.py.html"', 'src="../ablations.png"'):
+        assert href in text, href
+    assert {"benchmarks/README.md", "examples/train_wmt.py"} <= site.sources
+    (tmp_path / f"{page.name}.md").write_text("# A\n\nSee [it](../pages/no-such-page.md).\n")
+    with pytest.raises(build.BuildError, match=rf"{page.name}\.md:3: the link \.\./pages/no-such-page\.md names no file"):
+        site.render_page(page, build.GUIDE)
 
 
 # Words that tell how the code came to be rather than what it is: issues, sessions, a change and
@@ -105,10 +127,10 @@ def test_the_pages_tell_no_development_history(site):
     after of a change, no pointer to the results file, which a reader cannot follow (the notes
     shown from docstrings included)."""
     out, _ = site
-    for page in build.PAGES:
-        text = html.unescape(re.sub(r"<[^>]+>", " ", (out / f"{page.name}.html").read_text()))
+    for page in build.SITE:
+        text = html.unescape(re.sub(r"<[^>]+>", " ", (out / page.html).read_text()))
         found = HISTORY.findall(text)
-        assert not found, f"{page.name}.html tells development history: {found}"
+        assert not found, f"{page.html} tells development history: {found}"
 
 
 def test_every_heading_can_be_linked_to_and_a_long_page_lists_its_sections(site):
@@ -116,8 +138,8 @@ def test_every_heading_can_be_linked_to_and_a_long_page_lists_its_sections(site)
     with their list, each entry a link to its section on the page."""
     out, _ = site
     listed = 0
-    for page in build.PAGES:
-        text = (out / f"{page.name}.html").read_text()
+    for page in build.SITE:
+        text = (out / page.html).read_text()
         headings = re.findall(r"<h([23])( id=\"[^\"]+\")?>", text)
         assert headings and all(ident for _, ident in headings), f"{page.name}: a heading without an id"
         sections = re.findall(r'<h2 id="([^"]+)">', text)
