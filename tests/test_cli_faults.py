@@ -57,9 +57,11 @@ def path_options(program: str) -> list[tuple[str, object]]:
 
 def test_every_option_that_names_a_path_is_typed():
     for program in PROGRAMS:
-        for a in importlib.import_module(program).build_parser()._actions:
+        parser = importlib.import_module(program).build_parser()
+        for a in parser._actions:
             name = a.option_strings[0] if a.option_strings else a.dest
-            if a.nargs == 0 or name == "help" or a.choices or getattr(a.type, "kind", None) or a.type is cli.regex:
+            if a.nargs == 0 or name == "help" or a.choices or getattr(a.type, "kind", None) or a.type is cli.regex \
+                    or name in parser.removed:  # refused whatever its value
                 continue
             assert a.type in PATH_TYPES or (program, name) in NOT_PATHS, \
                 f"{program} {name}: a path option needs a cli path type (or is it text? NOT_PATHS)"
