@@ -77,7 +77,7 @@ class Preset:
 
 PRESETS = {
     # Sized for a 2-core CPU and an hour, everything chosen on the validation split
-    # (benchmarks/RESULTS.md): a 3+3-layer model of d_model 128 with P_drop 0.2 fits 2.3 times
+    # (docs/guide/reproducing.md): a 3+3-layer model of d_model 128 with P_drop 0.2 fits 2.3 times
     # as many steps into it as one of d_model 256, which overfits Multi30k within the hour; beam 8 and
     # alpha 2.0 (examples/tune_decoding.py), as these models' translations run short. A step
     # count ends the run (about an hour on 2 quiet cores), so that its result depends on the
@@ -90,7 +90,7 @@ PRESETS = {
     # Wu et al. (2021)'s Transformer-tiny, the recipe of the figure the README compares with (their
     # Revisit-MMT repository, a fairseq 0.9 fork: README-baseline.md, transformer_tiny, the fork's
     # defaults): lowercased Moses tokens; joint BPE of about 9,700 types (sentencepiece's 10,000
-    # pieces come within 2%: benchmarks/RESULTS.md); 4+4 layers, d_ff 256, P_drop 0.3; Adam's
+    # pieces come within 2%: experiments/subwords/); 4+4 layers, d_ff 256, P_drop 0.3; Adam's
     # eps 1e-8; fairseq's inverse_sqrt to 0.005 at 2,000 updates (the schedule of section 5.3
     # with its factor set by peak_lr, which overrides lr_factor); clipping at norm 25; 2 x 4,096
     # tokens; 8,000 updates at most, stopped after 10 epochs without a better validation loss;

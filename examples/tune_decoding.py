@@ -21,7 +21,7 @@ bootstrap, which says whether a difference is larger than the split's sampling n
         -i runs/baseline/val-avg5-beam8-alpha2.hyp runs/candidate/val-avg5-beam8-alpha2.hyp
 
 That noise is not the only one: two trainings of one configuration with different seeds can
-differ by more (about a BLEU point on Multi30k, benchmarks/RESULTS.md).
+differ by more (about a BLEU point on Multi30k, docs/guide/reproducing.md).
 
 The run folder must still hold the checkpoints to average: train_wmt.py keeps the last
 --average-last of them, so train with an --average-last at least as large as the largest --average here. A finished run

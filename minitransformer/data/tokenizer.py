@@ -17,7 +17,7 @@ Fixed ids, whatever the vocabulary size, so every layer can name them:
     EOS_ID = 3   ends every source and target sequence; decoding stops at it
 
 Sizes: ``PRESETS["multi30k"]`` uses 8,000 pieces (29,000 short caption pairs; in the main
-job's hour 4,000 and 16,000 both scored lower on validation: benchmarks/RESULTS.md),
+job's hour 4,000 and 16,000 both scored lower on validation: docs/guide/reproducing.md),
 ``PRESETS["wmt14"]`` 37,000 as in the paper, trained on a 4M-sentence random sample of the
 9M training sentences (both sides), which sentencepiece draws itself.
 

@@ -94,7 +94,7 @@ SANITIZER_CPU_SECONDS = 900
 # only come out low, never high. Tile mutants change shared-memory layouts, and in every build,
 # the kernel tests' too, the emulator finds a write past a carved array and turns a read past
 # one into NaN (emu.h, SharedMemory): AddressSanitizer, half a minute a mutant, killed none of
-# the 66 that reached it in the third full run (benchmarks/RESULTS.md). One reading past an
+# the 66 that reached it in a full run. One reading past an
 # array without changing a result would survive, and be explained or fixed.
 SANITIZERS_FOR = {"relational": ["address"], "off-by-one": ["address"], "min-max": ["address"],
                   "tile": [], "barrier": ["thread"], "atomic": ["thread"],
