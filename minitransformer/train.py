@@ -254,7 +254,8 @@ def _forward_backward(model, micro_batches, label_smoothing, ddp, amp_dtype, sca
     is finite) of this rank's micro-batches, their gradients added up in ``.grad``."""
     pad = model.config.pad_id
     # Alone, each backward is of its summed loss over the step's tokens; with ddp, of its sum.
-    step_tokens = None if ddp is not None else sum(int((_array(b[2]) != pad).sum()) for b in micro_batches if b is not None)
+    step_tokens = None if ddp is not None else sum(int((_array(b[2]) != pad).sum())
+                                                   for b in micro_batches if b is not None)
     value, nll_sum, n, local_ok = 0.0, 0.0, 0, True
     for k, batch in enumerate(micro_batches):
         if batch is None:
