@@ -14,7 +14,8 @@ in this order; tests/test_layers.py checks it):
     gradcheck          autograd against finite differences
     kernels            the CUDA kernels' launchers and limits, and their NumPy twins
     functional (F)     differentiable ops, each with its backward (Tensor's operators call them)
-    nn, optim, amp, data, checkpoint, distributed
+    data, bleu, nn, optim, amp, checkpoint, distributed
+    run_folder         a training run's folder: its lock, its resume record and checks
     decoding, export, train
 """
 

@@ -13,9 +13,8 @@ curve of every run in the record, in the literature's metric, is drawn into --pl
 anchor's 41.02 (Wu et al. 2021, on test), with the first minute where each run reaches it.
 
 Minutes are the run's own clock: the training time a checkpoint records (``train_seconds``,
-its validations included, as --time-budget counts them), which a resume carries on. ``--split
-test`` scores the test split instead: for a final figure, read once; nothing is to be chosen by
-it.
+its validations included), which a resume carries on. ``--split test`` scores the test split
+instead: for a final figure, read once; nothing is to be chosen by it.
 """
 
 from __future__ import annotations
