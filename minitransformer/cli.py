@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from minitransformer import backend
+from minitransformer import backend, files
 
 DEBUG_ENV = "MT_DEBUG"
 INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
@@ -301,6 +301,7 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
             raise SystemExit(f"error: out of memory{f': {e}' if str(e) else ''}") from None
         if not isinstance(e, KeyboardInterrupt):
             raise SystemExit(f"error: {os_error_line(e) if isinstance(e, OSError) else e}") from None
+        files.remove_own_temporaries()  # what an interrupt left where atomic_write could not see it
         hint = on_interrupt() if on_interrupt is not None else None
         how = f"terminated ({e.name})" if isinstance(e, Terminated) else "\ninterrupted"  # past the terminal's ^C
         if hint is not False:  # False: another process (rank 0) tells it

@@ -72,10 +72,42 @@ def _host() -> str:
 
 def _temporary_prefix(path: str) -> str:
     """``.tmp-<name>-@<host>:<pid>.<start>-`` for a temporary file or folder beside ``path``
-    (mkstemp adds the random part). The name is cut to keep the whole within NAME_MAX."""
+    (mkstemp adds the random part). The name is cut to keep the whole within NAME_MAX. The
+    folder is noted for ``remove_own_temporaries`` before anything is made in it."""
+    _temporary_folders.add(os.path.dirname(path))
     start = _process_start("self")
     owner = f"{_host()}:{os.getpid()}" + (f".{start}" if start else "")
     return f"{PREFIX}{os.path.basename(path)[:100]}-@{owner}-"
+
+
+_temporary_folders: set[str] = set()  # where this process has made temporary files or folders
+
+
+def remove_own_temporaries() -> None:
+    """Delete the temporary files and folders of this process's unfinished writes.
+
+    ``atomic_write`` and ``atomic_folder`` delete their own when interrupted, but an interrupt
+    (Ctrl-C, SIGTERM) is raised at whatever line runs next, and some lines have no ``except``
+    around them: inside ``mkstemp`` just after it made the file, or in ``__enter__`` just after
+    the generator yielded, whose ``with`` block, and so its exit, never starts. ``cli.run`` calls
+    this on an interrupt; rank 0 of several then ends by ``MPI_Abort``, which runs no finaliser."""
+    mine = {"host": _host(), "pid": str(os.getpid()), "start": _process_start("self")}
+    for folder in list(_temporary_folders):
+        try:
+            names = os.listdir(folder)
+        except OSError:  # removed since
+            continue
+        for name in names:
+            match = _OWNED.match(name)
+            # "-old": the folder that atomic_folder was replacing, whole, kept.
+            if match is None or match.groupdict() != mine or name.endswith("-old"):
+                continue
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.isfile(path) and not os.path.islink(path):
+                with contextlib.suppress(OSError):  # best effort: the interrupt's line comes next
+                    os.remove(path)
 
 
 def _owner_alive(pid: int, start: str | None) -> bool:

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from minitransformer import backend, cli
+from minitransformer import backend, cli, files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = ("examples", "benchmarks", "docs", "tools/kernels",
@@ -199,6 +199,30 @@ def test_run_tells_ordinary_failures_in_one_line(capsys, tmp_path):
         cli.run(fails_with(BadCorpus("line 3 is bad")), ["--debug"], user_errors=(BadCorpus,))
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         cli.run(fails_with(ZeroDivisionError()), [])
+
+
+def test_an_interrupt_that_no_except_sees_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM raised just after mkstemp made an atomic write's temporary file, before
+    atomic_write's try: cli.run removes what the write left (an MPI rank 0 ends by MPI_Abort,
+    so no finaliser would)."""
+    real_open = os.open
+
+    def interrupted_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if os.path.basename(path).startswith(files.PREFIX):
+            raise KeyboardInterrupt  # the signal's handler, run at the next line
+        return fd
+
+    def main(argv):
+        (tmp_path / "kept.txt").write_text("someone else's")
+        with files.atomic_write(tmp_path / "ckpt-2.npz", "wb") as f:
+            f.write(b"weights")
+
+    monkeypatch.setattr(os, "open", interrupted_open)
+    with pytest.raises(SystemExit) as e:
+        cli.run(main, [])
+    assert e.value.code == cli.INTERRUPTED and capsys.readouterr().err.strip() == "interrupted"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
 
 
 @pytest.mark.parametrize("script, argv", [("benchmarks/train_step.py", ["--vocab", "100000000", "--steps", "1"]),

@@ -10,7 +10,7 @@ Every communicator works in place on one contiguous array per call:
 
 Three backends, chosen by ``distributed.init``; none of them moves a byte itself:
 
-    MPICommunicator    NumPy buffers in host memory, through mpi4py (Allreduce, Iallreduce, Bcast).
+    MPICommunicator    NumPy buffers in host memory, through mpi4py (Iallreduce, Ibcast, Ibarrier).
     NCCLCommunicator   CuPy buffers, one GPU per rank, through ``cupy.cuda.nccl``. Its kernels run
                        on a stream of their own, so an all-reduce overlaps the kernels that
                        backward keeps queueing on the compute stream. Ordering is by CUDA events,
@@ -133,13 +133,24 @@ class LocalCommunicator(Communicator):
 # --------------------------------------------------------------------------- MPI
 
 
+def _wait(request) -> None:
+    """``request.Wait()``, polled from Python so that a signal is handled while it waits.
+
+    MPI_Wait busy-polls inside C, where Python cannot run its signal handlers: a rank waiting
+    there for a rank that Ctrl-C or SIGTERM took out of the loop would wait forever, never
+    clean up, and be killed silently by that rank's abort (distributed.run_main). Polling costs
+    what MPI_Wait's own polling costs."""
+    while not request.Test():
+        pass
+
+
 class _MPIRequest:
     def __init__(self, request, finish=None) -> None:
         self.request = request
         self.finish = finish  # run once the reduction is complete (copies a staged result back)
 
     def wait(self) -> None:
-        self.request.Wait()
+        _wait(self.request)
         if self.finish is not None:
             self.finish()
             self.finish = None
@@ -165,13 +176,6 @@ class MPICommunicator(Communicator):
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._in_place = MPI.IN_PLACE
 
-    def all_reduce(self, buf, op: str = "sum") -> None:
-        self._check(buf, op)
-        if buf.dtype in HALF_DTYPES:
-            self.all_reduce_async(buf, op).wait()
-            return
-        self.comm.Allreduce(self._in_place, buf, op=self._ops[op])
-
     def all_reduce_async(self, buf, op: str = "sum") -> _MPIRequest:
         """Start a non-blocking all-reduce (``MPI_Iallreduce``).
 
@@ -191,7 +195,7 @@ class MPICommunicator(Communicator):
     def broadcast(self, buf, root: int = 0) -> None:
         self._check(buf, op=None)
         self._check_root(root)
-        self.comm.Bcast(buf.reshape(-1).view(np.uint8), root=root)
+        _wait(self.comm.Ibcast(buf.reshape(-1).view(np.uint8), root=root))
 
     def barrier(self) -> None:
         """Waits without spinning: MPI_Barrier busy-polls, so the ranks that wait while rank 0

@@ -18,6 +18,8 @@ Scenarios:
                   the communicator must refuse, on every rank
     raise         rank 1 raises while rank 0 waits in a collective
     exit          rank 1 calls sys.exit (inside distributed.run_main) while rank 0 waits
+    interrupt     rank 0 waits in an all_reduce and a broadcast that rank 1 never joins, and
+                  Ctrl-C reaches it there: it writes OUT_DIR/interrupted<k> for each
     accumulate    one optimiser step of train.accumulated_step over three micro-batches, each
                   rank on its share of every micro-batch's sentences (none for one of fewer
                   sentences than ranks): a float64 Transformer without dropout
@@ -27,7 +29,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -239,7 +244,7 @@ def blas_threads(world) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=("collectives", "train", "state", "nccl_ids", "blas_threads", "raise",
-                                               "exit", "accumulate"))
+                                               "exit", "interrupt", "accumulate"))
     ap.add_argument("out_dir")
     ap.add_argument("seed", type=int)
     ap.add_argument("--world-size", type=int, default=2)
@@ -271,6 +276,17 @@ def main() -> None:
             sys.exit("rank 1 gives up")  # SystemExit: sys.excepthook never sees it
         world.comm.barrier()
         return
+    if args.scenario == "interrupt":
+        world.comm.barrier()
+        if world.rank == 1:
+            time.sleep(60)  # ended by rank 0's MPI_Abort (run_main), or by the test's timeout
+        for k, collective in enumerate((world.comm.all_reduce, lambda buf: world.comm.broadcast(buf, root=1))):
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                collective(np.zeros(3))
+            except KeyboardInterrupt:
+                open(os.path.join(args.out_dir, f"interrupted{k}"), "w").close()
+        sys.exit(130)  # as cli.run ends an interrupted program
     if args.scenario == "collectives":
         out = collectives(world, args.seed)
     elif args.scenario == "state":

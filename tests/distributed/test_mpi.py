@@ -60,6 +60,7 @@ def run_ok(mpirun, tmp_path, scenario, *options, device="cpu", n=2):
     return seed, ranks
 
 
+@pytest.mark.slow  # many mpiexec launches
 @pytest.mark.parametrize("n", [2, 3, 8])
 @pytest.mark.parametrize("device", DEVICES)
 def test_collectives_on_odd_sizes(mpirun, tmp_path, worker, device, n):
@@ -119,6 +120,7 @@ def reference_training(worker, seed, steps, lr, n=2, nan_step=-1, unused_on_rank
     (2, 1, 52), (2, 0, 52), (2, 1, 25 * 2**20), (2, 0, 25 * 2**20),
     (3, 1, 52), (8, 1, 52), (8, 0, 25 * 2**20),
 ], ids=lambda v: {52: "13-float-buckets", 25 * 2**20: "25MiB"}.get(v, str(v)))
+@pytest.mark.slow  # many mpiexec launches
 def test_ranks_match_one_process_on_the_union(mpirun, tmp_path, worker, n, overlap, bucket_bytes,
                                               device):
     """From three ranks on, the last one's batch is empty at one step (its data ran out)."""
@@ -184,6 +186,7 @@ def test_ranks_given_different_nccl_ids_are_refused(mpirun, tmp_path):
         assert "different unique ids" in str(out["error"])
 
 
+@pytest.mark.slow  # many mpiexec launches
 @pytest.mark.parametrize("n", [2, 8])
 @pytest.mark.parametrize("device", DEVICES)
 def test_frozen_parameters_and_buffers_come_from_rank_0(mpirun, tmp_path, device, n):
@@ -212,6 +215,15 @@ def test_a_rank_that_raises_ends_the_whole_job(mpirun, tmp_path):
     assert "boom from rank 1" in proc.stderr
     assert "[rank 1/2] uncaught exception" in proc.stderr
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
+
+
+def test_ctrl_c_reaches_a_rank_waiting_for_a_rank_that_left(mpirun, tmp_path):
+    """A rank that waits in a collective for a rank that Ctrl-C or SIGTERM already took out of
+    the loop still gets its own interrupt, so that it cleans up and rank 0 says how to continue
+    (MPI_Allreduce and MPI_Bcast would hold it in C, where Python runs no signal handler)."""
+    proc = mpirun("interrupt", tmp_path, fresh_seed(), timeout=60)  # TimeoutExpired = a hang
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert (tmp_path / "interrupted0").exists() and (tmp_path / "interrupted1").exists()
 
 
 def test_each_cpu_rank_gets_its_share_of_the_cores(mpirun, tmp_path, monkeypatch):
