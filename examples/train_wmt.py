@@ -73,6 +73,7 @@ class Preset:
     bleu_sample: int = 100  # validation sentences beam-searched for BLEU at each validation (0: loss alone)
     length_penalty: str = "gnmt"  # decoding.LENGTH_PENALTIES
     peak_lr: float | None = None  # set: the schedule's peak, whatever d_model and warmup (fairseq's --lr)
+    limit: int | None = None  # a toy size (--limit): the first N training pairs, N/20 of validation and test
 
 
 PRESETS = {
@@ -87,6 +88,13 @@ PRESETS = {
                             dropout=0.2, label_smoothing=0.1),
                        max_tokens=2500, warmup=1000, lr_factor=1.5, epochs=100, max_len=100, average_last=5,
                        max_steps=9000, beam=8, alpha=2.0),
+    # The whole path in a few minutes, for a first look: 2,000 training pairs, a small model,
+    # 1,000 pieces; 100 validation and test sentences. A poor model, a working pipeline.
+    "smoke": Preset("multi30k", "smoke",
+                    dict(d_model=64, d_ff=256, h=4, num_encoder_layers=2, num_decoder_layers=2,
+                         dropout=0.1, label_smoothing=0.1),
+                    max_tokens=1000, warmup=200, lr_factor=1.0, peak_lr=0.003, epochs=1000, max_len=100,
+                    average_last=3, max_steps=1200, beam=4, alpha=0.6, bleu_sample=0, limit=2000),
     # Wu et al. (2021)'s Transformer-tiny, the recipe of the figure the README compares with (their
     # Revisit-MMT repository, a fairseq 0.9 fork: README-baseline.md, transformer_tiny, the fork's
     # defaults): lowercased Moses tokens; joint BPE of about 9,700 types (sentencepiece's 10,000
@@ -244,7 +252,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.argv = argv  # None: sys.argv's; for train.jsonl's start lines (command_line)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
     preset = PRESETS[args.preset]
-    for key in ("preprocess", "adam_eps", "clip_norm", "patience", "bleu_sample"):  # recorded in checkpoints as used
+    for key in ("preprocess", "adam_eps", "clip_norm", "patience", "bleu_sample", "limit"):  # recorded in checkpoints as used
         if getattr(args, key) is None:
             setattr(args, key, getattr(preset, key))
     vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size

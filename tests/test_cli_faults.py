@@ -312,6 +312,7 @@ def resident_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow  # the fault matrix's whole-run cells
 @pytest.mark.parametrize("program, option, kind", RUN_CELLS)
 def test_a_program_run_on_a_hostile_path_ends_in_at_most_three_lines(program, option, kind, valid, tmp_path,
                                                                       monkeypatch, capsys):

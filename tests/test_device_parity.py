@@ -131,6 +131,7 @@ def test_the_kernels_did_the_work_on_cuda():
     assert {"FusedAttention", "FusedLayerNorm", "FusedCrossEntropy"} <= ops, ops
 
 
+@pytest.mark.slow  # a whole training run on each device
 def test_the_copy_task_trains_on_cuda_as_on_the_cpu():
     """examples/copy_task.py trained on "cuda" for 200 steps of 8 sequences (one layer each
     side, to keep CI short), through the fused attention (d_k = 32), layernorm and loss,

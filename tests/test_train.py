@@ -124,6 +124,7 @@ def test_loss_falls_and_evaluation_is_deterministic():
     assert evaluate_loss(model, data[:3]) == last
 
 
+@pytest.mark.slow  # a whole training run
 def test_copy_task_example_learns():
     spec = importlib.util.spec_from_file_location("copy_task", ROOT / "examples" / "copy_task.py")
     copy_task = importlib.util.module_from_spec(spec)

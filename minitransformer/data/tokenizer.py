@@ -82,6 +82,7 @@ PRESETS = {
     # joint subword-nmt BPE of 10,000 merges (9,708; sentencepiece's 10,000 pieces use 9,592).
     "multi30k-tiny": TokenizerConfig(vocab_size=10000),
     "wmt14": TokenizerConfig(vocab_size=37000, input_sentence_size=4_000_000),
+    "smoke": TokenizerConfig(vocab_size=1000),  # 2,000 pairs: a few minutes' run
 }
 
 

@@ -19,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attn.py"
 
 @pytest.mark.skipif(emulator.unavailable_reason() is not None and not os.environ.get("MT_REQUIRE_EMULATOR"),
                     reason=f"the emulated kernels cannot be built: {emulator.unavailable_reason()}")
+@pytest.mark.slow  # the GPU path emulated
 def test_attn_benchmark_runs_its_gpu_path_emulated(tmp_path):
     out = tmp_path / "attn.json"
     proc = subprocess.run(

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["tests", "benchmarks", "counts", "ncu", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
 
 pytestmark = [
+    pytest.mark.slow,  # every stage of the GPU machine's script, emulated
     needs_multi30k,
     pytest.mark.skipif(emulator.unavailable_reason() is not None and not os.environ.get("MT_REQUIRE_EMULATOR"),
                        reason=f"the emulated kernels cannot be built: {emulator.unavailable_reason()}"),

@@ -3,8 +3,12 @@ the one a single process writes (tests/examples/test_ablations.py has the toy sw
 
 import json
 
+import pytest
+
 from tests.examples.test_ablations import sweep
 from tests.helpers import needs_multi30k
+
+pytestmark = pytest.mark.slow  # a whole sweep under mpiexec
 
 # Measured per run, not a property of the row: left out of the comparison.
 TIMINGS = ("train_minutes", "steps_per_s", "rank")

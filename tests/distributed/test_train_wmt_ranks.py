@@ -14,6 +14,8 @@ import pytest
 from tests.helpers import MULTI30K_DIR as DATA
 from tests.helpers import needs_multi30k
 
+pytestmark = pytest.mark.slow  # whole runs of train_wmt.py under mpiexec
+
 REPO = Path(__file__).resolve().parents[2]
 
 

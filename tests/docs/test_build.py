@@ -23,6 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import build  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the reading built whole, and rendered in a browser
+
 # The paper's sections the reading walks through (issue 27): each must have its page.
 SECTIONS = ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "6.1", "6.2"]
 MAIN_PAGES = ["index", "attention", "positional-encoding", "optimizer", "online-softmax", "fused-attention"]
@@ -360,7 +362,6 @@ def _listings_at(site, chromium, width: int) -> dict:
     return found
 
 
-@pytest.mark.slow  # a browser
 def test_notes_sit_beside_their_code_from_1100_pixels(site, chromium):
     """At 1280 pixels (most laptops) every listing has its notes beside its code and the code's
     lines (to 120 columns) fit whole; at 1100 the notes are still beside, and a line too long
@@ -374,14 +375,12 @@ def test_notes_sit_beside_their_code_from_1100_pixels(site, chromium):
             name: p["wrapped"] for name, p in found.items() if p["wrapped"]})
 
 
-@pytest.mark.slow  # a browser
 def test_notes_go_above_their_code_on_a_narrow_screen(site, chromium):
     found = _listings_at(site, chromium, 900)
     assert sum(p["beside"] for p in found.values()) == 0
     assert {name: p["overflowing"] for name, p in found.items() if p["overflowing"]} == {}
 
 
-@pytest.mark.slow  # a browser
 @pytest.mark.parametrize("name", MAIN_PAGES)
 def test_the_main_pages_render_in_a_browser(site, chromium, tmp_path, name):
     out, _ = site

@@ -21,6 +21,8 @@ import build  # noqa: E402
 import trained  # noqa: E402
 from translate import load_model  # noqa: E402 - examples/, on the path trained.py sets
 
+pytestmark = pytest.mark.slow  # the reading's pictures of a trained run
+
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):

@@ -29,7 +29,7 @@ from tests.helpers import MULTI30K_DIR as DATA
 from tests.helpers import needs_multi30k
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-pytestmark = needs_multi30k
+pytestmark = [needs_multi30k, pytest.mark.slow]  # whole runs, interrupted and damaged
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

@@ -19,6 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples")
 from tour import PICTURES  # noqa: E402
 
 
+@pytest.mark.slow  # the whole tour
 @pytest.mark.parametrize("name", PICTURES)
 def test_every_picture_is_written_and_not_blank(tour, name):
     folder, _ = tour

@@ -38,6 +38,17 @@ def losses(out_dir):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
+def test_the_smoke_preset_trains_translates_and_scores_its_toy_size(tmp_path):
+    """--preset smoke is the README's first look: its own toy size (2,000 pairs, 100 test
+    sentences) and vocabulary, the whole path to BLEU (here cut to a few steps)."""
+    result = train_wmt.main(["--preset", "smoke", "--data-dir", str(DATA), "--out-dir", str(tmp_path / "run"),
+                             "--max-steps", "4", "--no-progress"])
+    assert result["steps"] == 4 and result["test_sentences"] == 100
+    assert len((tmp_path / "run" / "test.hyp.de").read_text().splitlines()) == 100
+    model = load_checkpoint(str(tmp_path / "run" / "last.npz"), metadata_only=True).extra
+    assert model["args"]["limit"] == 2000 and 0.0 <= result["bleu"] <= 100.0
+
+
 def test_train_resume_average_translate(tmp_path, caplog):
     straight, split = tmp_path / "straight", tmp_path / "split"
     result = train_wmt.main(SMALL + ["--out-dir", str(straight), "--max-steps", "9"])
@@ -92,6 +103,7 @@ def test_train_resume_average_translate(tmp_path, caplog):
         assert (straight / "attention" / name).stat().st_size > 5_000
 
 
+@pytest.mark.slow  # a whole run, resumed
 def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     fp16 = SMALL + ["--precision", "fp16", "--eval-every", "2", "--bleu-sample", "2"]
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -105,6 +117,7 @@ def test_float16_training_resumes_exactly_with_its_loss_scale(tmp_path):
     assert [resumed[s] for s in (3, 4)] == [expected[s] for s in (3, 4)]
 
 
+@pytest.mark.slow  # a whole run, resumed
 @pytest.mark.parametrize("accumulate", ["1", "2"])
 def test_resume_across_the_end_of_the_epochs_is_exact(tmp_path, accumulate):
     """A run that stops at the end of its epochs resumes with the next epoch's first batch;
@@ -333,6 +346,7 @@ def test_the_anchor_s_preset_is_its_recipe():
     assert train_wmt.average_last(train_wmt.parse_args(["--preset", "multi30k-tiny", "--average-last", "3"])) == 3
 
 
+@pytest.mark.slow  # a whole run, resumed
 def test_the_anchor_s_preset_trains_on_moses_text_and_scores_in_the_literature_s_metric(tmp_path):
     from minitransformer.bleu import bleu_literature, bleu_lowercased
     from minitransformer.data import moses

@@ -364,6 +364,7 @@ def plot(run, sentence: str, out) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
 
 
+@pytest.mark.slow  # a long decoding
 def test_plot_attention_draws_a_long_text_sentence_by_sentence(run, tmp_path):
     text = " ".join(["A man runs in the park."] * 3)  # past the 32 positions
     result = plot(run, text, tmp_path / "maps")

@@ -11,6 +11,8 @@ import pytest
 from minitransformer.kernels import costs
 from minitransformer.kernels.resources import kernel_name
 
+pytestmark = pytest.mark.slow  # every kernel's memory traffic, counted in the emulator's count builds
+
 CASES = [("float32", 64, 90), ("float32", 128, 90), ("bfloat16", 64, 90), ("bfloat16", 128, 90),
          ("float32", 128, 86)]
 

@@ -31,6 +31,8 @@ import pytest
 from minitransformer.emulated import emulator
 from minitransformer.kernels import resources
 
+pytestmark = pytest.mark.slow  # the ptxas gates: csrc/ compiled for every GPU architecture
+
 _REASON = resources.unavailable_reason() or emulator.unavailable_reason()
 if _REASON:
     if os.environ.get("MT_REQUIRE_NVCC"):

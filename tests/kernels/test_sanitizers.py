@@ -38,6 +38,8 @@ import sanitized_run
 from minitransformer.emulated import emulator
 from minitransformer.emulated.emulator import Mutation
 
+pytestmark = pytest.mark.slow  # the kernels under AddressSanitizer/UBSan, ThreadSanitizer and poisoning
+
 emulated.require_emulator()
 
 DRIVER = Path(sanitized_run.__file__)

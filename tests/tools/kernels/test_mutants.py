@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tools" / "kernels"))
 import mutants  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the mutation tester: planted bugs and a sample of mutants
+
 
 def sites(rule, source: str) -> list[str]:
     """``source`` after each of the rule's mutations."""
