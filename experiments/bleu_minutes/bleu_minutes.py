@@ -34,7 +34,7 @@ import train_wmt  # noqa: E402
 from reproduction import ANCHOR as ANCHOR_LINE  # noqa: E402 - the anchor's printed figures
 from translate import find_run_files, model_from, text_settings  # noqa: E402
 
-from minitransformer import cli, data, files, records  # noqa: E402
+from minitransformer import cli, data, files, records, run_folder  # noqa: E402
 from minitransformer.bleu import bleu_scores  # noqa: E402
 from minitransformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint  # noqa: E402
 from minitransformer.decoding import translate  # noqa: E402
@@ -61,7 +61,7 @@ def build_parser() -> cli.ArgumentParser:
 def timeline(run: str) -> list[tuple[float, int, str]]:
     """(minutes trained, step, path) of each step checkpoint the run kept, oldest first."""
     out = []
-    for path in train_wmt.checkpoints(run):
+    for path in run_folder.checkpoints(run):
         extra = load_checkpoint(path, metadata_only=True).extra
         if "train_seconds" not in extra:
             raise CheckpointError(f"{path} does not say when it was written (no train_seconds): not train_wmt.py's")
@@ -118,7 +118,7 @@ def score_marks(args, record: list[dict]) -> list[dict]:
         point = dict(run=run, label=label, split=args.split, sentences=len(corpus), mark=round(minutes, 2),
                      minutes=round(chosen[-1][0], 2), step=chosen[-1][1], averaged=names, beam=beam, alpha=alpha,
                      length_penalty=length_penalty, **scores, date=datetime.date.today().isoformat(),
-                     scored_at=train_wmt.code_commit())
+                     scored_at=run_folder.code_commit())
         print(f"{label}: {point['minutes']:7.1f} min, step {point['step']:6d}, {len(names)} averaged: literature "
               f"{scores['literature']:.2f}, length ratio {scores['length_ratio']:.3f}", flush=True)
         points.append(point)

@@ -31,7 +31,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "experiments" / "reproduction")]  # train_wmt, reproduction's anchor
 
 import train_wmt  # noqa: E402
-from minitransformer import cli, data, files, records  # noqa: E402
+from minitransformer import cli, data, files, records, run_folder  # noqa: E402
 from minitransformer.bleu import bleu_scores  # noqa: E402
 from reproduction import ANCHOR  # noqa: E402 - the anchor's printed figures
 
@@ -115,7 +115,7 @@ def add_point(args) -> dict:
                  validation_nll=validation_nll(log["val"]),
                  beam=result["beam"], alpha=result["alpha"], averaged=result["averaged"], run=str(run),
                  parts=result.get("parts", []),  # each part's command, commit and start (train_wmt.py)
-                 date=datetime.date.today().isoformat(), scored_at=train_wmt.code_commit(), note=args.note)
+                 date=datetime.date.today().isoformat(), scored_at=run_folder.code_commit(), note=args.note)
     return point
 
 
