@@ -232,9 +232,13 @@ def rendered() -> dict[pathlib.Path, dict[str, str]]:
             ROOT / "README.md": {"results": results(), "reading-order": reading_order()}}
 
 
-def fill(path: pathlib.Path, blocks: dict[str, str]) -> str:
-    """``path``'s text with each ``<!-- render.py: NAME -->`` ... ``<!-- end -->`` block refilled."""
-    text = path.read_text(encoding="utf-8")
+def fill(path: pathlib.Path, blocks: dict[str, str]) -> tuple[str, str]:
+    """``path``'s text, and that text with each ``<!-- render.py: NAME -->`` ... ``<!-- end -->``
+    block refilled. A page is a regular file (a link to one is followed): a FIFO or a device,
+    read once, could not be compared and written back."""
+    if not path.is_file():
+        raise RecordError(f"{path}: not a regular file: a page to refill must be one")
+    text = old = path.read_text(encoding="utf-8")
     for name, block in blocks.items():
         start = f"<!-- render.py: {name} -->"
         if text.count(start) != 1:
@@ -243,7 +247,7 @@ def fill(path: pathlib.Path, blocks: dict[str, str]) -> str:
         if END not in rest:
             raise RecordError(f"{path}: {start} has no {END} after it")
         text = f"{head}{start}\n{block}\n{END}{rest.split(END, 1)[1]}"
-    return text
+    return old, text
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecordError as e:
         print(f"render.py: {e}", file=sys.stderr)
         return 2
-    stale = [path for path, text in due.items() if path.read_text(encoding="utf-8") != text]
+    stale = [path for path, (old, new) in due.items() if old != new]
     if args.check:
         for path in stale:
             print(f"{path.relative_to(ROOT)}: its tables differ from benchmarks/records/: run python benchmarks/render.py",
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for path in stale:
         with atomic_write(path) as f:
-            f.write(due[path])
+            f.write(due[path][1])
         print(f"rewrote {path.relative_to(ROOT)}")
     return 0
 

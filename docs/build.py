@@ -353,8 +353,8 @@ class Site:
             if not os.path.isfile(os.path.join(self.pictures, src[len("pictures/"):])):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture {src} (does examples/tour.py or docs/figures.py draw it?)")
             src = self.root + src
-        elif "://" in src:
-            pass
+        elif "://" in src:  # on the web: shown from there
+            return self._figure(token, src, options, env)
         elif self.markdown.startswith("docs/pages/"):  # the reading names a picture kept in docs/ (e.g. ablations.png)
             if not os.path.isfile(os.path.join(DOCS, src)):
                 raise BuildError(f"{self.where(tokens[idx])}: no picture docs/{src}")
@@ -364,6 +364,9 @@ class Site:
             if url is None:
                 raise BuildError(f"{self.where(tokens[idx])}: no picture {src}")
             src = url
+        return self._figure(token, src, options, env)
+
+    def _figure(self, token, src: str, options, env) -> str:
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
 

@@ -140,8 +140,9 @@ def _wait(request) -> None:
     there for a rank that Ctrl-C or SIGTERM took out of the loop would wait forever, never
     clean up, and be killed silently by that rank's abort (distributed.run_main). Polling costs
     what MPI_Wait's own polling costs."""
-    while not request.Test():
-        pass
+    done = request.Test()
+    while not done:  # back in Python between tests: a pending signal's handler runs here
+        done = request.Test()
 
 
 class _MPIRequest:

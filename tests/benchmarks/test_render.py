@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -97,3 +98,16 @@ def test_a_record_without_a_table_or_a_page_without_its_marker_is_refused(copy, 
     readme.write_text(readme.read_text().replace("<!-- render.py: results -->", ""))
     assert load_render(copy).main(["--check"]) == 2
     assert "needs the marker" in capsys.readouterr().err
+
+
+def test_a_page_that_is_not_a_regular_file_is_refused_and_a_link_is_written_through(copy, capsys):
+    render = load_render(copy)
+    readme = copy / "README.md"
+    (copy / "real.md").write_text(readme.read_text().replace("<!-- render.py: results -->\n", "<!-- render.py: results -->\nstale\n"))
+    readme.unlink()
+    readme.symlink_to("real.md")
+    assert render.main([]) == 0 and readme.is_symlink() and render.main(["--check"]) == 0
+    readme.unlink()
+    os.mkfifo(readme)
+    assert render.main(["--check"]) == 2
+    assert "README.md: not a regular file" in capsys.readouterr().err
