@@ -93,7 +93,7 @@ def teacher_forced_gap(model, tok, translator, src, hyps, size: int = 64) -> flo
     pieces, worst = export.Pieces(tok), 0.0
     for lo in range(0, len(src), size):
         s, h = src[lo: lo + size], hyps[lo: lo + size]
-        batch = data.collate(s, h)
+        batch = data.collate(s, h, start_id=model.config.start_id)
         with no_grad():
             logp = log_softmax_array(model(batch.src, batch.tgt_in).numpy())
         for row, (ids, theirs) in enumerate(zip(h, export.ctranslate2_log_probs(translator, pieces, s, h))):
@@ -147,7 +147,7 @@ def main(argv=None) -> dict:
     out = args.out or os.path.join(args.run, "ctranslate2")
     check_out(p, out)
     checkpoint, tokenizer = find_run_files(args.run)
-    tok = data.Tokenizer(tokenizer)
+    tok = data.open_tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)  # refuses non-finite weights
     beam, alpha = beam_and_alpha(ckpt, args.beam, args.alpha)

@@ -81,7 +81,7 @@ def main(argv=None) -> None:
     if not args.sentence.strip():
         p.error("the sentence is empty: there is no attention to draw")
     checkpoint, tokenizer = find_run_files(args.run)
-    tok = data.Tokenizer(tokenizer)
+    tok = data.open_tokenizer(tokenizer)
     model = load_model(checkpoint, "cpu", tokenizer=tok)
     refuse_wide_beams(p, [args.beam], tok)
     # A moses-lc run reads lowercased Moses tokens, as translate.py gives them to it.
@@ -114,7 +114,7 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "al
     returns its translation."""
     batch = data.collate([ids])
     hyp = beam_search(model, mt.tensor(batch.src), beam_size=beam)[0]
-    tgt_in = np.array([[data.BOS_ID] + hyp])
+    tgt_in = np.array([[model.config.start_id] + hyp])
     modules = [m for m in model.modules() if hasattr(m, "keep_weights")]
     for m in modules:
         m.keep_weights = True

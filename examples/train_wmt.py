@@ -74,6 +74,8 @@ class Preset:
     length_penalty: str = "gnmt"  # decoding.LENGTH_PENALTIES
     peak_lr: float | None = None  # set: the schedule's peak, whatever d_model and warmup (fairseq's --lr)
     limit: int | None = None  # a toy size (--limit): the first N training pairs, N/20 of validation and test
+    subwords: str = "sentencepiece"  # data.SUBWORDS: whose BPE (subword-nmt's: the tokenizer preset's
+    # vocab_size merges)
 
 
 PRESETS = {
@@ -133,7 +135,7 @@ class Run:
     scaler: GradScaler | None  # fp16 only
     amp_dtype: str | None  # None: float32 throughout
     batcher: data.TokenBatcher
-    tok: data.Tokenizer
+    tok: data.Tokenizer | data.SubwordNmtTokenizer
     val: data.ParallelCorpus
     val_batches: list
     log_path: str
@@ -229,7 +231,15 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--preprocess", choices=data.moses.PREPROCESSING,
                    help="what is done to the text before BPE: raw (nothing), or moses-lc (lowercased, punctuation "
                         "normalized and Moses-tokenized, as the Multi30k literature's text; default: the preset's)")
-    p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size (default: the preset's)")
+    p.add_argument("--vocab-size", type=cli.integer(5), help="BPE vocabulary size; with --subwords subword-nmt, its "
+                   "number of merges (default: the preset's)")
+    p.add_argument("--subwords", choices=data.SUBWORDS, help="whose BPE: sentencepiece's, or subword-nmt's on "
+                   "space-separated words, '@@ ' joined, as fairseq 0.9's recipes (default: the preset's, "
+                   "sentencepiece)")
+    p.add_argument("--init", choices=nn.INITS, help="plain (Xavier-uniform, zero biases) or fairseq 0.9's "
+                   "(nn.Transformer._init_fairseq; default: the preset's, plain)")
+    p.add_argument("--decoder-start", choices=nn.DECODER_STARTS, help="the decoder's first input, in training and "
+                   "decoding: bos, or eos as fairseq feeds it (default: the preset's, bos)")
     p.add_argument("--d-model", type=cli.integer(1), help="d_model; also sets d_ff to 4 * d_model")
     p.add_argument("--d-ff", type=cli.integer(1), help="d_ff, the inner width of the feed-forward layers "
                    "(default: the preset's, or 4 * --d-model)")
@@ -252,7 +262,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.argv = argv  # None: sys.argv's; for train.jsonl's start lines (command_line)
     args.out_dir = args.out_dir or os.path.join("runs", args.preset)
     preset = PRESETS[args.preset]
-    for key in ("preprocess", "adam_eps", "clip_norm", "patience", "bleu_sample", "limit"):  # recorded in checkpoints as used
+    for key in ("preprocess", "adam_eps", "clip_norm", "patience", "bleu_sample", "limit",
+                "subwords"):  # recorded in checkpoints as used
         if getattr(args, key) is None:
             setattr(args, key, getattr(preset, key))
     vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
@@ -293,12 +304,14 @@ def limited(corpus: data.ParallelCorpus, n: int | None) -> data.ParallelCorpus:
     return corpus.subset(range(min(n, len(corpus)))) if n else corpus
 
 
-def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer:
+def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer | data.SubwordNmtTokenizer:
     """The run's BPE vocabulary: rank 0 trains it into --out-dir (or finds it there), the
-    others load it."""
+    others load it. subword-nmt learns as many merges as sentencepiece's vocabulary has pieces."""
     tok_cfg = data.PRESETS[preset.tokenizer]
     if args.vocab_size:
         tok_cfg = data.TokenizerConfig(**{**tok_cfg.__dict__, "vocab_size": args.vocab_size})
+    if args.subwords == "subword-nmt":
+        tok_cfg = data.SubwordNmtConfig(merges=tok_cfg.vocab_size)
     return distributed.main_process_first(
         world, lambda: data.load_or_train(train, cache_dir=args.out_dir, config=tok_cfg))
 
@@ -307,8 +320,8 @@ def tokenizer(args, preset: Preset, world, train) -> data.Tokenizer:
 
 
 def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
-    """The preset's model, with --d-model (and d_ff = 4 d_model), --d-ff, --layers, --dropout and
-    --label-smoothing applied."""
+    """The preset's model, with --d-model (and d_ff = 4 d_model), --d-ff, --layers, --dropout,
+    --label-smoothing, --init and --decoder-start applied."""
     params = dict(preset.model)
     if args.d_model:
         params.update(d_model=args.d_model, d_ff=4 * args.d_model)
@@ -320,6 +333,10 @@ def model_config(args, preset: Preset, vocab_size: int) -> nn.TransformerConfig:
         params.update(dropout=args.dropout)
     if args.label_smoothing is not None:
         params.update(label_smoothing=args.label_smoothing)
+    if args.init:
+        params.update(init=args.init)
+    if args.decoder_start:
+        params.update(decoder_start=args.decoder_start)
     return nn.TransformerConfig(vocab_size=vocab_size, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
                                 eos_id=data.EOS_ID, **params)
 
@@ -453,10 +470,11 @@ def prepare(args, preset: Preset, world, train, val, tok) -> Run:
     # Packed: WMT14's 4.5M pairs as Python lists would take ~10 GB per rank.
     batcher = data.TokenBatcher(data.encode_packed(tok, train.src), data.encode_packed(tok, train.tgt),
                                 max_tokens=step_tokens(args, preset, world), max_len=preset.max_len,
-                                seed=args.seed, rank=world.rank, world_size=world.world_size)
+                                seed=args.seed, rank=world.rank, world_size=world.world_size,
+                                start_id=model.config.start_id)
     val_batches = [tuple(mt.tensor(a, device=args.device) for a in (b.src, b.tgt_in, b.tgt_out))
                    for b in data.TokenBatcher(tok.encode(val.src), tok.encode(val.tgt), max_tokens=4096,
-                                              shuffle=False).iter_epoch(0)]
+                                              shuffle=False, start_id=model.config.start_id).iter_epoch(0)]
     if world.is_main:
         log.info("%s: %d training pairs (%d dropped as too long), vocabulary %d, %d steps per epoch",
                  args.preset, len(train), batcher.num_dropped, tok.vocab_size, batcher.steps_per_epoch(0))
@@ -771,7 +789,8 @@ def average(run: Run, step: int) -> list[str]:
                     extra={"averaged_from": [os.path.basename(p) for p in paths], "step": step,
                            "tokenizer": os.path.basename(run.tok.path),
                            "beam": run.args.beam, "alpha": run.args.alpha,  # translate.py's defaults
-                           "length_penalty": run.args.length_penalty, "preprocess": run.args.preprocess})
+                           "length_penalty": run.args.length_penalty, "preprocess": run.args.preprocess,
+                           "subwords": run.args.subwords})
     return paths
 
 
@@ -799,6 +818,7 @@ def finish(run: Run, test, step: int, train_seconds: float) -> dict:
                   train_minutes=train_seconds / 60, decode_seconds=decode_seconds,
                   averaged=[os.path.basename(p) for p in paths], test_sentences=len(test), beam=args.beam,
                   alpha=args.alpha, length_penalty=args.length_penalty, preprocess=args.preprocess,
+                  subwords=args.subwords, init=model.config.init, decoder_start=model.config.decoder_start,
                   preset=args.preset, precision=args.precision,
                   parts=[r for r in records.read_log(run.log_path) if r["kind"] == "start"])
     with files.atomic_write(os.path.join(args.out_dir, "bleu.json")) as f:

@@ -4,7 +4,9 @@
     python examples/translate.py --run runs/multi30k --input test.en --output test.de
 
 ``--run`` is a train_wmt.py output folder: its averaged model (or last checkpoint) and its
-sentencepiece model are used. ``--checkpoint`` and ``--tokenizer`` name them explicitly.
+tokenizer (sentencepiece's .model, or subword-nmt's .bpe for a run trained with ``--subwords
+subword-nmt``, as its checkpoints record) are used. ``--checkpoint`` and ``--tokenizer`` name
+them explicitly.
 
 One line in, one line out, always: an empty line gives an empty line, a line the vocabulary
 cannot read at all gives an empty line and a warning, an over-long line is split at sentence
@@ -57,6 +59,10 @@ def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
     named = ckpt.extra.get("tokenizer")
     if tokenizer is not None and named is not None and named != tokenizer.path.name:
         raise SystemExit(f"{name} was trained with the tokenizer {named}, not {tokenizer.path}")
+    subwords = {**ckpt.extra.get("args", {}), **ckpt.extra}.get("subwords") or "sentencepiece"  # older runs': spm
+    if tokenizer is not None and tokenizer.kind != subwords:
+        raise SystemExit(f"{name} was trained on {subwords} subwords, but {tokenizer.path} is a {tokenizer.kind} "
+                         f"tokenizer")
     if tokenizer is not None and tokenizer.vocab_size != ckpt.config["vocab_size"]:
         raise SystemExit(f"{tokenizer.path} has {tokenizer.vocab_size} pieces but the model in {name} "
                          f"has a {ckpt.config['vocab_size']}-token vocabulary: not the tokenizer it was trained with")
@@ -117,7 +123,8 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--run", type=cli.input_folder, help="a train_wmt.py --out-dir")
     p.add_argument("--checkpoint", type=cli.input_file, help="checkpoint file (overrides --run's; with --run, it must hold the run's "
                    "model configuration)")
-    p.add_argument("--tokenizer", type=cli.input_file, help="sentencepiece .model file (overrides --run's)")
+    p.add_argument("--tokenizer", type=cli.input_file, help="the model's tokenizer: a sentencepiece .model or a "
+                   "subword-nmt .bpe file (overrides --run's)")
     p.add_argument("--input", type=cli.input_file, help="one sentence a line: a file, or a pipe (default: stdin)")
     p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
                    "a stopped run leaves what it finished in OUTPUT.partial; a link is written through to its file; "
@@ -181,7 +188,7 @@ def translate_into_output(p: cli.ArgumentParser, args) -> None:
         if args.output and is_same_file(args.output, path):
             p.error(f"--output {args.output} is the {name} {path}: writing it would destroy it")
 
-    tok = data.Tokenizer(tokenizer)
+    tok = data.open_tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     if args.checkpoint and run_checkpoint:
         check_same_config(ckpt, checkpoint, run_checkpoint)

@@ -73,7 +73,7 @@ def main(argv=None) -> list[dict]:
     # literature's metric, and chosen by that figure (it has no cased one).
     length_penalty, preprocess = text_settings(load_checkpoint(checkpoint, metadata_only=True), args.length_penalty)
     tokenized = preprocess == "moses-lc"
-    tok = data.Tokenizer(tokenizer)
+    tok = data.open_tokenizer(tokenizer)
     refuse_wide_beams(p, args.beam, tok)
     val = data.load_corpus(PRESETS[args.preset].corpus, args.data_dir, "val")
     split = "val"

@@ -38,7 +38,8 @@ VERSION = 1
 # What the programs read from a checkpoint's metadata (beside what restore() hands to each
 # object's own load_state_dict, which checks its part): checked when it is opened.
 _DECODING = {"beam": {"type": ["integer", "null"], "minimum": 1}, "alpha": {"type": ["number", "null"], "minimum": 0},
-             "length_penalty": {"type": ["string", "null"]}, "preprocess": {"type": ["string", "null"]}}
+             "length_penalty": {"type": ["string", "null"]}, "preprocess": {"type": ["string", "null"]},
+             "subwords": {"type": ["string", "null"]}}
 META = Schema({
     "type": "object",
     "required": ["format", "version", "config", "schedule", "rng", "extra", "optimizer"],

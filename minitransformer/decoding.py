@@ -22,12 +22,18 @@ Sentences are independent: each is decoded exactly as it would be alone (padding
 and the stopping rule looks at nothing but the sentence itself). With beam size 1 this is
 greedy decoding.
 
+Every search starts from ``config.start_id``, the token the model was trained to read first
+(BOS, or EOS as fairseq feeds it: ``TransformerConfig.decoder_start``). ``min_len=1`` keeps a
+hypothesis from ending at its first step, fairseq's ``--min-len`` default (its EOS gets -inf
+there, the other words keep their probabilities); 0, the default, lets it.
+
 A step of ``_beam``: the decoder's log-probabilities for every row (one row per sentence at the
-first step, where all beams are the same BOS; k after), EOS forced at the length limit
-(``_force_eos``), the 2k best extensions per sentence (``_score_candidates``), split into those
-that finish and the k that live on (``_select_beams``), and the cache gathered for the survivors
-(``_reorder``: the self-attention caches every step; the source side, which the decoder holds
-once per sentence for all its beams, only when sentences leave the batch).
+first step, where all beams are the same start token; k after), EOS barred before ``min_len``
+and forced at the length limit (``_force_eos``), the 2k best extensions per sentence
+(``_score_candidates``), split into those that finish and the k that live on
+(``_select_beams``), and the cache gathered for the survivors (``_reorder``: the
+self-attention caches every step; the source side, which the decoder holds once per sentence
+for all its beams, only when sentences leave the batch).
 
 ``beam_search(..., observer=f)`` calls ``f(step)`` after each step with a ``BeamStep``: the
 candidates the step scored, the hypotheses that finished, the beams it kept (examples/tour.py
@@ -124,7 +130,7 @@ def _greedy(model, src, max_len_extra: int) -> list[list[int]]:
     cache, project = model.new_cache(), model.projector()
     out = [[] for _ in range(n)]
     done = np.zeros(n, bool)
-    last = np.full(n, cfg.bos_id)
+    last = np.full(n, cfg.start_id)
     for t in range(int(max_out.max())):
         logp = log_softmax_array(_step_logits(model, project, last, memory, src_mask, cache, t, xp))
         last = backend.to_device(logp.argmax(axis=-1), "cpu")
@@ -144,11 +150,11 @@ class BeamStep:
     """What one step of ``beam_search`` scored and chose, as its ``observer`` receives it.
 
     A slot is a sentence still in the batch; rows are its beams, ``row = slot * width + beam``
-    (width 1 at step 0, where every beam is the same BOS). Arrays are NumPy, on the host.
+    (width 1 at step 0, where every beam is the same start token). Arrays are NumPy, on the host.
 
-        t             the output position this step filled (0: the first token after BOS)
+        t             the output position this step filled (0: the first token after the start)
         sentences     (slots,) each slot's index in the batch given to ``beam_search``
-        prefixes      (rows, t) each row's tokens before this step, BOS left out
+        prefixes      (rows, t) each row's tokens before this step, the start token left out
         candidate_*   (slots, min(2k, width * V)) the best extensions of each slot, best
                       first: the row each extends (``_rows``), the word it adds (``_words``),
                       and its log P(prefix + word | src) (``_scores``; -inf: not possible)
@@ -174,22 +180,25 @@ class BeamStep:
 
 @no_grad()
 def beam_search(model, src, beam_size: int = BEAM, alpha: float = ALPHA, max_len_extra: int = MAX_LEN_EXTRA,
-                return_scores: bool = False, observer=None, length_penalty: str = "gnmt"):
+                return_scores: bool = False, observer=None, length_penalty: str = "gnmt", min_len: int = 0):
     """Batched beam search (see the module docstring). Returns, per sentence, the best
-    hypothesis's token ids without BOS/EOS (and its score when ``return_scores``).
+    hypothesis's token ids without the start token and EOS (and its score when ``return_scores``).
     ``length_penalty``: "gnmt" or "fairseq" (LENGTH_PENALTIES), the lp that ``alpha`` shapes.
+    ``min_len``: tokens a hypothesis has at least, EOS not counted (fairseq's default is 1).
 
     ``observer``: called as ``observer(step)`` with a ``BeamStep`` after every step, to watch
     the search; it changes nothing (None, the default, costs nothing)."""
     with _eval_mode(model):
         if length_penalty not in LENGTH_PENALTIES:  # before the encoder runs
             raise ValueError(f"unknown length penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}")
-        results = _beam(model, src, beam_size, alpha, max_len_extra, observer, length_penalty)
+        if min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {min_len}")
+        results = _beam(model, src, beam_size, alpha, max_len_extra, observer, length_penalty, min_len)
     return results if return_scores else [hyp for hyp, _ in results]
 
 
-def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None, lp: str = "gnmt"
-          ) -> list[tuple[list[int], float]]:
+def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None, lp: str = "gnmt",
+          min_len: int = 0) -> list[tuple[list[int], float]]:
     eos = model.config.eos_id
     src, lengths, src_mask, memory = _prepare(model, src)
     if len(lengths) == 0:  # nothing to decode (and max_out.max() has no value)
@@ -198,7 +207,7 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None, l
     max_out = _max_out(model, lengths, max_len_extra)
     cache, project = model.new_cache(), model.projector()
     # Rows are (sentence, beam) pairs, beam-major inside each sentence: row = slot * width + beam.
-    # Every beam starts from the same BOS, so the first step decodes one row per sentence.
+    # Every beam starts from the same start token, so the first step decodes one row per sentence.
     width = 1
     active = np.arange(len(lengths))  # sentence id of each slot still in the batch
     tokens = np.zeros((len(active), 0), np.int64)  # generated so far, per row
@@ -206,10 +215,13 @@ def _beam(model, src, k: int, alpha: float, max_len_extra: int, observer=None, l
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in active]
 
     for t in range(int(max_out.max())):
-        last = tokens[:, -1] if t else np.full(len(tokens), model.config.bos_id)
+        last = tokens[:, -1] if t else np.full(len(tokens), model.config.start_id)
         # log P(next | prefix) = shifted - log_sum, per row (slots * width, V) and (rows, 1)
         shifted, log_sum = log_softmax_parts_(_step_logits(model, project, last, memory, src_mask, cache, t, xp))
-        _force_eos(shifted, np.repeat(t + 1 >= max_out[active], width), eos, xp)
+        at_limit = np.repeat(t + 1 >= max_out[active], width)
+        if t < min_len:  # EOS barred after the softmax, as in fairseq (the other words keep their log P);
+            shifted[xp.asarray(np.flatnonzero(~at_limit)), eos] = -np.inf  # the length limit wins
+        _force_eos(shifted, at_limit, eos, xp)
         top, top_scores = _score_candidates(shifted, log_sum[:, 0], scores, len(active), 2 * k, xp)
         vocab = shifted.shape[-1]
         ends, slots, rows, words, scores = _select_beams(top, top_scores, vocab, width, k, eos)

@@ -12,8 +12,10 @@ Our model maps onto CTranslate2's ``TransformerSpec`` (``pip install -e ".[expor
     W_Q, W_K, W_V (in, out)         transposed to (out, in); self-attention's three joined into
                                     one (3 d_model, d_model) projection, cross-attention's K, V
                                     into one (2 d_model, d_model)
-    sentencepiece pieces            the shared vocabulary, in id order (<pad> <unk> <s> </s> ...)
+    the tokenizer's pieces          the shared vocabulary, in id order (<pad> <unk> <s> </s> ...)
     EOS after every source          add_source_eos, as our batcher gives the encoder
+    config.start_id                 decoder_start_token: <s>, or </s> for a model that starts
+                                    from EOS (``TransformerConfig.decoder_start``)
 
 Decoding must then be asked to behave as ``decoding.beam_search`` does (``decode_options``):
 PAD and BOS are never emitted (suppressed), an empty hypothesis may finish at the first step
@@ -118,6 +120,7 @@ def to_ctranslate2(model, tokenizer, output_dir: str, quantization: str | None =
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     spec.config.add_source_eos = True
+    spec.config.decoder_start_token = pieces[cfg.start_id]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     spec.validate()
     spec.optimize(quantization=quantization)

@@ -199,7 +199,8 @@ def open_record(args, model_config: Callable[[int], object]) -> dict:
     now = vars(model_config(saved.get("vocab_size", 1)))
     for flag, key in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--layers", "num_encoder_layers"),
                       ("--layers", "num_decoder_layers"), ("--dropout", "dropout"),
-                      ("--label-smoothing", "label_smoothing")):
+                      ("--label-smoothing", "label_smoothing"), ("--init", "init"),
+                      ("--decoder-start", "decoder_start")):
         if key in saved and saved[key] != now[key]:
             raise ResumeError(f"{path} holds a model with {flag} {saved[key]}, but these settings give "
                               f"{now[key]}: resume with {flag} {saved[key]}, or start a new run")
@@ -234,7 +235,8 @@ def check_data(args, saved: dict, train, where: str) -> None:
     give it). Runs from before the corpus fingerprint have only the tokenizer's check."""
     path = os.path.join(args.out_dir, "last.npz")
     flags = saved.get("args", {})
-    for flag, key in (("--limit", "limit"), ("--vocab-size", "vocab_size"), ("--preprocess", "preprocess")):
+    for flag, key in (("--limit", "limit"), ("--vocab-size", "vocab_size"), ("--preprocess", "preprocess"),
+                      ("--subwords", "subwords")):
         if key in flags and flags[key] != getattr(args, key):
             raise ResumeError(f"{path} was trained {_with(flag, flags[key])}, not {_with(flag, getattr(args, key))}: "
                               f"resume {_with(flag, flags[key])}, or start a new run")
@@ -254,7 +256,7 @@ def check_resume(args, ckpt, tokenizer: str, averaged: list[str]) -> None:
     saved_tok = ckpt.extra.get("tokenizer")
     if saved_tok is not None and saved_tok != tokenizer:
         raise ResumeError(f"{path} was trained with the tokenizer {saved_tok}, but these settings give {tokenizer}: "
-                          f"resume with the run's --limit and --vocab-size")
+                          f"resume with the run's --limit, --vocab-size and --subwords")
     sched = ckpt.schedule or {}
     if args.warmup is not None and "warmup" in sched and sched["warmup"] != args.warmup:
         raise ResumeError(f"{path} was trained with --warmup {sched['warmup']}, not {args.warmup}: a resumed run "

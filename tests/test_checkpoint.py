@@ -143,6 +143,16 @@ def test_a_config_field_this_code_does_not_know_is_named():
         nn.TransformerConfig.from_dict("d_model=16")
 
 
+def test_a_checkpoint_from_before_the_decoder_start_field_starts_from_bos(tmp_path, monkeypatch):
+    model, *_ = setup()
+    old = {k: v for k, v in model.config.to_dict().items() if k not in ("init", "decoder_start")}
+    monkeypatch.setattr(model.config, "to_dict", lambda: old)  # as the code before the fields wrote it
+    save_checkpoint(str(tmp_path / "old.npz"), model)
+    config = load_checkpoint(str(tmp_path / "old.npz"), metadata_only=True).config
+    assert "decoder_start" not in config
+    assert nn.TransformerConfig.from_dict(config).start_id == model.config.bos_id
+
+
 def test_a_weight_is_finite_in_the_dtype_it_is_used_in(tmp_path):
     """A float64 1e39 is finite until it becomes float32: refused by the checkpoint's check and
     by load_state_dict, not loaded as inf."""

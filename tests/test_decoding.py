@@ -236,3 +236,54 @@ def test_beam_search_with_the_plain_candidates_decodes_the_same(monkeypatch):
     monkeypatch.setattr(decoding, "_score_candidates", lambda shifted, log_sum, scores, slots, k, xp:
                         decoding._plain_candidates(shifted, log_sum, scores, slots, k))
     assert beam_search(m, src, beam_size=4, alpha=0.6, max_len_extra=5, return_scores=True) == fast
+
+
+def test_a_model_that_starts_from_eos_decodes_as_its_full_forward_reads():
+    """decoder_start="eos" (fairseq's): greedy, beam search and the incremental cache all start
+    from EOS, as the model reads a target prefix in training: greedy takes the argmax of a full
+    forward over [EOS] + prefix, beam width 1 is greedy, and a beam's score is recomputed from it."""
+    eos = 3
+    m = model(seed=5, decoder_start="eos")
+    assert m.config.start_id == eos
+    src = sources(seed=6, n=4)
+    greedy = greedy_decode(m, src, max_len_extra=4)
+    assert beam_search(m, src, beam_size=1, max_len_extra=4) == greedy
+    beams = beam_search(m, src, beam_size=3, alpha=0.6, max_len_extra=4, return_scores=True)
+    for i in range(len(src)):
+        steps = []  # log P of each token after [EOS] + prefix, from the full forward
+        for hyp in (greedy[i], beams[i][0]):
+            prefix, logp = [eos], []
+            for tok in hyp + [eos]:
+                logits = m(src[i: i + 1], np.array([prefix])).numpy()[0, -1].astype(np.float64)
+                logits[[0, 2]] = -np.inf
+                logp.append(log_softmax_array(logits))
+                prefix.append(tok)
+            steps.append(logp)
+        ends = len(greedy[i]) < 4 + int((src[i] != 0).sum()) - 1  # not cut at the length limit
+        assert all(int(lp.argmax()) == tok for lp, tok in zip(steps[0], greedy[i] + ([eos] if ends else [])))
+        hyp, score = beams[i]
+        logp = sum(float(lp[tok]) for lp, tok in zip(steps[1], hyp + [eos]))
+        assert score == pytest.approx(logp / length_penalty(len(hyp) + 1, 0.6), rel=1e-4)
+
+
+def test_min_len_one_bars_the_empty_hypothesis():
+    """fairseq's --min-len 1: EOS cannot be the first token. A model drawn to EOS ends most
+    sentences at once without it."""
+    m = model(seed=7)
+    projector = m.projector
+
+    def drawn_to_eos():  # EOS's logit raised by 10 at every step
+        project = projector()
+
+        def raised(states):
+            logits = project(states)
+            logits.data[..., 3] += 10
+            return logits
+        return raised
+
+    m.projector = drawn_to_eos
+    src = sources(seed=8, n=6)
+    assert sum(not h for h in beam_search(m, src, beam_size=3)) >= 3
+    assert all(beam_search(m, src, beam_size=3, min_len=1))
+    with pytest.raises(ValueError, match="min_len"):
+        beam_search(m, src, min_len=-1)

@@ -97,3 +97,26 @@ def test_only_the_papers_model_is_exported(exported, tmp_path, monkeypatch):
     monkeypatch.setattr(model.config, "norm_first", True)
     with pytest.raises(ValueError, match="post-norm"):
         export.to_ctranslate2(model, tok, str(tmp_path))
+
+
+def test_a_model_that_starts_from_eos_is_exported_with_its_start(exported, tmp_path):
+    """decoder_start="eos": CTranslate2's decoder starts from </s> too (decoder_start_token), so
+    that teacher-forced scores and greedy search agree with ours, which read EOS first."""
+    from minitransformer import nn
+
+    model, tok, pieces, _, src = exported
+    eos_model = nn.Transformer(nn.TransformerConfig(**{**model.config.to_dict(), "decoder_start": "eos"})).eval()
+    eos_model.load_state_dict(model.state_dict())
+    translator = export.load_translator(export.to_ctranslate2(eos_model, tok, str(tmp_path / "eos")), threads=1)
+    tgt = [ids[::-1] for ids in src[:16]]
+    batch = data.collate(src[:16], tgt, start_id=data.EOS_ID)
+    ours = log_softmax_array(eos_model(batch.src, batch.tgt_in).numpy())
+    for row, (ids, t) in enumerate(zip(tgt, export.ctranslate2_log_probs(translator, pieces, src[:16], tgt))):
+        np.testing.assert_allclose(t, ours[row, np.arange(len(ids) + 1), ids + [data.EOS_ID]], atol=2e-5)
+    differ = 0
+    for idx in same_length_batches(src, 16):
+        batch = [src[i] for i in idx]
+        greedy = greedy_decode(eos_model, data.collate(batch).src)
+        assert export.ctranslate2_translate(translator, pieces, batch, beam_size=1) == greedy
+        differ += sum(a != b for a, b in zip(greedy, greedy_decode(model, data.collate(batch).src)))
+    assert differ >= len(src) // 4  # the start token matters to what the model writes

@@ -3,7 +3,7 @@
     corpus      read Multi30k / WMT14 EN-DE (plain, .gz, .sgm), with checked alignment
     download    python -m minitransformer.data.download multi30k|wmt14 --dest DIR
     moses       the Multi30k literature's text: lowercased, normalized, Moses-tokenized (sacremoses)
-    tokenizer   sentencepiece BPE, one vocabulary for both languages; PAD/UNK/BOS/EOS = 0/1/2/3
+    tokenizer   BPE, one vocabulary for both languages (sentencepiece, or subword-nmt); PAD/UNK/BOS/EOS = 0/1/2/3
     batching    batches of about max_tokens tokens, bucketed by length, sharded over ranks
 
 A training script strings them together::
@@ -23,7 +23,7 @@ For WMT14, ``data.encode_packed(tok, train.src)`` instead of ``tok.encode(train.
 keeps the 4.5M tokenized pairs in one flat array rather than ~10 GB of Python lists.
 
 The download module is not imported here, so that ``python -m minitransformer.data.download``
-runs it once, as a script. This package uses NumPy (and sentencepiece, tqdm) only; it
+runs it once, as a script. This package uses NumPy (and sentencepiece, subword-nmt, tqdm) only; it
 imports nothing from the model or the autograd engine.
 """
 
@@ -34,14 +34,15 @@ from .corpus import (
     missing_files, read_lines, read_parallel, read_sgm,
 )
 from .tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, Tokenizer, TokenizerConfig, TokenizerError, load_or_train,
-    train_tokenizer,
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, SUBWORDS, UNK_ID, SubwordNmtConfig, SubwordNmtTokenizer, Tokenizer,
+    TokenizerConfig, TokenizerError, load_or_train, open_tokenizer, train_subword_nmt, train_tokenizer,
 )
 
 __all__ = [
     "BOS_ID", "Batch", "CorpusError", "EOS_ID", "PAD_ID", "PRESETS", "PackedSequences",
-    "ParallelCorpus", "TokenBatcher", "Tokenizer", "TokenizerConfig", "TokenizerError", "UNK_ID", "collate",
-    "decode_utf8", "encode_packed", "find_split_file", "load_corpus", "load_multi30k", "load_or_train",
-    "load_wmt14", "missing_files", "moses", "read_lines", "read_parallel", "read_sgm", "train_tokenizer",
+    "ParallelCorpus", "SUBWORDS", "SubwordNmtConfig", "SubwordNmtTokenizer", "TokenBatcher", "Tokenizer",
+    "TokenizerConfig", "TokenizerError", "UNK_ID", "collate", "decode_utf8", "encode_packed", "find_split_file",
+    "load_corpus", "load_multi30k", "load_or_train", "load_wmt14", "missing_files", "moses", "open_tokenizer",
+    "read_lines", "read_parallel", "read_sgm", "train_subword_nmt", "train_tokenizer",
 ]
 

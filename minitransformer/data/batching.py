@@ -12,6 +12,9 @@ One pair becomes (the tokenizer gives the pieces x and y, the batcher adds the s
     tgt_in  = [BOS] + y          the decoder input (teacher forcing)
     tgt_out = y + [EOS]          what the decoder must predict at each position
 
+(``start_id=EOS_ID`` puts EOS in BOS's place, as fairseq does: the model's
+``config.start_id``, which decoding starts from too.)
+
 A ``Batch`` pads these to the longest row with PAD_ID into int64 arrays, with
 
     src      (B, S)   src_mask (B, S)  bool, True at real tokens (the attention keys to use)
@@ -103,11 +106,11 @@ def _pad(rows: Sequence[np.ndarray], prefix: int | None, suffix: int | None) -> 
 
 
 def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None = None,
-            indices: Sequence[int] | None = None) -> Batch:
+            indices: Sequence[int] | None = None, start_id: int = BOS_ID) -> Batch:
     """A ``Batch`` from piece-id sequences (without specials, as ``Tokenizer.encode`` gives).
 
     Use it for inputs the batcher does not see, e.g. sentences to translate: the source
-    gets the same EOS the model was trained with.
+    gets the same EOS the model was trained with. ``start_id`` begins each ``tgt_in`` row.
     """
     if len(src) == 0:
         raise ValueError("collate needs at least one sequence")
@@ -121,7 +124,7 @@ def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]] | None = 
     if tgt is None:
         return Batch(src_arr, src_mask, None, None, None, ids, int(src_mask.sum()), 0)
     tgt_rows = [np.asarray(t, dtype=np.int64) for t in tgt]
-    tgt_in, tgt_out = _pad(tgt_rows, BOS_ID, None), _pad(tgt_rows, None, EOS_ID)  # (B, T)
+    tgt_in, tgt_out = _pad(tgt_rows, start_id, None), _pad(tgt_rows, None, EOS_ID)  # (B, T)
     tgt_mask = np.arange(tgt_in.shape[1]) < np.array([len(r) + 1 for r in tgt_rows])[:, None]
     return Batch(src_arr, src_mask, tgt_in, tgt_out, tgt_mask, ids,
                  int(src_mask.sum()), int(tgt_mask.sum()))
@@ -226,6 +229,7 @@ class TokenBatcher:
     shuffle: False gives a fixed order (sorted by length, the same each epoch), e.g. for
         evaluation; ``Batch.indices`` maps rows back to the input order.
     seed, rank, world_size: see the module docstring.
+    start_id: the first token of each ``tgt_in`` row (the model's ``config.start_id``).
 
     Iterate with ``for batch in batcher`` (endless, epoch after epoch, from ``position``),
     or ``iter_epoch(epoch)`` for one epoch.
@@ -234,7 +238,7 @@ class TokenBatcher:
     def __init__(self, src: PackedSequences | Sequence[Sequence[int]],
                  tgt: PackedSequences | Sequence[Sequence[int]] | None = None, *,
                  max_tokens: int, max_len: int | None = None, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, start_id: int = BOS_ID):
         if tgt is not None and len(tgt) != len(src):
             raise ValueError(f"TokenBatcher got {len(src)} source and {len(tgt)} target sequences")
         if len(src) == 0:
@@ -247,6 +251,7 @@ class TokenBatcher:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.max_tokens, self.max_len, self.shuffle = max_tokens, max_len, shuffle
         self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.start_id = start_id
         self.num_pairs = len(src)
         self._pairs = self._measure(_packed(src), _packed(tgt) if tgt is not None else None)
         self.num_dropped = self.num_pairs - len(self._pairs.by_length)
@@ -347,7 +352,7 @@ class TokenBatcher:
                          none.astype(bool) if has_tgt else None, np.asarray(indices, np.int64), 0, 0)
         src = [pairs.src[i] for i in indices]
         tgt = [pairs.tgt[i] for i in indices] if pairs.tgt is not None else None
-        return collate(src, tgt, indices)
+        return collate(src, tgt, indices, self.start_id)
 
     def _batch_at(self, epoch: int, step: int) -> Batch:
         batch = self.make_batch(self.epoch_batches(epoch)[step])

@@ -1,4 +1,5 @@
-"""Subword tokenizer: sentencepiece BPE with one vocabulary shared by both languages.
+"""Subword tokenizers: BPE with one vocabulary shared by both languages, by sentencepiece (the
+default) or by subword-nmt (``SubwordNmtTokenizer``, the Multi30k literature's).
 
 The paper (section 5.1) encodes WMT14 EN-DE "using byte-pair encoding, which has a shared
 source-target vocabulary of about 37000 tokens". One vocabulary for both sides lets the
@@ -13,7 +14,8 @@ Fixed ids, whatever the vocabulary size, so every layer can name them:
 
     PAD_ID = 0   padding; masked out of attention and of the loss
     UNK_ID = 1   a character never seen in training
-    BOS_ID = 2   first decoder input (the batcher puts it in front of each target)
+    BOS_ID = 2   first decoder input (the batcher puts it in front of each target), unless
+                 the model starts from EOS (``TransformerConfig.decoder_start``)
     EOS_ID = 3   ends every source and target sequence; decoding stops at it
 
 Sizes: ``PRESETS["multi30k"]`` uses 8,000 pieces (29,000 short caption pairs; in the main
@@ -25,6 +27,13 @@ job's hour 4,000 and 16,000 both scored lower on validation: docs/guide/reproduc
 settings and of the training sentences, so changing ``vocab_size`` (or the data) trains a
 new model and never silently reuses the old one. Under data parallelism, call it on rank 0
 first and on the other ranks after a barrier, so that one process trains.
+
+subword-nmt (Sennrich et al.'s own tool, which the Multi30k literature's fairseq recipes use)
+learns ``merges`` merges on the text of both sides as it is given (words split on spaces:
+Moses-tokenized for that literature), marks every piece but a word's last with "@@", and its
+vocabulary is every piece of the training text segmented (fairseq's ``--joined-dictionary``
+with no threshold), most frequent first. ``open_tokenizer`` opens either from its file:
+``.model`` is sentencepiece's, ``.bpe`` subword-nmt's (JSON: the merges and the vocabulary).
 """
 
 from __future__ import annotations
@@ -42,12 +51,14 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from .. import schema
 from ..files import atomic_write
 from .corpus import CorpusError, ParallelCorpus
 
 logger = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # their pieces, in both tokenizers
 _FORMAT = 1  # bump when a change here changes what a cached model would contain
 
 
@@ -86,9 +97,35 @@ PRESETS = {
 }
 
 
+SUBWORDS = ("sentencepiece", "subword-nmt")  # the tokenizers, as train_wmt.py's --subwords names them
+
+
+@dataclass(frozen=True)
+class SubwordNmtConfig:
+    """How to learn subword-nmt's BPE: ``merges`` merge operations (the literature's 10,000
+    give Multi30k's lowercased Moses tokens about 9,700 types)."""
+
+    merges: int = 10000
+
+    def __post_init__(self):
+        if self.merges < 1:
+            raise ValueError(f"merges must be at least 1, got {self.merges}")
+
+
 class TokenizerError(CorpusError):
     """A tokenizer model file that cannot be used: not a sentencepiece model, a damaged one, or
     one with other special ids (a CorpusError: every program that reads data says it in one line)."""
+
+
+def _content(batch: Iterable[Sequence[int]] | np.ndarray) -> list[list[int]]:
+    """Each row of model output cut at its first EOS, PAD and BOS dropped."""
+    rows = []
+    for row in batch:
+        row = [int(i) for i in row]
+        if EOS_ID in row:
+            row = row[: row.index(EOS_ID)]
+        rows.append([i for i in row if i != PAD_ID and i != BOS_ID])
+    return rows
 
 
 class Tokenizer:
@@ -98,6 +135,8 @@ class Tokenizer:
     output as it comes (lists or a padded (B, T) integer array): each row is cut at its
     first EOS, PAD and BOS are dropped, and the pieces are joined into plain text.
     """
+
+    kind = "sentencepiece"
 
     def __init__(self, model_path: str | Path):
         self.path = Path(model_path)
@@ -131,13 +170,7 @@ class Tokenizer:
 
     def decode(self, batch: Iterable[Sequence[int]] | np.ndarray) -> list[str]:
         """Detokenized text of each row of ids (cut at the first EOS; PAD and BOS dropped)."""
-        rows = []
-        for row in batch:
-            row = [int(i) for i in row]
-            if EOS_ID in row:
-                row = row[: row.index(EOS_ID)]
-            rows.append([i for i in row if i != PAD_ID and i != BOS_ID])
-        return self._sp.decode(rows)
+        return self._sp.decode(_content(batch))
 
     def knows_nothing_of(self, ids: Sequence[int]) -> bool:
         """True when ``ids`` (one encoded sentence, not empty) are all <unk> and bare word
@@ -151,6 +184,73 @@ class Tokenizer:
     def id_to_piece(self, ids: Sequence[int]) -> list[str]:
         """The piece of each id (labels for attention plots)."""
         return [self._sp.id_to_piece(int(i)) for i in ids]
+
+
+# A subword-nmt tokenizer's file: its merges as learn_bpe writes them, and its vocabulary in id order.
+_BPE_FILE = schema.Schema({
+    "type": "object", "required": ["format", "codes", "vocab"],
+    "properties": {"format": {"const": "subword-nmt"}, "codes": {"type": "string"},
+                   "vocab": {**schema.STRINGS, "minItems": len(SPECIAL_PIECES) + 1, "uniqueItems": True}},
+})
+
+
+class SubwordNmtTokenizer:
+    """subword-nmt's BPE, with ``Tokenizer``'s interface: ``encode`` splits each sentence on
+    spaces and each word into its pieces (every piece but a word's last ends in "@@"), a piece
+    the vocabulary lacks becoming <unk>; ``decode`` cuts and cleans rows as ``Tokenizer`` does,
+    joins the pieces with spaces and removes each "@@ " (fairseq's ``--remove-bpe``)."""
+
+    kind = "subword-nmt"
+
+    def __init__(self, path: str | Path):
+        from subword_nmt.apply_bpe import BPE  # here, not on top: 20 ms every import of the package would pay
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"tokenizer model not found: {self.path}")
+        if not self.path.is_file():
+            raise TokenizerError(f"{self.path} is not a regular file, so not a subword-nmt tokenizer")
+        saved = schema.load_json(self.path, _BPE_FILE, TokenizerError)
+        codes, self._pieces = saved["codes"], saved["vocab"]
+        if tuple(self._pieces[:len(SPECIAL_PIECES)]) != SPECIAL_PIECES:
+            raise TokenizerError(f"{self.path} has the special pieces {self._pieces[:len(SPECIAL_PIECES)]}; this "
+                                 f"package needs {list(SPECIAL_PIECES)} (learn it with train_subword_nmt)")
+        header, *merges = codes.rstrip("\n").split("\n")
+        # apply_bpe's BPE ends the process (sys.exit) on a malformed merge: refused here first.
+        if not header.startswith("#version:") or any(len(m.split(" ")) != 2 or "" in m.split(" ") for m in merges):
+            raise TokenizerError(f"{self.path}: its codes are not subword-nmt merges (two pieces a line)")
+        self._bpe = BPE(io.StringIO(codes))
+        self._ids = {piece: i for i, piece in enumerate(self._pieces)}
+        self.vocab_size = len(self._pieces)
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __repr__(self) -> str:
+        return f"SubwordNmtTokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+    def pieces(self, text: str) -> list[str]:
+        return self._bpe.segment_tokens(text.split())
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Piece ids of each sentence, without BOS/EOS."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a batch (a list of sentences), not one str")
+        return [[self._ids.get(p, UNK_ID) for p in self.pieces(text)] for text in texts]
+
+    def decode(self, batch: Iterable[Sequence[int]] | np.ndarray) -> list[str]:
+        """The text of each row of ids (cut at the first EOS; PAD and BOS dropped), pieces joined."""
+        return [(" ".join(self.id_to_piece(row)) + " ").replace("@@ ", "").rstrip() for row in _content(batch)]
+
+    def knows_nothing_of(self, ids: Sequence[int]) -> bool:
+        """True when ``ids`` (one encoded sentence, not empty) are all <unk>."""
+        return all(i == UNK_ID for i in ids)
+
+    def id_to_piece(self, ids: Sequence[int]) -> list[str]:
+        return [self._pieces[int(i)] for i in ids]
+
+
+def open_tokenizer(path: str | Path) -> Tokenizer | SubwordNmtTokenizer:
+    """The tokenizer in ``path``: subword-nmt's for a ``.bpe`` file, sentencepiece's otherwise."""
+    return SubwordNmtTokenizer(path) if Path(path).suffix == ".bpe" else Tokenizer(path)
 
 
 def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
@@ -173,7 +273,7 @@ def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
             input_sentence_size=config.input_sentence_size,
             shuffle_input_sentence=True,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            **dict(zip(("pad_piece", "unk_piece", "bos_piece", "eos_piece"), SPECIAL_PIECES)),
             num_threads=os.cpu_count() or 1, minloglevel=2,
         )
     except RuntimeError as e:
@@ -191,23 +291,62 @@ def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
     return Tokenizer(model_path)
 
 
+def train_subword_nmt(sentences: Iterable[str], path: str | Path,
+                      config: SubwordNmtConfig = SubwordNmtConfig()) -> SubwordNmtTokenizer:
+    """Learn ``config.merges`` subword-nmt merges on ``sentences`` (both languages, as they are:
+    words are what spaces separate), and write them with the vocabulary of the segmented
+    sentences to ``path`` (whole or not at all): the special pieces, then every piece by
+    frequency, most frequent first, ties in string order (as fairseq's dictionary sorts)."""
+    from subword_nmt import learn_bpe as learning
+    from subword_nmt.apply_bpe import BPE
+
+    sentences = list(sentences)
+    codes = io.StringIO()
+    # learn_bpe wraps its merges in a tqdm bar, a line per update in a run's log: not wanted.
+    bar, learning.tqdm = learning.tqdm, lambda merges, *args, **kwargs: merges
+    try:
+        learning.learn_bpe(io.StringIO("\n".join(sentences) + "\n"), codes, config.merges)
+    finally:
+        learning.tqdm = bar
+    bpe = BPE(io.StringIO(codes.getvalue()))
+    counts: dict[str, int] = {}
+    for sentence in sentences:
+        for piece in bpe.segment_tokens(sentence.split()):
+            counts[piece] = counts.get(piece, 0) + 1
+    if not counts:
+        raise CorpusError(f"subword-nmt has no word to learn from in {len(sentences)} sentences")
+    vocab = [*SPECIAL_PIECES, *sorted((p for p in counts if p not in SPECIAL_PIECES), key=lambda p: (-counts[p], p))]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        f.write(json.dumps({"format": "subword-nmt", "codes": codes.getvalue(), "vocab": vocab}) + "\n")
+    logger.info("learnt %d subword-nmt merges on %d sentences (%d pieces): %s",
+                config.merges, len(sentences), len(vocab), path)
+    return SubwordNmtTokenizer(path)
+
+
 def load_or_train(corpus: ParallelCorpus, cache_dir: str | Path | None = None,
-                  config: TokenizerConfig = TokenizerConfig()) -> Tokenizer:
+                  config: TokenizerConfig | SubwordNmtConfig = TokenizerConfig()) -> Tokenizer | SubwordNmtTokenizer:
     """The tokenizer for this training corpus and config: loaded if cached, else trained.
 
-    It is trained on the source and target sentences together (one shared vocabulary).
+    It is trained on the source and target sentences together (one shared vocabulary):
+    sentencepiece's for a ``TokenizerConfig``, subword-nmt's for a ``SubwordNmtConfig``.
     ``cache_dir`` defaults to the directory of the corpus files; when that is read-only
     (a shared data set), to ``$XDG_CACHE_HOME/minitransformer/tokenizers``. The file name
-    ``spm-bpe{vocab_size}-{fingerprint}.model`` hashes the config and every training
-    sentence; a ``.json`` beside it records what went in.
+    ``spm-bpe{vocab_size}-{fingerprint}.model`` (``nmt-bpe{merges}-{fingerprint}.bpe``)
+    hashes the config and every training sentence; a ``.json`` beside it records what went in.
     """
     fingerprint = _fingerprint(corpus, config)
     directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir(corpus)
-    model_path = directory / f"spm-bpe{config.vocab_size}-{fingerprint[:16]}.model"
+    if isinstance(config, SubwordNmtConfig):
+        model_path = directory / f"nmt-bpe{config.merges}-{fingerprint[:16]}.bpe"
+    else:
+        model_path = directory / f"spm-bpe{config.vocab_size}-{fingerprint[:16]}.model"
     if model_path.is_file():
         logger.info("using cached tokenizer %s", model_path)
-        return Tokenizer(model_path)
-    tokenizer = train_tokenizer(_both_sides(corpus), model_path, config)
+        return open_tokenizer(model_path)
+    train = train_subword_nmt if isinstance(config, SubwordNmtConfig) else train_tokenizer
+    tokenizer = train(_both_sides(corpus), model_path, config)
     record = {"config": asdict(config), "fingerprint": fingerprint, "pairs": len(corpus),
               "src_files": [str(p) for p in corpus.src_paths],
               "tgt_files": [str(p) for p in corpus.tgt_paths]}
@@ -221,7 +360,7 @@ def _both_sides(corpus: ParallelCorpus) -> Iterable[str]:
     yield from corpus.tgt
 
 
-def _fingerprint(corpus: ParallelCorpus, config: TokenizerConfig) -> str:
+def _fingerprint(corpus: ParallelCorpus, config: TokenizerConfig | SubwordNmtConfig) -> str:
     h = hashlib.sha256(json.dumps([_FORMAT, asdict(config)]).encode())
     for sentence in _both_sides(corpus):
         h.update(sentence.encode("utf-8"))
@@ -240,7 +379,9 @@ def _default_cache_dir(corpus: ParallelCorpus) -> Path:
 
 
 class _Counter:
-    """Passes sentences through, counting them (for error messages and the log)."""
+    """Passes sentences through, counting them (for error messages and the log), and keeps what
+    stopped the reading: sentencepiece turns an exception raised in its iterator (an interrupt
+    too) into a RuntimeError of its own, and the caller raises the original again."""
 
     def __init__(self, sentences: Iterable[str]):
         self._sentences = sentences

@@ -5,12 +5,12 @@ from .embedding import Embedding, PositionalEncoding
 from .layers import Dropout, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
 from .transformer import (
-    Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward, Transformer,
+    DECODER_STARTS, INITS, Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward, Transformer,
     TransformerConfig, expected_num_parameters,
 )
 
 __all__ = [
-    "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer", "LayerNorm",
-    "KVCache", "Linear", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionalEncoding",
+    "DECODER_STARTS", "INITS", "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
+    "LayerNorm", "KVCache", "Linear", "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionalEncoding",
     "PositionwiseFeedForward", "Transformer", "TransformerConfig", "expected_num_parameters",
 ]

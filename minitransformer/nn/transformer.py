@@ -15,6 +15,13 @@ Deviations from the paper are named options, off by default:
   * ``attention_dropout``: dropout on the attention weights (the tensor2tensor code has it;
     the paper does not mention it);
   * ``learned_positions``: the learned positional embeddings of Table 3, row (E).
+
+Two conventions the paper does not state are options too, so that fairseq 0.9's (the toolkit of
+the Multi30k literature's figures) can be compared with ours:
+  * ``init``: "plain" (every Linear Xavier-uniform with zero biases, embeddings
+    N(0, d_model^-1/2)) or "fairseq" (``Transformer._init_fairseq`` says what differs);
+  * ``decoder_start``: the decoder's first input, "bos" or "eos" (fairseq feeds EOS); training's
+    ``tgt_in`` (``data.collate``), decoding and the export all read it as ``config.start_id``.
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from .attention import KVCache, MultiHeadAttention, reorder_cache
+from . import init
 from .embedding import Embedding, PositionalEncoding
 from .layers import Dropout, LayerNorm, Linear, check_fraction, check_int, check_positive
 from .module import Module, ModuleList
+
+INITS = ("plain", "fairseq")  # TransformerConfig.init
+DECODER_STARTS = ("bos", "eos")  # TransformerConfig.decoder_start
 
 
 @dataclass
@@ -53,6 +64,8 @@ class TransformerConfig:
     attention_dropout: float = 0.0
     learned_positions: bool = False
     max_len: int = 1024  # positions of a source (decoding splits longer ones); a learned table's rows
+    init: str = "plain"  # INITS: how the weights start (see Transformer._init_fairseq)
+    decoder_start: str = "bos"  # DECODER_STARTS: the decoder's first input (a checkpoint without it: "bos")
 
     def __post_init__(self) -> None:
         # Here, not when a layer is built, so that the message names the field.
@@ -71,6 +84,9 @@ class TransformerConfig:
         for name in ("share_embeddings", "norm_first", "learned_positions"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}: {name} must be True or False, got {getattr(self, name)!r}")
+        for name, choices in (("init", INITS), ("decoder_start", DECODER_STARTS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{owner}: {name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
             raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
@@ -79,6 +95,12 @@ class TransformerConfig:
     @property
     def target_vocab_size(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def start_id(self) -> int:
+        """The id the decoder reads first: ``tgt_in``'s first column in training, every
+        search's first step."""
+        return self.eos_id if self.decoder_start == "eos" else self.bos_id
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
@@ -223,6 +245,36 @@ class Transformer(Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.out_proj = None if cfg.share_embeddings else Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
+        if cfg.init == "fairseq":
+            self._init_fairseq()
+
+    def _init_fairseq(self) -> None:
+        r"""fairseq 0.9's initialisation (v0.9.0; the anchor's fork has the same code), drawn
+        over the "plain" one where the two differ:
+
+          * $W^Q$, $W^K$, $W^V$ of every attention: Xavier-uniform with gain $1/\sqrt{2}$, and
+            their biases PyTorch's ``nn.Linear`` default $U(\pm 1/\sqrt{d_{\mathrm{model}}})$,
+            which fairseq leaves as they are (fairseq/modules/multihead_attention.py,
+            ``reset_parameters``, lines 69-86); plain: gain 1 and zero biases. $W^O$ and the
+            feed-forward layers are Xavier-uniform with zero biases in both (the ``Linear`` of
+            fairseq/modules/transformer_layer.py, lines 306-311);
+          * the embedding's PAD row: zero (the ``Embedding`` of fairseq/models/transformer.py,
+            lines 770-774); the other rows $N(0, d_{\mathrm{model}}^{-1/2})$ in both;
+          * an untied output projection: $N(0, d_{\mathrm{model}}^{-1/2})$ (transformer.py, line
+            550), where plain is Xavier-uniform.
+
+        LayerNorm starts at ones and zeros in both. The other weights keep the plain draws, so
+        that one seed gives the two models the same feed-forward layers and $W^O$."""
+        d = self.config.d_model
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                for proj in (module.q_proj, module.k_proj, module.v_proj):
+                    proj.weight.data[...] = init.xavier_uniform(*proj.weight.shape, gain=2 ** -0.5)
+                    proj.bias.data[...] = init.uniform(proj.bias.shape, proj.in_features ** -0.5)
+        for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
+            embedding.weight.data[self.config.pad_id] = 0.0
+        if self.out_proj is not None:
+            self.out_proj.weight.data[...] = init.normal(self.out_proj.weight.shape, d ** -0.5)
 
     def _embed(self, embedding: Embedding, ids, offset: int = 0) -> Tensor:
         x = embedding(ids) * math.sqrt(self.config.d_model)  # section 3.4

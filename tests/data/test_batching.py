@@ -304,3 +304,17 @@ def test_packed_encoding_matches_lists(sample_pairs, tmp_path):
     assert len(encode_packed(tok, [])) == 0
     with pytest.raises(ValueError, match="offsets"):
         PackedSequences(np.zeros(5, np.int32), np.array([0, 2, 4]))
+
+
+def test_tgt_in_starts_with_the_model_s_start_token():
+    """start_id=EOS_ID (fairseq's decoder start): tgt_in begins with EOS instead of BOS, and
+    nothing else in the batch changes; the batcher passes it to every batch."""
+    src, tgt = random_pairs(np.random.default_rng(4), 30)
+    batcher = TokenBatcher(src, tgt, max_tokens=200, seed=1, start_id=EOS_ID)
+    for indices in batcher.epoch_batches(0):
+        batch, bos = batcher.make_batch(indices), collate([src[i] for i in indices], [tgt[i] for i in indices],
+                                                          indices)
+        assert (batch.tgt_in[:, 0] == EOS_ID).all() and (bos.tgt_in[:, 0] == BOS_ID).all()
+        np.testing.assert_array_equal(batch.tgt_in[:, 1:], bos.tgt_in[:, 1:])
+        for name in ("src", "src_mask", "tgt_out", "tgt_mask"):
+            np.testing.assert_array_equal(getattr(batch, name), getattr(bos, name))

@@ -5,8 +5,8 @@ import pytest
 import sentencepiece as spm
 
 from minitransformer.data import (
-    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, Tokenizer, TokenizerConfig, TokenizerError,
-    load_or_train, train_tokenizer,
+    BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, SubwordNmtConfig, SubwordNmtTokenizer,
+    Tokenizer, TokenizerConfig, TokenizerError, load_or_train, moses, open_tokenizer, train_tokenizer,
 )
 from minitransformer.data import tokenizer as tokenizer_module
 
@@ -136,3 +136,57 @@ def test_vocabulary_too_large_for_the_text(tmp_path):
     assert not (tmp_path / "x.model").exists()
     with pytest.raises(ValueError, match="vocab_size"):
         TokenizerConfig(vocab_size=4)
+
+
+NMT = SubwordNmtConfig(merges=300)
+
+
+@pytest.fixture(scope="module")
+def nmt_text(sample_pairs):
+    """The sample as the literature's BPE reads it: lowercased Moses tokens."""
+    return moses.preprocess_corpus(sample_pairs, "moses-lc")
+
+
+@pytest.fixture(scope="module")
+def nmt(nmt_text, tmp_path_factory):
+    return load_or_train(nmt_text, tmp_path_factory.mktemp("nmt"), NMT)
+
+
+def test_subword_nmt_round_trip_joins_its_pieces(nmt, nmt_text):
+    texts = nmt_text.src[:50] + nmt_text.tgt[:50]
+    ids = nmt.encode(texts)
+    assert all(min(row) > EOS_ID for row in ids)  # its own training text: no specials, no unknowns
+    assert nmt.decode(ids) == [" ".join(t.split()) for t in texts]
+    for text in texts[:10]:  # every piece but a word's last ends in "@@"
+        pieces = nmt.pieces(text)
+        assert sum(not p.endswith("@@") for p in pieces) == len(text.split())
+        assert " ".join(pieces).replace("@@ ", "") == " ".join(text.split())
+    assert nmt.id_to_piece([PAD_ID, UNK_ID, BOS_ID, EOS_ID]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    row = [BOS_ID] + ids[0] + [EOS_ID] + ids[1]  # cut at EOS, BOS dropped, as sentencepiece's
+    assert nmt.decode([row]) == [" ".join(texts[0].split())]
+
+
+def test_subword_nmt_vocabulary_is_its_segmented_text_most_frequent_first(nmt, nmt_text):
+    counts = {}
+    for text in nmt_text.src + nmt_text.tgt:
+        for piece in nmt.pieces(text):
+            counts[piece] = counts.get(piece, 0) + 1
+    assert nmt.vocab_size == 4 + len(counts)
+    pieces = nmt.id_to_piece(range(4, nmt.vocab_size))
+    assert [counts[p] for p in pieces] == sorted(counts.values(), reverse=True)
+    again = open_tokenizer(nmt.path)  # the cached file, opened by its suffix
+    assert again.kind == "subword-nmt" and again.encode(nmt_text.src[:5]) == nmt.encode(nmt_text.src[:5])
+    assert load_or_train(nmt_text, nmt.path.parent, NMT).path == nmt.path  # found, not learnt anew
+
+
+def test_subword_nmt_unknown_characters_and_damaged_files(nmt, tmp_path):
+    ids = nmt.encode(["ሰላም ሰላም"])[0]
+    assert UNK_ID in ids and nmt.knows_nothing_of(ids)
+    for name, content in (("garbage.bpe", b"\x80\x81 not json"), ("list.bpe", b"[1, 2]"),
+                          ("specials.bpe", b'{"format": "subword-nmt", "codes": "#version: 0.2\\n", '
+                                           b'"vocab": ["a", "b", "c", "d", "e"]}'),
+                          ("merges.bpe", b'{"format": "subword-nmt", "codes": "#version: 0.2\\na b c\\n", '
+                                         b'"vocab": ["<pad>", "<unk>", "<s>", "</s>", "e"]}')):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(TokenizerError, match=name):
+            SubwordNmtTokenizer(tmp_path / name)

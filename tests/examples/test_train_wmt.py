@@ -245,6 +245,34 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, monkey
     assert "argument --device: device 'cuda'" in line and ("CuPy" in line or "CUDA" in line)
 
 
+def test_fairseq_s_conventions_train_translate_and_are_recorded(tmp_path):
+    """--subwords subword-nmt, --init fairseq and --decoder-start eos: the run trains on
+    subword-nmt's pieces with tgt_in starting at EOS, records the three choices (model config,
+    checkpoints, bleu.json), and translate.py reads them back; a resume with another start is refused."""
+    run = tmp_path / "run"
+    args = SMALL + ["--out-dir", str(run), "--max-steps", "3", "--subwords", "subword-nmt", "--init", "fairseq",
+                    "--decoder-start", "eos"]
+    result = train_wmt.main(args)
+    assert (result["subwords"], result["init"], result["decoder_start"]) == ("subword-nmt", "fairseq", "eos")
+    averaged = load_checkpoint(str(run / "averaged.npz"))
+    assert (averaged.config["init"], averaged.config["decoder_start"]) == ("fairseq", "eos")
+    assert averaged.extra["subwords"] == "subword-nmt" and averaged.extra["tokenizer"].endswith(".bpe")
+    assert len((run / "test.hyp.de").read_text().splitlines()) == result["test_sentences"]
+
+    (tmp_path / "in.en").write_text("A man is riding a bike.\nTwo dogs play in the snow.\n")
+    translate.main(["--run", str(run), "--input", str(tmp_path / "in.en"), "--output", str(tmp_path / "out.de")])
+    assert len((tmp_path / "out.de").read_text().splitlines()) == 2
+    model = translate.model_from(averaged, "averaged.npz", "cpu")
+    assert model.config.start_id == train_wmt.data.EOS_ID
+    spm = types.SimpleNamespace(path=run / averaged.extra["tokenizer"], vocab_size=averaged.config["vocab_size"],
+                                kind="sentencepiece")
+    with pytest.raises(SystemExit, match="subword-nmt"):  # its detokenizer would not undo "@@ "
+        translate.model_from(averaged, "averaged.npz", "cpu", tokenizer=spm)
+    with pytest.raises(SystemExit, match="--decoder-start eos, but these settings give bos") as e:
+        train_wmt.main(args[:-2] + ["--decoder-start", "bos", "--max-steps", "6", "--resume"])
+    one_line_error(e)
+
+
 def test_model_flags_override_the_preset():
     preset = train_wmt.PRESETS["multi30k"]
     config = train_wmt.model_config(train_wmt.parse_args(["--d-model", "64", "--layers", "2", "--dropout", "0.3",
@@ -256,6 +284,9 @@ def test_model_flags_override_the_preset():
     default = train_wmt.model_config(train_wmt.parse_args([]), preset, vocab_size=100)
     assert (default.d_model, default.dropout, default.label_smoothing) == (
         preset.model["d_model"], preset.model["dropout"], preset.model["label_smoothing"])
+    assert (default.init, default.decoder_start) == ("plain", "bos")  # today's, until the runs decide
+    fairseq = train_wmt.model_config(train_wmt.parse_args(["--init", "fairseq", "--decoder-start", "eos"]), preset, 100)
+    assert (fairseq.init, fairseq.decoder_start) == ("fairseq", "eos")
 
 
 def test_a_stop_just_after_a_checkpoint_replaces_it_rather_than_averaging_a_near_copy(tmp_path):

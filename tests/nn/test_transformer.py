@@ -234,3 +234,53 @@ def test_config_refuses_fields_out_of_range(field, bad, edge, rule):
 ])
 def test_multi_head_attention_refuses_bad_sizes(make, message):
     _one_line_error(ValueError, "^" + message + "$", make)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_fairseq_init_is_fairseq_0_9_s(shared):
+    """init="fairseq" (fairseq v0.9.0's transformer.py and multihead_attention.py): W^Q, W^K, W^V
+    Xavier-uniform with gain 1/sqrt(2) and biases U(+-1/sqrt(d_model)); W^O and the feed-forward
+    layers Xavier-uniform with zero biases; the PAD row of the embeddings zero, the others
+    N(0, d_model^-1/2); an untied output projection N(0, d_model^-1/2); LayerNorm ones and zeros."""
+    d = 64
+    overrides = dict(d_model=d, d_ff=128, vocab_size=400, init="fairseq")
+    if not shared:
+        overrides.update(share_embeddings=False, tgt_vocab_size=300)
+    m = small_model(**overrides)
+    plain = small_model(**{**overrides, "init": "plain"})
+    xavier = np.sqrt(6 / (d + d))
+    for layer in list(m.encoder.layers) + list(m.decoder.layers):
+        attns = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
+        for attn in attns:
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                w, b = proj.weight.numpy(), proj.bias.numpy()
+                assert np.abs(w).max() <= xavier / np.sqrt(2) and np.abs(w).max() > 0.98 * xavier / np.sqrt(2)
+                assert np.abs(b).max() <= d ** -0.5 and np.abs(b).max() > 0.8 * d ** -0.5
+            assert np.abs(attn.out_proj.weight.numpy()).max() > 0.98 * xavier  # gain 1
+            assert not attn.out_proj.bias.numpy().any()
+        assert not layer.ffn.w_1.bias.numpy().any() and not layer.ffn.w_2.bias.numpy().any()
+        assert np.all(layer.sub1.norm.weight.numpy() == 1) and not layer.sub1.norm.bias.numpy().any()
+    for embed in {id(e): e for e in (m.src_embed, m.tgt_embed)}.values():
+        table = embed.weight.numpy()
+        assert not table[m.config.pad_id].any()
+        assert table[1:].std() == pytest.approx(d ** -0.5, rel=0.03)
+    if not shared:
+        assert m.out_proj.weight.numpy().std() == pytest.approx(d ** -0.5, rel=0.03)
+    # The plain init, for contrast: zero attention biases, gain 1, no zero row.
+    q = plain.encoder.layers[0].self_attn.q_proj
+    assert not q.bias.numpy().any() and np.abs(q.weight.numpy()).max() > 0.98 * xavier
+    assert plain.src_embed.weight.numpy()[plain.config.pad_id].any()
+    # What fairseq draws as we do keeps the plain draws of the same seed.
+    np.testing.assert_array_equal(m.encoder.layers[0].ffn.w_1.weight.numpy(),
+                                  plain.encoder.layers[0].ffn.w_1.weight.numpy())
+
+
+def test_the_decoder_start_is_bos_unless_eos_and_an_old_config_is_bos():
+    assert small_model().config.start_id == nn.TransformerConfig().bos_id
+    assert small_model(decoder_start="eos").config.start_id == nn.TransformerConfig().eos_id
+    old = {k: v for k, v in nn.TransformerConfig(**SMALL).to_dict().items() if k not in ("init", "decoder_start")}
+    cfg = nn.TransformerConfig.from_dict(old)  # a checkpoint from before the two fields
+    assert (cfg.start_id, cfg.init) == (cfg.bos_id, "plain")
+    for field, bad in (("init", "xavier"), ("decoder_start", "pad"), ("decoder_start", 3)):
+        with pytest.raises(ValueError, match=field):
+            nn.TransformerConfig(**{**SMALL, field: bad})
