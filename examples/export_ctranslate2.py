@@ -144,6 +144,8 @@ def check_out(p: cli.ArgumentParser, out: str) -> None:
 def main(argv=None) -> dict:
     p = build_parser()
     args = p.parse_args(argv)
+    if not export.available():
+        p.error(export.NEEDS)
     out = args.out or os.path.join(args.run, "ctranslate2")
     check_out(p, out)
     checkpoint, tokenizer = find_run_files(args.run)

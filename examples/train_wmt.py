@@ -47,6 +47,7 @@ from minitransformer.data.download import DownloadError, ensure_dataset
 from minitransformer.decoding import translate
 from minitransformer.optim import Adam, WarmupInverseSqrtSchedule, noam_lr, schedule_factor
 from minitransformer.run_folder import ResumeError, checkpoint_step, checkpoints, code_commit
+from minitransformer.settings import SettingsError
 from minitransformer.train import DivergenceDetector, EarlyStopping, accumulated_step, evaluate_loss, format_ppl
 
 log = logging.getLogger("train_wmt")
@@ -269,6 +270,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     vocab = args.vocab_size or data.PRESETS[PRESETS[args.preset].tokenizer].vocab_size
     if args.beam and args.beam > vocab:
         p.error(f"--beam {args.beam}: wider than the target vocabulary ({vocab} tokens)")
+    try:  # the model's settings, checked now, not after minutes of reading and vocabulary training
+        model_config(args, preset, vocab)
+    except SettingsError as e:
+        p.error(f"--preset {args.preset} with these options: {e}")
     return args
 
 
@@ -297,6 +302,16 @@ def read_data(args, preset: Preset, world, with_test: bool = True):
         test = data.load_corpus(preset.corpus, data_dir, "test_2016_flickr" if preset.corpus == "multi30k" else "test")
         test = limited(test, args.limit and max(args.limit // 20, 10))
     return train, val, test
+
+
+def refuse_too_long(train: data.ParallelCorpus, max_len: int) -> None:
+    """Refuse, before a tokenizer is trained, training data of which the batcher would keep no
+    pair: each has a side of max_len words or more, and a word is one piece at least (both
+    tokenizers split on spaces), plus EOS."""
+    if not any(max(len(s.split()), len(t.split())) < max_len for s, t in zip(train.src, train.tgt)):
+        raise data.CorpusError(f"every training pair of {train.src_paths[0]} and {train.tgt_paths[0]} has a side of "
+                               f"{max_len} words or more, longer than the preset keeps ({max_len} tokens): "
+                               f"there is nothing to train on")
 
 
 def limited(corpus: data.ParallelCorpus, n: int | None) -> data.ParallelCorpus:
@@ -433,12 +448,18 @@ def train_and_evaluate(args) -> dict:
         if args.keep_checkpoints is None:  # a resumed run keeps what it kept: its curve's checkpoints survive
             args.keep_checkpoints = saved.get("args", {}).get("keep_checkpoints")
         train, val, test = read_data(args, preset, world)
+        refuse_too_long(train, preset.max_len)
         if args.resume:  # before the tokenizer is trained into the folder
             run_folder.check_data(args, saved, train, args.data_dir or os.path.join("data", preset.corpus))
         tok = tokenizer(args, preset, world, train)
         run = prepare(args, preset, world, train, val, tok)
         step, history_s = start_or_resume(run)
-        step, train_seconds = train_loop(run, step, history_s, training_budget(args, preset, run.batcher))
+        budget = training_budget(args, preset, run.batcher)
+        if args.resume and step >= budget.max_steps and world.is_main:
+            log.warning("%s is at step %d, %s --max-steps %d: it trains no further, and ends as it is (averaged, "
+                        "translated, scored); give a larger --max-steps to train on", args.out_dir, step,
+                        "past" if step > budget.max_steps else "at", budget.max_steps)
+        step, train_seconds = train_loop(run, step, history_s, budget)
         with distributed.main_process_alone(world) as main:
             return finish(run, test, step, train_seconds) if main else {}
 

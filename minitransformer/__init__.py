@@ -7,6 +7,7 @@
 Layers, each importing only those before it (``LAYERS`` below lists every folder and module
 in this order; tests/test_layers.py checks it):
 
+    settings           SettingsError, and boolean environment variables read one way
     emulated           device "cuda" on the CPU (MT_EMULATE_CUDA=1): beneath backend, as CuPy is
     backend            NumPy (cpu) / CuPy (cuda) arrays, devices, random generators
     tensor             Tensor: an array and its autograd fields
@@ -44,7 +45,7 @@ __version__ = "0.1.0"
 # before it (tests/test_layers.py reads every import and checks it; docs/internals/layers.md
 # says what each holds).
 LAYERS = (
-    "emulated", "backend", "files", "schema", "records", "cli", "tensor", "autograd", "gradcheck", "kernels",
+    "settings", "emulated", "backend", "files", "schema", "records", "cli", "tensor", "autograd", "gradcheck", "kernels",
     "functional", "data", "bleu", "nn", "optim", "amp", "checkpoint", "distributed", "run_folder", "decoding", "export", "train",
 )
 

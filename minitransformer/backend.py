@@ -29,13 +29,21 @@ import os
 
 import numpy as np
 
-if os.environ.get("MT_EMULATE_CUDA", "").strip() == "1":
+from . import settings
+
+try:
+    _emulate, _refused = settings.env_flag("MT_EMULATE_CUDA"), None
+except settings.SettingsError as e:  # no device "cuda" then: has_cuda() refuses it, as every program's parser does
+    _emulate, _refused = None, e
+if _emulate:
     # "cuda" emulated on the CPU, for the tests and for reading the GPU path without a GPU
     # (minitransformer/emulated/); never imported otherwise.
     from .emulated import cupy as _emulated_cupy
     from .emulated import nccl as _emulated_nccl
 
     _cupy = _emulated_cupy.install(_emulated_nccl)
+elif _refused is not None:
+    _cupy = None
 else:
     try:  # CuPy is an optional extra: pip install minitransformer[cuda]
         import cupy as _cupy
@@ -58,7 +66,10 @@ def has_cupy() -> bool:
 
 
 def has_cuda() -> bool:
-    """True when CuPy is installed and at least one CUDA device is usable."""
+    """True when CuPy is installed and at least one CUDA device is usable. A value of
+    MT_EMULATE_CUDA that is neither on nor off is refused here (SettingsError)."""
+    if _refused is not None:
+        raise _refused
     if _cupy is None:
         return False
     try:

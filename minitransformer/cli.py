@@ -18,22 +18,28 @@ Devices, inputs and outputs. ``device`` (for ``--device``) refuses a device that
 here, ``input_file`` / ``input_folder`` / ``data_folder`` a path that is not there to read, and
 ``output_file`` / ``output_folder`` a place that cannot be written, when the options are parsed:
 before a program reads, computes or writes anything. Every option that names a path has one of
-these types (a test walks every program's options).
+these types (a test walks every program's options). "-" is standard input or output where an
+option takes a stream (``input_or_stdin``, ``output_or_stdout``: None, the option's default),
+and is refused by the others, which would otherwise name a file "-".
 
-``ArgumentParser`` is argparse's, with two changes: a bad option is one line (the program, the
-option, what is wrong, and "see --help") instead of a page of usage; and the help shows
-defaults. ``add_removed(flag, replacement)`` keeps a removed option known, so that a command
-written for it stops in that same kind of line, naming what took its place, not a bare
+``ArgumentParser`` is argparse's, with three changes: a bad option is one line (the program, the
+option, what is wrong, and "see --help") instead of a page of usage; a boolean environment
+variable that is neither on nor off (settings.env_flag) is refused in that same line; and the
+help shows defaults. ``add_removed(flag, replacement)`` keeps a removed option known, so that a
+command written for it stops in that same kind of line, naming what took its place, not a bare
 "unrecognized arguments".
 
 Ordinary failures. ``run(main, argv, ...)`` calls ``main`` and turns what a user meets in
 normal use into one line on stderr and a non-zero status: an interrupt (Ctrl-C: status 130,
 with the command that continues, when the program can say it; SIGTERM and SIGHUP alike, with
-status 128 + the signal), an ``OSError`` on a file (a
-full disk, a read-only folder, a missing one: the file and the reason), sizes that do not fit
-in memory, a device that cannot be used, and the program's own ``user_errors`` (a bad corpus,
-a bad checkpoint). ``--debug`` (or ``MT_DEBUG=1``) lets the
-traceback through instead. Anything else is a bug, and keeps its traceback.
+status 128 + the signal; one that came while the program loaded too, held by its first lines,
+``PREAMBLE``), an ``OSError`` on a file (a full disk, a read-only folder, a missing one: the
+file and the reason), sizes that do not fit in memory, a device that cannot be used, a setting
+that cannot be used (``settings.SettingsError``), a file or folder in use by another process,
+and the program's own ``user_errors`` (a bad corpus, a bad checkpoint). ``--debug`` (or
+``MT_DEBUG=1``) lets the traceback through instead. Anything else is a bug, and keeps its
+traceback. A reader of stdout that has gone (``... | head``) ends every program the same
+way: quietly, with status 128 + SIGPIPE, as a pipe's writer killed by it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import contextlib
 import math
 import os
 import re
+import select
 import signal
 import sys
 import tempfile
@@ -50,11 +57,20 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from minitransformer import backend, files
+from minitransformer import backend, files, settings
 
 DEBUG_ENV = "MT_DEBUG"
 INTERRUPTED = 130  # the exit status of a program ended by Ctrl-C (128 + SIGINT), as shells give it
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)  # ended as Ctrl-C ends a program: Terminated
+HELD = (signal.SIGINT, *TERMINATING)  # held by PREAMBLE while a program loads, until run
+# Every program's first lines, before its imports (tests/test_cli.py checks each has them): a
+# Ctrl-C (or SIGTERM, SIGHUP) while the imports load, up to a second, waits for ``run``, which
+# ends the program with it in one line. (They cannot come from this module: importing it loads
+# the whole package first.)
+PREAMBLE = """if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+"""
 # The largest integer option: every count the code computes with (NumPy's indices, steps,
 # sizes) fits a C int, and 10**30 is refused when parsed, not an OverflowError later.
 INT_MAX = 2**31 - 1
@@ -81,6 +97,18 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, after refusing a boolean environment variable that is neither on nor off
+        (settings.check_environment): a setting too, refused before anything runs."""
+        try:
+            settings.check_environment()
+        except settings.SettingsError as e:
+            self.error(str(e))
+        args, rest = super().parse_known_args(args, namespace)
+        if getattr(args, "debug", None) is False:  # add_debug's
+            args.debug = debug_from_env()
+        return args, rest
+
     def add_removed(self, flag: str, replacement: str) -> None:
         """``flag`` is no longer an option: given (with or without a value), the program stops
         with status 2 and one line, "``flag`` was replaced by ``replacement``" (or "was removed:
@@ -96,14 +124,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def add_debug(self) -> None:
         """``--debug``: show the traceback of an ordinary failure (also ``MT_DEBUG=1``)."""
-        self.add_argument("--debug", action="store_true", default=debug_from_env(),
+        self.add_argument("--debug", action="store_true",
                           help="show the traceback of an ordinary failure (an interrupt, a file that cannot "
                                f"be written, a bad corpus or checkpoint), which otherwise is one line; also "
                                f"{DEBUG_ENV}=1")
 
 
 def debug_from_env() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+    """MT_DEBUG; a value that is neither on nor off counts as off here, and is refused in one
+    line by the parser and by ``run``."""
+    try:
+        return settings.env_flag(DEBUG_ENV)
+    except settings.SettingsError:
+        return False
 
 
 def _bounds(low, high, low_open: bool, high_open: bool) -> str:
@@ -191,7 +224,16 @@ def device(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _not_a_stream(text: str) -> None:
+    """Refuse "-", which Unix tools read as standard input or output: an option that takes a
+    stream says so (``input_or_stdin``, ``output_or_stdout``); here it would name a file "-"."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("'-' (standard input or output) is not taken here: give a path "
+                                         "(./- for a file named -)")
+
+
 def _writable(text: str, folder: bool) -> str:
+    _not_a_stream(text)
     path = Path(text)
     kind = "folder" if folder else "file"
     if path.is_symlink() and not path.exists():
@@ -231,6 +273,7 @@ def output_folder(text: str) -> str:
 
 
 def _readable(text: str, folder: bool, may_be_missing: bool = False) -> str:
+    _not_a_stream(text)
     path = Path(text)
     kind = "folder" if folder else "file"
     if path.is_symlink() and not path.exists():
@@ -253,6 +296,16 @@ def input_file(text: str) -> str:
     folder, a dangling link or a socket. A link is followed; a FIFO or a device is read as a
     stream (``score.py <(gunzip -c hyp.gz) ref``); what the file holds is its loader's to check."""
     return _readable(text, folder=False)
+
+
+def input_or_stdin(text: str) -> str | None:
+    """``input_file``, or "-" for standard input: None, the option's default."""
+    return None if text == "-" else input_file(text)
+
+
+def output_or_stdout(text: str) -> str | None:
+    """``output_file``, or "-" for standard output: None, the option's default."""
+    return None if text == "-" else output_file(text)
 
 
 def input_folder(text: str) -> str:
@@ -290,11 +343,23 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
     resumes), added to the interrupt's line, or False to say nothing (one rank of several).
     """
     if debug is None:
-        debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_from_env()
+        debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    debug = debug or debug_from_env()
     try:
         with _terminate_as_interrupt():
-            return main(argv)
-    except (KeyboardInterrupt, OSError, MemoryError, backend.DeviceUnavailable, *user_errors) as e:
+            settings.check_environment()  # for a program that parses no options
+            result = main(argv)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, so that a reader gone is found by the rule below, not at exit
+            return result
+    except (KeyboardInterrupt, OSError, MemoryError, backend.DeviceUnavailable, settings.SettingsError,
+            files.FileInUse, files.FolderInUse, *user_errors) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_gone():
+            # The reader of stdout has gone (... | head): end as a pipe's writer does, quietly,
+            # with 128 + SIGPIPE; stdout is pointed at nothing so that its last flush at exit
+            # does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(128 + signal.SIGPIPE) from None
         if debug:
             raise
         if isinstance(e, MemoryError):  # sizes the machine cannot hold (NumPy names them)
@@ -307,6 +372,17 @@ def run(main: Callable, argv=None, *, debug: bool | None = None, user_errors: tu
         if hint is not False:  # False: another process (rank 0) tells it
             sys.stderr.write(how + (f": {hint}" if hint else "") + "\n")
         raise SystemExit(128 + e.signum if isinstance(e, Terminated) else INTERRUPTED) from None
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it: poll says POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # None, closed, or not a file (a test's capture)
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 class Terminated(KeyboardInterrupt):
@@ -335,6 +411,9 @@ def _terminate_as_interrupt():
 
     # A signal ignored when the program started (SIGHUP under nohup) stays ignored.
     before = {s: signal.signal(s, raise_terminated) for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL}
+    # A program holds these from its first line while it loads (PREAMBLE): one that came
+    # meanwhile is raised now, here, where it ends in one line.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     try:
         yield
     finally:

@@ -35,6 +35,7 @@ and chooses with its log-probability.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -45,11 +46,20 @@ from .functional.softmax import log_softmax_array
 from .nn.embedding import sinusoid_table
 
 
+NEEDS = 'exporting needs CTranslate2: pip install -e ".[export]"'
+
+
+def available() -> bool:
+    """Whether CTranslate2 is installed (the ``[export]`` extra), found without importing it:
+    a program checks before it reads or computes anything."""
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
 def _ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise ImportError('exporting needs CTranslate2: pip install -e ".[export]"') from None
+        raise ImportError(NEEDS) from None
     return ctranslate2
 
 

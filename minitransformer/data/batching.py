@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..settings import SettingsError
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -244,11 +245,11 @@ class TokenBatcher:
         if len(src) == 0:
             raise ValueError("TokenBatcher got no sentences")
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+            raise SettingsError(f"max_tokens must be positive, got {max_tokens}")
         if max_len is not None and not 1 <= max_len <= max_tokens:
-            raise ValueError(f"max_len must be in [1, max_tokens={max_tokens}], got {max_len}")
+            raise SettingsError(f"max_len must be in [1, max_tokens={max_tokens}], got {max_len}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+            raise SettingsError(f"rank {rank} is not in [0, world_size={world_size})")
         self.max_tokens, self.max_len, self.shuffle = max_tokens, max_len, shuffle
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.start_id = start_id
@@ -271,12 +272,12 @@ class TokenBatcher:
                 logger.warning("dropped %d of %d sentence pairs longer than max_len=%d tokens",
                                dropped, len(src), self.max_len)
             if len(kept) == 0:
-                raise ValueError(f"every pair is longer than max_len={self.max_len}")
+                raise SettingsError(f"every pair is longer than max_len={self.max_len}")
         else:
             too_long = np.flatnonzero(longest > self.max_tokens)
             if len(too_long):
                 i = int(too_long[0])
-                raise ValueError(
+                raise SettingsError(
                     f"{len(too_long)} pairs cannot fit max_tokens={self.max_tokens} on their own, "
                     f"e.g. pair {i} ({src_len[i]} source, {tgt_len[i]} target "
                     f"tokens); raise max_tokens or set max_len to drop them"

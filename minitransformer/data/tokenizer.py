@@ -53,6 +53,7 @@ import sentencepiece as spm
 
 from .. import schema
 from ..files import atomic_write
+from ..settings import SettingsError
 from .corpus import CorpusError, ParallelCorpus
 
 logger = logging.getLogger(__name__)
@@ -80,11 +81,11 @@ class TokenizerConfig:
 
     def __post_init__(self):
         if self.vocab_size <= EOS_ID + 1:
-            raise ValueError(f"vocab_size must exceed the 4 special ids, got {self.vocab_size}")
+            raise SettingsError(f"vocab_size must exceed the 4 special ids, got {self.vocab_size}")
         if not 0.0 < self.character_coverage <= 1.0:
-            raise ValueError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
+            raise SettingsError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
         if self.input_sentence_size < 0:
-            raise ValueError(f"input_sentence_size must be >= 0, got {self.input_sentence_size}")
+            raise SettingsError(f"input_sentence_size must be >= 0, got {self.input_sentence_size}")
 
 
 PRESETS = {
@@ -109,7 +110,7 @@ class SubwordNmtConfig:
 
     def __post_init__(self):
         if self.merges < 1:
-            raise ValueError(f"merges must be at least 1, got {self.merges}")
+            raise SettingsError(f"merges must be at least 1, got {self.merges}")
 
 
 class TokenizerError(CorpusError):

@@ -38,13 +38,14 @@ import bisect
 import functools
 import itertools
 import operator
-import os
 import sys
 import time
 import types
 import weakref
 
 import numpy as np
+
+from .. import settings
 
 BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUDA=1): NumPy "
           "behind CuPy's interface, csrc/ compiled with g++; nothing here measures a GPU")
@@ -816,7 +817,7 @@ def install(nccl_module: types.ModuleType) -> types.ModuleType:
     if reason is None:
         sys.modules["minitransformer.kernels._C"] = _OrderedKernels(emulator.build())
         print(BANNER, file=sys.stderr)
-    elif os.environ.get("MT_REQUIRE_EMULATOR"):
+    elif settings.env_flag("MT_REQUIRE_EMULATOR"):
         raise RuntimeError(f"MT_EMULATE_CUDA=1 and MT_REQUIRE_EMULATOR=1, but the emulated "
                            f"kernels cannot be built: {reason}")
     else:

@@ -8,9 +8,8 @@ the package imports it. Without it, CuPy or a GPU, ``available()`` is False and
 from __future__ import annotations
 
 import functools
-import os
 
-from .. import backend
+from .. import backend, settings
 
 try:
     from . import _C
@@ -47,7 +46,7 @@ def unavailable_reason() -> str | None:
 
 def enabled() -> bool:
     """available(), unless MINITRANSFORMER_KERNELS=0 forces the CuPy composite ops."""
-    return os.environ.get("MINITRANSFORMER_KERNELS", "1").strip() != "0" and available()
+    return settings.env_flag("MINITRANSFORMER_KERNELS", default=True) and available()
 
 
 @functools.cache

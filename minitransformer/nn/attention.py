@@ -20,6 +20,7 @@ from __future__ import annotations
 from .. import backend
 from .. import functional as F
 from ..autograd import is_grad_enabled
+from ..settings import SettingsError
 from ..tensor import Tensor
 from .layers import Linear, check_fraction, check_int
 from .module import Module
@@ -36,7 +37,7 @@ class MultiHeadAttention(Module):
                 check_int("MultiHeadAttention", name, size)
         check_fraction("MultiHeadAttention", "dropout", dropout)  # as F.scaled_dot_product_attention
         if (d_k is None or d_v is None) and d_model % h:
-            raise ValueError(f"d_model={d_model} is not divisible by h={h} (or give d_k and d_v)")
+            raise SettingsError(f"d_model={d_model} is not divisible by h={h} (or give d_k and d_v)")
         self.d_model, self.h = d_model, h
         self.d_k, self.d_v = d_k or d_model // h, d_v or d_model // h
         self.attn_dropout = dropout  # on the attention weights: a named deviation, 0 in the paper

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .. import backend
 from .. import functional as F
+from ..settings import SettingsError
 from ..tensor import Tensor
 from .attention import KVCache, MultiHeadAttention, reorder_cache
 from . import init
@@ -83,14 +84,14 @@ class TransformerConfig:
         check_positive(owner, "layer_norm_eps", self.layer_norm_eps)
         for name in ("share_embeddings", "norm_first", "learned_positions"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{owner}: {name} must be True or False, got {getattr(self, name)!r}")
+                raise SettingsError(f"{owner}: {name} must be True or False, got {getattr(self, name)!r}")
         for name, choices in (("init", INITS), ("decoder_start", DECODER_STARTS)):
             if getattr(self, name) not in choices:
-                raise ValueError(f"{owner}: {name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+                raise SettingsError(f"{owner}: {name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
-            raise ValueError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
+            raise SettingsError(f"d_model={self.d_model} must be divisible by h={self.h} (or set d_k and d_v)")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            raise ValueError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
+            raise SettingsError("share_embeddings needs a joint vocabulary (tgt_vocab_size=None)")
 
     @property
     def target_vocab_size(self) -> int:
@@ -122,10 +123,10 @@ class TransformerConfig:
         """The config ``to_dict`` wrote (a checkpoint's): a field this class does not have, or
         a value of the wrong kind, is a ValueError naming it, not a TypeError."""
         if not isinstance(config, dict):
-            raise ValueError(f"a model config is a mapping of its fields, not a {type(config).__name__}")
+            raise SettingsError(f"a model config is a mapping of its fields, not a {type(config).__name__}")
         unknown = sorted(set(config) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"the model config has fields this code does not know: {', '.join(map(str, unknown))}")
+            raise SettingsError(f"the model config has fields this code does not know: {', '.join(map(str, unknown))}")
         return cls(**config)
 
 

@@ -81,9 +81,11 @@ def test_train_resume_average_translate(tmp_path, caplog):
     assert sorted(resumed) == list(range(1, 10))
     assert [resumed[s] for s in (7, 8, 9)] == [expected[s] for s in (7, 8, 9)]
     assert resumed[9] < resumed[1]
-    with caplog.at_level(logging.INFO, logger="train_wmt"):  # a finished run resumed: nothing to train
-        train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "9", "--resume"])
+    with caplog.at_level(logging.INFO, logger="train_wmt"):  # a finished run resumed below its step: nothing to train
+        train_wmt.main(SMALL + ["--out-dir", str(split), "--max-steps", "7", "--resume"])
     assert "training stopped (max steps) after 9 steps" in caplog.text
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "--max-steps 7" in r.getMessage()]
+    assert len(said) == 1 and "step 9" in said[0]  # said, not silently
     assert losses(split) == resumed
     # Each part of the run says what made it: its command, the code's commit, the seed.
     parts = json.loads((split / "bleu.json").read_text())["parts"]
@@ -271,6 +273,27 @@ def test_fairseq_s_conventions_train_translate_and_are_recorded(tmp_path):
     with pytest.raises(SystemExit, match="--decoder-start eos, but these settings give bos") as e:
         train_wmt.main(args[:-2] + ["--decoder-start", "bos", "--max-steps", "6", "--resume"])
     one_line_error(e)
+
+
+def test_settings_are_refused_when_parsed_and_unusable_data_before_the_tokenizer_is_trained(tmp_path, capsys):
+    """A model its heads cannot split, found when parsed; training data whose every pair is
+    longer than the preset keeps, found before the tokenizer is trained: one line each, and
+    nothing written."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train_wmt.main(SMALL + ["--d-model", "30", "--out-dir", str(out)])  # the preset's 4 heads
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "d_model" in line and "30" in line and not out.exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text(("word " * train_wmt.PRESETS["multi30k"].max_len + "\n") * 20)
+    with pytest.raises(SystemExit, match=r"^error: .*train\.(en|de)") as e:
+        train_wmt.main(SMALL + ["--data-dir", str(corpus), "--out-dir", str(out)])
+    one_line_error(e)
+    assert not list(out.glob("spm-*"))
 
 
 def test_model_flags_override_the_preset():
