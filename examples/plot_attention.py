@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 
 import numpy as np
 
@@ -28,6 +29,7 @@ logger = logging.getLogger("plot_attention")
 
 
 LAYERS = ("all", "last")
+MAPS = ("encoder_self.png", "decoder_self.png", "cross.png")  # what a sentence's folder holds
 
 
 def draw(maps: list[np.ndarray], rows: list[str], cols: list[str], title: str, path: str,
@@ -68,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sentence", help="an English sentence")
     p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
-    p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention)")
+    p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention); "
+                   "earlier maps there are replaced as a whole")
     p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
     p.add_argument("--layers", choices=LAYERS, default="all",
                    help="every layer's heads (a row each), or the last layer's alone, larger")
@@ -100,13 +103,27 @@ def main(argv=None) -> None:
     if tok.knows_nothing_of(ids):
         logger.warning("the vocabulary knows none of the sentence's characters: the maps are over <unk>")
     out = args.out or os.path.join(args.run, "attention")
-    for k, part in enumerate(parts, 1):
-        folder = out if len(parts) == 1 else os.path.join(out, f"part-{k}")
-        translation = draw_part(model, tok, part, args.beam, folder, args.layers)
-        if preprocess == "moses-lc":  # read as translate.py writes it
-            (translation,) = data.moses.detokenize([translation], "de")
-        print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
-        print(f"wrote encoder_self.png, decoder_self.png, cross.png to {folder}")
+    check_out(p, out)
+    # One run's maps at a time, put in place together: a second run into the folder meanwhile is
+    # refused, and an earlier run's maps (its parts too) are replaced as a whole, never mixed in.
+    with files.lock_output(out), files.atomic_folder(out) as staged:
+        for k, part in enumerate(parts, 1):
+            folder = "" if len(parts) == 1 else f"part-{k}"
+            translation = draw_part(model, tok, part, args.beam, os.path.join(staged, folder), args.layers)
+            if preprocess == "moses-lc":  # read as translate.py writes it
+                (translation,) = data.moses.detokenize([translation], "de")
+            print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
+            print(f"wrote {', '.join(MAPS)} to {os.path.join(out, folder)}")
+
+
+def check_out(p: cli.ArgumentParser, out: str) -> None:
+    """Refuse, before anything is drawn, an --out folder that holds more than earlier maps
+    (which are replaced as a whole)."""
+    if os.path.isdir(out):
+        other = sorted(n for n in os.listdir(out) if n not in MAPS and not re.fullmatch(r"part-\d+", n))
+        if other:
+            p.error(f"--out {out} holds other files than attention maps ({', '.join(other[:3])}): choose another "
+                    f"folder, or empty it")
 
 
 def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "all") -> str:
@@ -122,7 +139,7 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "al
 
     src_pieces = tok.id_to_piece(batch.src[0])  # ends with EOS, as the model saw it
     tgt_pieces = tok.id_to_piece(tgt_in[0])
-    os.makedirs(out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)  # a part's
     weights = lambda mods: [m.last_weights.numpy()[0] for m in mods]  # noqa: E731 - (h, T, S) per layer
     enc = [layer.self_attn for layer in model.encoder.layers]
     dec = [layer.self_attn for layer in model.decoder.layers]

@@ -687,13 +687,8 @@ def stop_diverged(run: Run, step: int, why: str) -> None:
 
 def append_record(path: str, record: dict) -> None:
     """One line of train.jsonl; an OSError (a full disk) names the file."""
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    except OSError as e:
-        if e.filename is None:
-            e.filename = path
-        raise
+    with files.naming(path), open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 class TokenRate:

@@ -42,6 +42,7 @@ import numpy as np
 
 from .data import EOS_ID
 from .decoding import ALPHA, BEAM, MAX_LEN_EXTRA, length_penalty
+from .files import naming
 from .functional.softmax import log_softmax_array
 from .nn.embedding import sinusoid_table
 
@@ -135,7 +136,8 @@ def to_ctranslate2(model, tokenizer, output_dir: str, quantization: str | None =
     spec.validate()
     spec.optimize(quantization=quantization)
     os.makedirs(output_dir, exist_ok=True)
-    spec.save(output_dir)
+    with naming(output_dir):  # CTranslate2's writes name no file when they fail (a full disk)
+        spec.save(output_dir)
     return output_dir
 
 

@@ -4,7 +4,8 @@
 the target and fsyncs the folder: a crash at any moment leaves either the previous file or the
 new one, never a torn mix (checkpoints, tokenizers, logs, manifests, results). A long write
 that is worth keeping in part (translations, written as they are made) names a ``partial``
-file: a failure leaves what was written there, and the target untouched. ``atomic_folder``
+file: a failure leaves what was written there, cut after its last complete line (a full disk
+tears the line it was writing), and the target untouched. ``atomic_folder``
 does the same for a folder of files (an export): filled beside its place, moved in only when it
 is complete.
 
@@ -16,15 +17,17 @@ atomically. Nothing that is not a regular file or a folder is ever renamed over 
 
 Temporary names carry their owner: ``.tmp-<name>-@<host>:<pid>.<start>-<random>``, the host,
 the process and when it started (so that a later process given the same pid is not taken for
-it). A crash can leave such a file or folder behind; ``remove_unfinished_writes`` deletes those
-of a folder whose owner has ended on this host, as training does when it starts. It never
-deletes another live process's (a translation writing into a run's folder), another host's (it
-warns about them: the folder may be shared), or a file not named so.
+it). A crash (a kill -9, OpenBLAS aborting) can leave such a file or folder behind, and a
+``lock_output`` lock file; ``remove_unfinished_writes`` deletes those of a folder whose owner
+has ended on this host, and every process does it, saying so once (``clear_leftovers``), the
+first time it writes into a folder. It never deletes another live process's (a translation
+writing into a run's folder), another host's (it warns about them: the folder may be shared),
+or a file not named so. Every OSError of these writes names its file (``naming``).
 
 ``lock_folder`` makes a folder one process's for as long as it works in it (a training run's
 ``--out-dir``): a second process is refused, naming the first; ``lock_output`` does the same
-for one file (a translation's ``--output``). A lock file is opened only as a regular file,
-never through a link.
+for one file (a translation's ``--output``) or folder. A lock file records its holder's pid and
+host, and is opened only as a regular file, never through a link.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ import time
 PREFIX = ".tmp-"
 LOCK_NAME = ".lock"
 # The owner in a temporary name (module docstring); mkstemp's random part has no "-".
-_OWNED = re.compile(r"^\.tmp-.*-@(?P<host>[^@:/]+):(?P<pid>\d+)(?:\.(?P<start>\d+))?-[a-z0-9_]+(?:-old)?$")
+_OWNED = re.compile(r"^\.tmp-(?P<name>.*)-@(?P<host>[^@:/]+):(?P<pid>\d+)(?:\.(?P<start>\d+))?-[a-z0-9_]+(?P<old>-old)?$")
+_OUTPUT_LOCK = re.compile(r"^\..+\.lock$")  # lock_output's, beside the file it holds
+_RECORD = re.compile(r"^pid (?P<pid>\d+) on (?P<host>\S+) since [\d-]+ [\d:]+\n?$")  # what _hold writes in it
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +79,21 @@ def _temporary_prefix(path: str) -> str:
     """``.tmp-<name>-@<host>:<pid>.<start>-`` for a temporary file or folder beside ``path``
     (mkstemp adds the random part). The name is cut to keep the whole within NAME_MAX. The
     folder is noted for ``remove_own_temporaries`` before anything is made in it."""
-    _temporary_folders.add(os.path.dirname(path))
+    _writing_into(os.path.dirname(path))
     start = _process_start("self")
     owner = f"{_host()}:{os.getpid()}" + (f".{start}" if start else "")
     return f"{PREFIX}{os.path.basename(path)[:100]}-@{owner}-"
 
 
 _temporary_folders: set[str] = set()  # where this process has made temporary files or folders
+
+
+def _writing_into(folder: str) -> None:
+    """Note ``folder`` as one this process writes into; the first time, clear what ended writers
+    left there (``clear_leftovers``): the next run of any program cleans up after a killed one."""
+    if folder not in _temporary_folders:
+        _temporary_folders.add(folder)
+        clear_leftovers(folder)
 
 
 def remove_own_temporaries() -> None:
@@ -91,7 +104,7 @@ def remove_own_temporaries() -> None:
     around them: inside ``mkstemp`` just after it made the file, or in ``__enter__`` just after
     the generator yielded, whose ``with`` block, and so its exit, never starts. ``cli.run`` calls
     this on an interrupt; rank 0 of several then ends by ``MPI_Abort``, which runs no finaliser."""
-    mine = {"host": _host(), "pid": str(os.getpid()), "start": _process_start("self")}
+    mine = (_host(), str(os.getpid()), _process_start("self"))
     for folder in list(_temporary_folders):
         try:
             names = os.listdir(folder)
@@ -100,7 +113,7 @@ def remove_own_temporaries() -> None:
         for name in names:
             match = _OWNED.match(name)
             # "-old": the folder that atomic_folder was replacing, whole, kept.
-            if match is None or match.groupdict() != mine or name.endswith("-old"):
+            if match is None or match.group("host", "pid", "start") != mine or match["old"]:
                 continue
             path = os.path.join(folder, name)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -122,6 +135,19 @@ def _owner_alive(pid: int, start: str | None) -> bool:
     except PermissionError:  # another user's process: alive
         return True
     return True
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike):
+    """An OSError raised in the block that names no file (a write or fsync that fails: a full
+    disk, a file-size limit) is given ``path``, so that every error on a file says which
+    (cli.os_error_line)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = os.fspath(path)
+        raise
 
 
 def _refuse(path: str, why: str, code: int = errno.EINVAL) -> OSError:
@@ -154,8 +180,8 @@ def _resolve(path: str | os.PathLike) -> tuple[str, os.stat_result | None]:
 def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.PathLike | None = None):
     """``with atomic_write(path, "wb") as f:`` a file object; ``path`` gets its content only if
     the block ends without an exception. The folder is created if missing. With ``partial``,
-    an exception (an interrupt too) renames what was written so far to that path, if anything
-    was, instead of deleting it. A link is written through and a stream written in place
+    an exception (an interrupt too) renames what was written so far to that path, up to its
+    last complete line, if there is one, instead of deleting it. A link is written through and a stream written in place
     (module docstring); a file replaced keeps its permissions, a new one gets the usual."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', not {mode!r}")
@@ -163,7 +189,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
     path, st = _resolve(given)
     encoding = {} if "b" in mode else {"encoding": "utf-8"}
     if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO, a device: no swap is possible
-        with open(path, mode, **encoding) as f:
+        with naming(given), open(path, mode, **encoding) as f:
             yield f
         return
     folder = os.path.dirname(path)
@@ -187,7 +213,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         if isinstance(e, OSError) and e.filename is None:
             e.filename = given  # a write that fails (a full disk) names no file of its own
         if os.path.exists(tmp):
-            if partial is not None and os.path.getsize(tmp):
+            if partial is not None and _cut_to_whole_lines(tmp):
                 os.replace(tmp, partial)
             else:
                 os.unlink(tmp)
@@ -197,6 +223,24 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", partial: str | os.Pat
         os.fsync(folder_fd)
     finally:
         os.close(folder_fd)
+
+
+def _cut_to_whole_lines(path: str, block: int = 1 << 16) -> int:
+    """Truncate ``path`` after its last newline, so that a write that failed part-way (a full
+    disk, a file-size limit) leaves no torn line; returns the size kept. Shrinking a file needs
+    no room, so this works on the disk that just filled."""
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:  # backwards, a block at a time: the last line is short, the file may not be
+            start = max(end - block, 0)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        f.truncate(end)
+    return end
 
 
 def unreadable(fig) -> list[str]:
@@ -257,7 +301,8 @@ def atomic_folder(path: str | os.PathLike):
     tmp = tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=parent)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders
-        yield tmp
+        with naming(given):  # a file written into it that fails unnamed (a full disk) is told as the folder's
+            yield tmp
         if os.path.isdir(path):
             old = tmp + "-old"
             os.rename(path, old)
@@ -271,14 +316,18 @@ def atomic_folder(path: str | os.PathLike):
 
 
 def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
-    """Delete the temporary files and folders that ended writes left in ``folder``: those named
-    by a process of this host that no longer runs (nothing reads them, and they would stay
-    forever); returns their names. Another host's are kept, with a warning; a live process's,
-    a link, and anything not named as ``atomic_write`` names its files are not touched."""
+    """Delete what ended writers left in ``folder``: the temporary files and folders named by a
+    process of this host that no longer runs, and ``lock_output``'s lock files that nobody
+    holds (nothing reads them, and they would stay forever); returns their names. The earlier
+    folder that an ended ``atomic_folder`` was replacing is put back if nothing took its place.
+    Another host's are kept, with a warning; a live process's, a link, and anything not named
+    as these are named are not touched."""
     removed = []
     for name in sorted(os.listdir(folder)):
         owner = _OWNED.match(name)
         if owner is None:
+            if _OUTPUT_LOCK.match(name) and _stale_lock(os.path.join(folder, name)):
+                removed.append(name)
             continue
         path = os.path.join(folder, name)
         mode = os.lstat(path).st_mode
@@ -290,12 +339,59 @@ def remove_unfinished_writes(folder: str | os.PathLike) -> list[str]:
             continue
         if _owner_alive(int(owner["pid"]), owner["start"]):
             continue
+        original = os.path.join(folder, owner["name"])
+        if owner["old"] and not os.path.lexists(original):  # killed between moving it aside and the new one in
+            if len(owner["name"]) >= 100:  # the name may have been cut: where it goes is not known
+                log.warning("kept %s: the folder an ended atomic_folder was replacing", path)
+            else:
+                os.rename(path, original)
+                log.warning("put %s back from %s, where an ended atomic_folder left it", original, name)
+            continue
         if stat.S_ISDIR(mode):
             shutil.rmtree(path)
         else:
             os.remove(path)
         removed.append(name)
     return removed
+
+
+def clear_leftovers(folder: str | os.PathLike) -> list[str]:
+    """``remove_unfinished_writes``, said once in a warning when it removed anything; a folder
+    that cannot be listed is left as it is."""
+    try:
+        removed = remove_unfinished_writes(folder)
+    except OSError:
+        return []
+    if removed:
+        log.warning("removed what ended runs left in %s: %s", folder, ", ".join(removed))
+    return removed
+
+
+def _stale_lock(path: str) -> bool:
+    """Remove the lock file ``path`` if it is one of ours (its record is ``_hold``'s, of this
+    host) and no process holds it; whether it did. Another host's is kept, with a warning:
+    flock may not reach across hosts; a file of another record is not ours to touch."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # a link, gone since
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        record = _RECORD.match(os.read(fd, 1024).decode("utf-8", "replace"))
+        if record is None:
+            return False
+        if record["host"] != _host():
+            log.warning("kept %s: a lock of host %s, which this host cannot tell ended or not", path, record["host"])
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: its writer runs
+            return False
+        os.unlink(path)  # a writer that opened it meanwhile sees it gone, and opens a new one (_hold)
+        return True
+    finally:
+        os.close(fd)
 
 
 class FolderInUse(RuntimeError):
@@ -326,21 +422,25 @@ def lock_folder(folder: str | os.PathLike):
 
 @contextlib.contextmanager
 def lock_output(path: str | os.PathLike):
-    """Hold the file ``path`` for this process's writing while the block runs, as
-    ``lock_folder`` holds a folder: a second writer of the same file is refused (``FileInUse``),
-    a writer of another file of the folder is not. The lock is on ``.<name>.lock`` beside the
-    file written (``path`` itself is replaced whole when it is written, and a lock on the file
-    that was there would not hold the new one; through a link, beside its target), removed when
-    the block ends, so that nothing is left beside the file. A stream (a FIFO, a device) takes no
-    lock: nothing is made beside it."""
-    target, st = _resolve(path)
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        yield
-        return
+    """Hold the file (or folder) ``path`` for this process's writing while the block runs, as
+    ``lock_folder`` holds a folder: a second writer of the same one is refused (``FileInUse``),
+    a writer of another of the folder is not. The lock is on ``.<name>.lock`` beside what is
+    written (``path`` itself is replaced whole when it is written, and a lock on what was there
+    would not hold the new one; through a link, beside its target), removed when the block ends,
+    so that nothing is left beside it; one that an ended writer left is removed first
+    (``clear_leftovers``). A stream (a FIFO, a device) takes no lock: nothing is made beside it."""
+    if os.path.isdir(path):
+        target = os.path.realpath(path)
+    else:
+        target, st = _resolve(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            yield
+            return
+    _writing_into(os.path.dirname(target))
     lock = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{LOCK_NAME}")
     with _hold(lock, lambda holder: FileInUse(
             f"{os.path.abspath(path)} is being written by another process ({holder}): wait for it to end, "
-            f"or write another file"), remove=True):
+            f"or write another"), remove=True):
         yield
 
 
@@ -373,10 +473,10 @@ def _hold(path: str, refusal, remove: bool = False):
         os.close(fd)  # removed (or replaced) by its last holder between the open and the lock
     try:
         left = os.read(fd, 1024).decode("utf-8", "replace").strip() or None
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        with naming(path):  # the record: a full disk fails here
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {_host()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         try:
             yield left
         finally:

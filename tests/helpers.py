@@ -1,5 +1,7 @@
 """Helpers shared by the tests: fresh random inputs, hypothesis strategies, a tiny trained run."""
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minitransformer as mt
-from minitransformer import data, files, nn
+from minitransformer import data, files, nn, settings
 from minitransformer.checkpoint import save_checkpoint
 
 # The repository's sibling shared/ folder holds the official Multi30k task-1 files; CI has them.
@@ -146,3 +148,34 @@ def ended_process() -> tuple[int, str]:
     proc.kill()
     proc.wait()
     return proc.pid, start
+
+
+@contextlib.contextmanager
+def tmpfs(folder, options: str = "size=64k"):
+    """A small tmpfs mounted at ``folder`` (made here): a disk that fills, or a read-only one.
+    Mounting needs root: CI runs as root and requires it (MT_REQUIRE_TMPFS=1); elsewhere the
+    test skips."""
+    folder = Path(folder)
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        if settings.env_flag("MT_REQUIRE_TMPFS"):
+            pytest.fail(f"MT_REQUIRE_TMPFS is set but a tmpfs cannot be mounted: {mounted.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(disk, leave: int = 0) -> None:
+    """Fill the tmpfs ``disk`` but for about ``leave`` bytes (whole pages), with a file of its own."""
+    fd = os.open(Path(disk) / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:  # full
+        os.ftruncate(fd, max(os.fstat(fd).st_size - leave, 0))
+    finally:
+        os.close(fd)

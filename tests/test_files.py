@@ -3,15 +3,20 @@ found and removed (only those of an ended owner), and nothing that is not a regu
 folder is replaced, followed into or deleted."""
 
 import errno
+import logging
 import os
 import pathlib
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from minitransformer import files
-from tests.helpers import ended_process
+from tests.helpers import ended_process, fill, tmpfs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_the_target_gets_the_content_with_the_usual_permissions(tmp_path):
@@ -55,7 +60,8 @@ def test_only_an_ended_process_s_leftovers_on_this_host_are_removed(tmp_path, ca
             f".tmp-last.npz-@{host}:{os.getpid()}.{int(files._process_start('self')) - 1}-reused": "file"}
     kept = {mine + "live01": "file",
             f".tmp-last.npz-@elsewhere:{pid}.{start}-abc": "file", ".tmp-k1ll3d.npz": "file",  # a user's name
-            ".tmp-users-folder": "folder", "last.npz": "file", ".hidden": "file"}
+            ".tmp-users-folder": "folder", "last.npz": "file", ".hidden": "file",
+            "export": "folder"}  # in place: the "-old" beside it is the one it replaced
     for name, kind in {**dead, **kept}.items():
         if kind == "folder":
             (tmp_path / name).mkdir()
@@ -126,7 +132,7 @@ def test_a_device_is_written_in_place_and_a_full_one_fails(tmp_path):
         with files.atomic_write(device, "wb") as f:
             f.write(b"x" * 100)
             f.flush()
-    assert error.value.errno == errno.ENOSPC
+    assert error.value.errno == errno.ENOSPC and error.value.filename == str(device)
     assert stat.S_ISCHR(os.lstat(device).st_mode) and os.listdir(tmp_path) == ["full"]
 
 
@@ -257,3 +263,116 @@ def test_a_reader_can_read_a_figure_only_with_its_colour_bars_and_axis_labels(tm
     assert not path.exists() and os.listdir(tmp_path) == []
     files.save_figure(grid("shared"), path, readable=True)
     assert path.read_bytes().startswith(b"\x89PNG")
+
+
+# Translations as translate.py writes them: a chunk of lines at a time, flushed.
+CHUNKS = ["".join(f"sentence {i}-{j}: ein Hund läuft durch das Gras\n" for j in range(7)) for i in range(400)]
+
+
+def whole_lines_of(text: str) -> bool:
+    """Whether ``text`` is the chunks' first lines, each whole."""
+    return text.endswith("\n") and "".join(CHUNKS).startswith(text)
+
+
+def test_a_partial_write_keeps_whole_lines_only(tmp_path):
+    out = tmp_path / "out.de"
+    with pytest.raises(KeyboardInterrupt):
+        with files.atomic_write(out, partial=f"{out}.partial") as f:
+            f.write(CHUNKS[0] + "a line cut sh")  # as a write that fails part-way leaves it
+            f.flush()
+            raise KeyboardInterrupt
+    assert (tmp_path / "out.de.partial").read_text() == CHUNKS[0]
+    with pytest.raises(KeyboardInterrupt):  # not one whole line: nothing is kept
+        with files.atomic_write(out, partial=f"{out}.partial2") as f:
+            f.write("half a line")
+            f.flush()
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de.partial"]
+
+
+def test_a_full_disk_mid_write_names_the_file_and_keeps_whole_lines(tmp_path):
+    with tmpfs(tmp_path / "disk", "size=64k") as disk:
+        out = disk / "out.de"
+        with pytest.raises(OSError) as e:
+            with files.atomic_write(out, partial=f"{out}.partial") as f:
+                for chunk in CHUNKS:
+                    f.write(chunk)
+                    f.flush()
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(out)
+        assert sorted(p.name for p in disk.iterdir()) == ["out.de.partial"]
+        assert whole_lines_of((disk / "out.de.partial").read_text())
+        fill(disk)  # and a lock's record, on a disk with no room left
+        with pytest.raises(OSError) as e:
+            with files.lock_output(disk / "other.de"):
+                pass
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(disk / ".other.de.lock")
+
+
+FILE_SIZE_LIMIT = """
+import resource, sys
+from minitransformer import cli, files
+
+def main(argv):
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.RLIM_INFINITY))  # ulimit -f
+    with files.atomic_write(sys.argv[1], partial=sys.argv[1] + ".partial") as f:
+        for chunk in sys.stdin:
+            f.write(chunk[:-1].replace("|", "\\n"))
+            f.flush()
+
+cli.run(main, [])
+"""
+
+
+def test_a_file_size_limit_mid_write_ends_in_one_line_naming_the_file_and_keeps_whole_lines(tmp_path):
+    out = tmp_path / "out.de"
+    chunks = "".join(c.replace("\n", "|") + "\n" for c in CHUNKS)  # a chunk a line of stdin
+    run = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMIT, str(out)], input=chunks, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"}, timeout=60)
+    (line,) = run.stderr.splitlines()
+    assert run.returncode == 1 and str(out) in line and "Traceback" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de.partial"]
+    partial = (tmp_path / "out.de.partial").read_text()
+    assert whole_lines_of(partial) and len(partial.encode()) <= 20000
+
+
+def lock_record(pid: int, host: str) -> str:
+    return f"pid {pid} on {host} since 2026-01-02 03:04:05\n"
+
+
+def test_what_ended_writers_left_is_removed_by_the_next_write_there_and_said_once(tmp_path, caplog):
+    """Temporary files and output locks whose owner has ended on this host go; a lock that is
+    held, another host's, a file of another content, and lock_folder's lock stay."""
+    pid, start = ended_process()
+    host = files._host()
+    left = {f".tmp-out.de-@{host}:{pid}.{start}-k1ll3d": "Ein Hund", ".out.de.lock": lock_record(pid, host),
+            ".empty.lock": lock_record(pid, host)}
+    kept = {".held.lock": lock_record(os.getpid(), host), ".far.lock": lock_record(pid, "elsewhere"),
+            ".users.lock": "not a record\n", ".lock": "", "out.de": "old"}
+    for name, text in {**left, **kept}.items():
+        (tmp_path / name).write_text(text)
+    held = os.open(tmp_path / ".held.lock", os.O_RDONLY)
+    try:
+        import fcntl
+
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with caplog.at_level(logging.WARNING, logger="minitransformer.files"):
+            with files.atomic_write(tmp_path / "new.de") as f:  # the first write of this process here
+                f.write("Zwei Hunde\n")
+            with files.atomic_write(tmp_path / "newer.de") as f:
+                f.write("Drei Hunde\n")
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "new.de", "newer.de"])
+    said = [r.getMessage() for r in caplog.records if "removed what ended runs left" in r.getMessage()]
+    assert len(said) == 1 and all(name in said[0] for name in left)
+    assert "a lock of host elsewhere" in caplog.text
+
+
+def test_an_export_killed_between_its_two_renames_is_put_back(tmp_path):
+    pid, start = ended_process()
+    old = tmp_path / f".tmp-export-@{files._host()}:{pid}.{start}-k1_x-old"
+    old.mkdir()
+    (old / "model.bin").write_bytes(b"the earlier export")
+    assert files.remove_unfinished_writes(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert (tmp_path / "export" / "model.bin").read_bytes() == b"the earlier export"

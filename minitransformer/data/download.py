@@ -57,7 +57,7 @@ from pathlib import Path, PurePosixPath
 from tqdm import tqdm
 
 from .. import cli
-from ..files import atomic_write
+from ..files import atomic_write, naming
 from .corpus import missing_files
 
 logger = logging.getLogger(__name__)
@@ -277,14 +277,17 @@ def _transfer(url: str, part: Path, offset: int, timeout: float, bar: tqdm) -> N
             bar.reset(total=offset + length)
             bar.update(offset)
         received = 0
-        with open(part, mode) as out:
-            try:
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-            except (OSError, http.client.HTTPException) as e:
-                raise _Interrupted(e) from None
+        with naming(part), open(part, mode) as out:
+            while True:
+                try:  # the network's failures only: a full disk is no reason to retry
+                    chunk = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as e:
+                    raise _Interrupted(e) from None
+                if not chunk:
+                    break
+                out.write(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
         if length is not None and received < length:
             raise _Interrupted(f"connection closed after {received} of {length} bytes")
 

@@ -6,7 +6,6 @@ tests/test_cli.py tries every option of every program.)"""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import itertools
 import json
@@ -26,7 +25,7 @@ from minitransformer import files
 from minitransformer.checkpoint import load_checkpoint, verify_checkpoint
 from tests.examples.test_train_wmt import SMALL, losses, one_line_error, train_wmt
 from tests.helpers import MULTI30K_DIR as DATA
-from tests.helpers import needs_multi30k
+from tests.helpers import needs_multi30k, tmpfs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = [needs_multi30k, pytest.mark.slow]  # whole runs, interrupted and damaged
@@ -81,23 +80,6 @@ def test_an_interrupt_at_a_random_step_ends_in_one_line_and_resumes_exactly(tmp_
     train_wmt.main(command[2:])  # the printed command, in this process
     train_wmt.main(args + ["--out-dir", str(straight)])
     assert losses(split) == losses(straight), why
-
-
-@contextlib.contextmanager
-def tmpfs(folder: pathlib.Path, options: str):
-    """A small tmpfs at ``folder``: CI runs as root and requires it (MT_REQUIRE_TMPFS=1);
-    elsewhere the test skips when it cannot be mounted."""
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        if os.environ.get("MT_REQUIRE_TMPFS", "") not in ("", "0"):
-            pytest.fail(f"MT_REQUIRE_TMPFS is set but a tmpfs cannot be mounted: {mounted.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 def test_a_full_disk_ends_in_one_line_and_the_run_resumes_once_there_is_room(tmp_path):

@@ -4,6 +4,7 @@ tests are about what reaches the output, not what the translation says."""
 
 import os
 import pathlib
+import resource
 import select
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from minitransformer import data, decoding
 from minitransformer.checkpoint import load_checkpoint, save_checkpoint
-from tests.helpers import sentences, tiny_run
+from tests.helpers import fill, sentences, tiny_run, tmpfs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -281,6 +282,27 @@ def test_plot_attention_draws_every_layer_or_the_last_alone(monkeypatch, tmp_pat
         assert drawn["fig"].axes[0].get_gridspec().get_geometry() == (2, 2)
 
 
+def test_plot_attention_never_mixes_two_runs_in_one_folder(run, tmp_path, monkeypatch, capsys):
+    """A second run into a folder being drawn into is refused; an earlier run's maps (a part of
+    a longer text too) are replaced as a whole; a folder of other files is refused."""
+    out = tmp_path / "maps"
+    monkeypatch.setattr(plot_attention.files, "save_figure", lambda fig, path, **kw: pathlib.Path(path).write_text("map"))
+    with plot_attention.files.lock_output(out):  # another run draws into it
+        with pytest.raises(plot_attention.files.FileInUse, match=str(out)):
+            plot_attention.main(["--run", str(run), "--out", str(out), "--beam", "1", "A dog runs."])
+    (out / "part-2").mkdir(parents=True)
+    (out / "part-2" / "cross.png").write_text("an earlier run's")
+    plot_attention.main(["--run", str(run), "--out", str(out), "--beam", "1", "A dog runs."])
+    assert sorted(p.name for p in out.iterdir()) == sorted(plot_attention.MAPS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["maps"]  # no lock, no temporary folder left
+    (out / "notes.txt").write_text("a user's")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        plot_attention.main(["--run", str(run), "--out", str(out), "--beam", "1", "A dog runs."])
+    assert e.value.code == 2 and "notes.txt" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "a user's"
+
+
 def test_beam_and_alpha_default_to_the_runs(run, tmp_path, monkeypatch):
     """train_wmt.py saves the beam and alpha it chose beside the averaged model; translate.py
     uses them unless told otherwise, and 4 and 0.6 for a checkpoint without them."""
@@ -405,3 +427,56 @@ def test_a_second_translation_into_the_same_output_is_refused_in_one_line(run, t
         assert first.returncode == 0 and out.read_text().count("\n") == 1 and not lock.exists()
     finally:
         first.kill()
+
+
+def cut_short(result, out: pathlib.Path, whole: list[str]) -> None:
+    """A translation stopped by a write that failed: one error line naming the output, which is
+    not made; what was finished, in whole lines, in OUTPUT.partial, as the message says."""
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err, err
+    (line,) = [e for e in err.splitlines() if e.startswith("error")]
+    assert str(out) in line
+    partial = pathlib.Path(f"{out}.partial").read_text().splitlines(keepends=True)
+    assert f"{out}.partial" in err and 0 < len(partial) < len(whole) and partial == whole[:len(partial)]
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.slow  # three translations of a file
+def test_a_full_disk_or_a_file_size_limit_mid_write_leaves_whole_lines(run, tmp_path):
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(sentences(300, seed=4)) + "\n")  # 25 kB of translations
+    whole = cli(run, src.read_bytes(), "--beam", "1").stdout.decode().splitlines(keepends=True)
+    with tmpfs(tmp_path / "disk", "size=256k") as disk:
+        fill(disk, leave=8192)
+        out = disk / "out.de"
+        cut_short(cli(run, b"", "--input", str(src), "--output", str(out), "--beam", "1"), out, whole)
+    out = tmp_path / "limited.de"
+    limited = subprocess.run([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), "--input",
+                              str(src), "--output", str(out), "--beam", "1"], capture_output=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192)))  # ulimit -f
+    cut_short(limited, out, whole)
+
+
+@pytest.mark.slow  # a translation killed, and another
+def test_what_a_killed_translation_left_is_removed_by_the_next_one_into_the_folder(run, tmp_path):
+    """kill -9 leaves the temporary output and the lock (no handler runs); the next translation
+    into that folder, of another file too, removes them, saying so once."""
+    src, out = tmp_path / "big.en", tmp_path / "big.de"
+    src.write_text("\n".join(sentences(3000, seed=5)) + "\n")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "translate.py"), "--run", str(run), "--input",
+                             str(src), "--output", str(out), "--beam", "1"], stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 120
+    while not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-") and p.stat().st_size]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert len(left) == 2 and ".big.de.lock" in left  # and .tmp-big.de-@host:pid...
+    other = cli(run, b"A dog runs.\n", "--output", str(tmp_path / "other.de"))
+    assert other.returncode == 0
+    said = [line for line in other.stderr.decode().splitlines() if all(name in line for name in left)]
+    assert len(said) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.en", "other.de"]
