@@ -46,6 +46,10 @@ fused float32, tensor cores) at one shape; the page's table is this one, from
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 import argparse
 import functools
 import json

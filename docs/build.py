@@ -27,6 +27,10 @@ Pygments, Jinja2) come with the ``docs`` extra, which ``dev`` includes.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 import ast
 import dataclasses
 import html

@@ -19,6 +19,10 @@ and the cased figure is n/a. REF is raw text, plain or gzipped, one reference a 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 from minitransformer import cli, data
 from minitransformer.bleu import bleu_scores
 
@@ -43,7 +47,11 @@ def score(hyps: list[str], refs: list[str], lang: str = "de", tokenized: bool = 
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.lang not in data.moses.languages():  # checked here: the list costs sacremoses' import
+        p.error(f"argument --lang: {args.lang!r} is not a language the Moses rules know "
+                f"({', '.join(data.moses.languages())})")
     hyps, refs = data.read_lines(args.hyp), data.read_lines(args.ref)
     if len(hyps) != len(refs):
         raise data.CorpusError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: "

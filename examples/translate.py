@@ -25,11 +25,14 @@ its Moses tokens are detokenized for the output: text in lower case.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 import contextlib
 import glob
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -125,8 +128,8 @@ def build_parser() -> cli.ArgumentParser:
                    "model configuration)")
     p.add_argument("--tokenizer", type=cli.input_file, help="the model's tokenizer: a sentencepiece .model or a "
                    "subword-nmt .bpe file (overrides --run's)")
-    p.add_argument("--input", type=cli.input_file, help="one sentence a line: a file, or a pipe (default: stdin)")
-    p.add_argument("--output", type=cli.output_file, help="where to write translations (default: stdout); written whole at the end, "
+    p.add_argument("--input", type=cli.input_or_stdin, help="one sentence a line: a file, or a pipe (default, or -: stdin)")
+    p.add_argument("--output", type=cli.output_or_stdout, help="where to write translations (default, or -: stdout); written whole at the end, "
                    "a stopped run leaves what it finished in OUTPUT.partial; a link is written through to its file; "
                    "a FIFO or a device is written as a stream, as the lines come (no whole-or-nothing swap is possible "
                    "there)")
@@ -200,16 +203,8 @@ def translate_into_output(p: cli.ArgumentParser, args) -> None:
     print(f"translate.py: {describe(ckpt, checkpoint)}, tokenizer {tokenizer}; beam {beam}, alpha {alpha} "
           f"({length_penalty}){text}", file=sys.stderr)
     partial, started = f"{args.output}.partial", time.time()
-    try:
+    try:  # a reader of stdout that has gone (... | head) ends it quietly (cli.run)
         translate_stream(args, model, tok, Search(beam, alpha, length_penalty, preprocess), partial)
-    except BrokenPipeError:
-        if args.output:
-            raise
-        # The reader of stdout has gone (translate.py ... | head): end as a pipe's writer does,
-        # quietly, with 128 + SIGPIPE; stdout is pointed at nothing so that its last flush
-        # at exit does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(128 + signal.SIGPIPE) from None
     except BaseException:
         if args.output and os.path.exists(partial) and os.path.getmtime(partial) >= started:
             sys.stderr.write(f"{args.output} is unchanged; the lines translated before the stop are in {partial}\n")
@@ -304,4 +299,4 @@ def check_same_config(ckpt: Checkpoint, path: str, run_checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, user_errors=(data.CorpusError, CheckpointError, files.FileInUse))
+    cli.run(main, user_errors=(data.CorpusError, CheckpointError))

@@ -60,7 +60,7 @@ def test_every_device_option_and_output_is_checked_when_parsed():
             if name == "--device":
                 assert action.type is cli.device, program
             if name in ("--out", "--out-dir", "--output", "--json", "--report", "--results", "--dest"):
-                assert action.type in (cli.output_file, cli.output_folder), (program, name)
+                assert action.type in (cli.output_file, cli.output_or_stdout, cli.output_folder), (program, name)
 
 
 @pytest.mark.parametrize("program", [p for p in PROGRAMS if options_of(p, cli.device)])
@@ -71,7 +71,8 @@ def test_a_device_that_cannot_be_used_is_refused_in_one_line(program, monkeypatc
 
 
 @pytest.mark.parametrize("program, option, kind", [
-    (p, option, kind) for p in PROGRAMS for kind in (cli.output_file, cli.output_folder) for option in options_of(p, kind)])
+    (p, option, kind) for p in PROGRAMS for kind in (cli.output_file, cli.output_or_stdout, cli.output_folder)
+    for option in options_of(p, kind)])
 def test_an_output_that_cannot_be_written_is_refused_in_one_line(program, option, kind, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     (tmp_path / "a-folder").mkdir()
@@ -310,3 +311,42 @@ def test_every_program_s_removed_options_name_their_replacement(program, capsys)
         line = one_line_parse_error(program, [flag, "1"], capsys)
         assert flag in line and replacement in line
         assert flag not in parser.format_help()
+
+
+def test_every_program_holds_signals_from_its_first_line_until_run_ends_it_in_one_line():
+    """A Ctrl-C while a program's imports load (up to seconds) waits for cli.run (cli.PREAMBLE);
+    a module run with -m loads the package first, and has nothing to hold."""
+    for program in PROGRAMS:
+        source = pathlib.Path(importlib.import_module(program).__file__).read_text()
+        assert "cli.run" in source, f"{program}: every program ends through cli.run"
+        if not program.startswith("minitransformer."):
+            assert "from __future__ import annotations\n\n" + cli.PREAMBLE in source, \
+                f"{program}: its first lines must be cli.PREAMBLE"
+
+
+def test_a_reader_of_stdout_gone_ends_a_program_quietly_as_a_pipe_s_writer(monkeypatch, capsys):
+    """One rule for every program (cli.run): ``... | head`` ends it with 128 + SIGPIPE and says
+    nothing; a broken pipe that is not stdout's is an error like any other."""
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.setattr(sys, "stdout", open(write, "w"))
+
+    def prints(argv):
+        print("a line that nobody reads")
+
+    with pytest.raises(SystemExit) as e:
+        cli.run(prints, [])
+    assert e.value.code == 128 + signal.SIGPIPE and capsys.readouterr().err == ""
+    broken = BrokenPipeError(errno.EPIPE, "Broken pipe")
+    broken.filename = "out.fifo"
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    with pytest.raises(SystemExit, match="^error: Broken pipe: out.fifo$"):
+        cli.run(fails_with(broken), [])
+
+
+def test_a_dash_is_a_stream_where_the_option_takes_one_and_refused_elsewhere(tmp_path):
+    assert cli.input_or_stdin("-") is None and cli.output_or_stdout("-") is None  # the options' defaults
+    for parse in (cli.input_file, cli.output_file, cli.input_folder, cli.output_folder, cli.data_folder):
+        assert not accepts(parse, "-")
+    (tmp_path / "-").write_text("a file named -")
+    assert cli.input_file(str(tmp_path / "-")) == str(tmp_path / "-")

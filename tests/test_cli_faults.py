@@ -4,8 +4,10 @@ is given each hostile kind of path, and every cell must end the way a careful pr
 
 Kinds: a link to a file outside the run, a dangling link, a FIFO, a character device (a
 ``mknod`` of /dev/full's numbers in a tmp folder, never a real /dev node), a folder where a
-file goes, a file where a folder goes, and a read-only place (a read-only tmpfs: chmod does
-not stop root).
+file goes, a file where a folder goes, a read-only place (a read-only tmpfs: chmod does not
+stop root), and "-", standard input or output where the option takes a stream, refused
+elsewhere. Every program's parser also refuses, in one line naming it, a boolean environment
+variable that is neither on nor off.
 
 Every cell parses the program's options in-process; a refusal is exit status 2 and one line
 naming the option, and an accepted path is one the kind legitimately is (reading through a
@@ -14,7 +16,9 @@ changes, is replaced or deleted, the user's file outside the run included. The p
 whole run costs little (``RUN``) are also run to their end through their own entry point, with
 content kinds as well (a truncated file, random bytes, valid JSON of the wrong type): exit
 status 0, 1 or 2, at most three lines on stderr, no traceback, no hang, no network, and nothing
-outside the program's own outputs changed.
+outside the program's own outputs changed. Their outputs are also cut short mid-write, by a full
+disk and by a file-size limit (``ulimit -f``): one line naming the file, no temporary file left.
+And each is interrupted while it imports, and inside sentencepiece's training: one line, 130.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import resource
 import runpy
 import shutil
@@ -35,17 +40,18 @@ import sys
 
 import pytest
 
-from minitransformer import cli
-from tests.helpers import tiny_run, tiny_test_set
+from minitransformer import cli, files, settings
+from tests.helpers import fill, tiny_run, tiny_test_set, tmpfs
 from tests.test_cli import PROGRAMS, ROOT
 
-PATH_TYPES = (cli.input_file, cli.input_folder, cli.data_folder, cli.output_file, cli.output_folder)
+PATH_TYPES = (cli.input_file, cli.input_or_stdin, cli.input_folder, cli.data_folder, cli.output_file,
+              cli.output_or_stdout, cli.output_folder)
 # Options that take text, not a path (a test below keeps every other option typed).
 NOT_PATHS = {("ablations", "--rows"), ("plot_attention", "sentence"), ("bleu_tokens", "--note"), ("bleu_minutes", "--label"), ("score", "--lang"),
              ("figures", "names"), ("trained", "--trained-at"), ("trained", "--command"),
              ("ncu_counts", "--ncu"), ("ncu_counts", "--launch"),
              ("minitransformer.data.download", "--base-url")}
-KINDS = ("link-to-file", "dangling-link", "fifo", "device", "folder", "file", "read-only")
+KINDS = ("link-to-file", "dangling-link", "fifo", "device", "folder", "file", "read-only", "dash")
 
 
 def path_options(program: str) -> list[tuple[str, object]]:
@@ -82,20 +88,6 @@ def snapshot(root: pathlib.Path) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def read_only_tmpfs(folder: pathlib.Path):
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        if os.environ.get("MT_REQUIRE_TMPFS", "") not in ("", "0"):
-            pytest.fail(f"MT_REQUIRE_TMPFS is set but a tmpfs cannot be mounted: {mounted.stderr.decode().strip()}")
-        pytest.skip("cannot mount a read-only tmpfs here (not root)")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
 def hostile(kind: str, where: pathlib.Path, stack: contextlib.ExitStack) -> pathlib.Path:
     """A path of ``kind`` in ``where``; a user's file beside it, outside, must never change."""
     precious = where / "outside" / "precious.txt"
@@ -118,7 +110,9 @@ def hostile(kind: str, where: pathlib.Path, stack: contextlib.ExitStack) -> path
     elif kind == "file":
         path.write_text("not a folder\n")
     elif kind == "read-only":
-        path = stack.enter_context(read_only_tmpfs(where / "ro")) / "given"
+        path = stack.enter_context(tmpfs(where / "ro", "ro,size=64k")) / "given"
+    elif kind == "dash":
+        path = pathlib.Path("-")
     return path
 
 
@@ -126,9 +120,11 @@ def hostile(kind: str, where: pathlib.Path, stack: contextlib.ExitStack) -> path
 # missing (it is downloaded into): in a read-only place too, where the download then fails.
 ACCEPTS = {
     cli.input_file: {"file", "link-to-file", "fifo", "device"},
+    cli.input_or_stdin: {"file", "link-to-file", "fifo", "device", "dash"},
     cli.input_folder: {"folder"},
     cli.data_folder: {"folder", "read-only"},
     cli.output_file: {"file", "link-to-file", "fifo", "device"},
+    cli.output_or_stdout: {"file", "link-to-file", "fifo", "device", "dash"},
     cli.output_folder: {"folder"},
 }
 
@@ -153,12 +149,24 @@ def test_a_hostile_path_is_refused_in_one_line_or_legitimately_taken(program, op
         before = snapshot(tmp_path)
         status, err = parse(program, arguments(program, {**REQUIRED.get(program, {}), option: str(path)}), capsys)
         assert snapshot(tmp_path) == before, f"{program} {option} {kind}: the folder tree changed"
+    assert not os.path.lexists("-"), f"{program} {option}: a file named - was made"
     if kind in ACCEPTS[typed]:
         assert all(option not in line for line in err), (program, option, kind, err)
         return
     assert status == 2, (program, option, kind, err)
     assert len(err) == 1 and (option in err[0] or f"argument {option}" in err[0]), (program, option, kind, err)
     assert str(path) in err[0] and "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("program, variable", [(p, v) for p in PROGRAMS for v in settings.BOOLEAN_VARIABLES])
+def test_a_boolean_environment_variable_is_refused_in_one_line_unless_on_or_off(program, variable, monkeypatch,
+                                                                               capsys):
+    argv = arguments(program, REQUIRED.get(program, {}))
+    monkeypatch.setenv(variable, "maybe")
+    status, err = parse(program, argv, capsys)
+    assert status == 2 and len(err) == 1 and variable in err[0], (program, variable, err)
+    monkeypatch.setenv(variable, " Off")
+    assert not any(variable in line for line in parse(program, argv, capsys)[1])
 
 
 # Options each program requires, with values that parse, for the cells of its other options.
@@ -312,54 +320,71 @@ def resident_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def run_program(program: str, argv: list[str], monkeypatch, stack: contextlib.ExitStack) -> int:
+    """``program`` run to its end through its own entry point in this process, as its command
+    line would: with no network, no more than 3 GB more memory, at most 60 s; its exit status."""
+    script = RUN[program][0]
+
+    def no_network(*args, **kwargs):
+        raise NoNetwork("a program tried the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)  # a name lookup is the network too
+    # A runaway read (an endless device read whole) becomes a MemoryError, not the OOM killer.
+    limit = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (resident_bytes() + (3 << 30), limit[1]))
+    stack.callback(resource.setrlimit, resource.RLIMIT_AS, limit)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / script), *argv])
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(f"{program} hung")))
+    signal.alarm(60)
+    try:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if e.code not in (None, 0, 1, 2) and not isinstance(e.code, int):
+            sys.stderr.write(str(e.code) + "\n")  # SystemExit("error: ...") prints its message
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def valid_values(program: str, valid: dict, out: pathlib.Path, given: str | None = None) -> dict:
+    """The program's RUN options with valid values, its outputs in ``out`` (``given``: the one
+    option --checkpoint or --tokenizer it is also given, which --run gives otherwise)."""
+    return {name: str(out / v[4:]) if v.startswith("out:") else v[4:] if v.startswith("arg:") else str(valid[v])
+            for name, v in RUN[program][1].items()
+            if v != "flag" and (name not in ("--checkpoint", "--tokenizer") or name == given)}
+
+
+def with_flags(program: str, values: dict) -> list[str]:
+    return arguments(program, values) + [name for name, v in RUN[program][1].items() if v == "flag"]
+
+
 @pytest.mark.slow  # the fault matrix's whole-run cells
 @pytest.mark.parametrize("program, option, kind", RUN_CELLS)
 def test_a_program_run_on_a_hostile_path_ends_in_at_most_three_lines(program, option, kind, valid, tmp_path,
                                                                       monkeypatch, capsys):
-    script, spec = RUN[program]
+    spec = RUN[program][1]
     out = tmp_path / "out"
     out.mkdir()
-    values = {name: str(out / v[4:]) if v.startswith("out:") else v[4:] if v.startswith("arg:") else str(valid[v])
-              for name, v in spec.items() if v != "flag" and (name not in ("--checkpoint", "--tokenizer") or name == option)}
-    flags = [name for name, v in spec.items() if v == "flag"]
+    values = valid_values(program, valid, out, given=option)
     with contextlib.ExitStack() as stack:
         if kind in CONTENT_KINDS:
             path = content(kind, valid[spec[option]], tmp_path)
         else:
             path = hostile(kind, tmp_path, stack)
         values[option] = str(path)
-        argv = arguments(program, values) + flags
         watched = {"the cell's folder": tmp_path, "the valid files": valid["run"], "the valid data": valid["data"]}
         before = {name: snapshot(root) for name, root in watched.items()}
-
-        def no_network(*args, **kwargs):
-            raise NoNetwork("a program tried the network")
-
-        monkeypatch.setattr(socket.socket, "connect", no_network)
-        monkeypatch.setattr(socket, "getaddrinfo", no_network)  # a name lookup is the network too
-        # A runaway read (an endless device read whole) becomes a MemoryError, not the OOM killer.
-        limit = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (resident_bytes() + (3 << 30), limit[1]))
-        stack.callback(resource.setrlimit, resource.RLIMIT_AS, limit)
-        monkeypatch.setattr(sys, "argv", [str(ROOT / script), *argv])
-        previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(f"{program} hung")))
-        signal.alarm(60)
         try:
-            runpy.run_path(str(ROOT / script), run_name="__main__")
-            status = 0
+            status = run_program(program, with_flags(program, values), monkeypatch, stack)
         except NoNetwork:
             # An empty data folder is downloaded into (tests/data/test_download.py covers that
             # offline); anywhere else a connection fails the cell.
             if not (kind == "folder" and dict(path_options(program))[option] is cli.data_folder):
                 raise
             status = 0
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 1
-            if e.code not in (None, 0, 1, 2) and not isinstance(e.code, int):
-                sys.stderr.write(str(e.code) + "\n")  # SystemExit("error: ...") prints its message
-        finally:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, previous)
         after = {name: snapshot(root) for name, root in watched.items() if name != "the cell's folder"}
         own_files = WRITES_INTO_INPUTS.get(program, ())
         for tree in (*before.values(), *after.values()):  # the program's outputs among its inputs
@@ -375,3 +400,90 @@ def test_a_program_run_on_a_hostile_path_ends_in_at_most_three_lines(program, op
         f"{program} {option} {kind}: something outside its outputs changed"
     for name in ("the valid files", "the valid data"):
         assert after[name] == before[name], f"{program} {option} {kind}: {name} changed"
+
+
+# Outputs cut short mid-write: a disk with a few pages left, and a file-size limit (ulimit -f).
+# attn's benchmark alone takes seconds, and its --json is written as translate_speed's is.
+ROOM = 16384
+CUT_CELLS = [(p, option, how) for p, (_, spec) in RUN.items() if p != "attn" for option, what in spec.items()
+             if what.startswith("out:") for how in ("full-disk", "file-size-limit")]
+
+
+@pytest.mark.slow  # the fault matrix's whole-run cells
+@pytest.mark.parametrize("program, option, how", CUT_CELLS)
+def test_an_output_cut_short_mid_write_ends_in_one_line_naming_it_and_leaves_no_temporary(program, option, how,
+                                                                                          valid, tmp_path,
+                                                                                          monkeypatch, capsys):
+    with contextlib.ExitStack() as stack:
+        disk = stack.enter_context(tmpfs(tmp_path / "disk", "size=4m"))
+        values = valid_values(program, valid, tmp_path)
+        values[option] = str(disk / RUN[program][1][option][4:])
+        if how == "full-disk":
+            fill(disk, leave=ROOM)
+        else:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (ROOM, limit[1]))
+            stack.callback(resource.setrlimit, resource.RLIMIT_FSIZE, limit)
+        status = run_program(program, with_flags(program, values), monkeypatch, stack)
+        left = [p.name for p in disk.rglob("*") if p.name.startswith(files.PREFIX)]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert status in (0, 1), (program, option, how, status, err)
+    assert not left, f"{program} {option} {how}: {left} left behind"
+    if status:  # the file (or folder) it was writing: on the disk, or (a size limit) any the program writes
+        (line,) = err
+        assert str(disk) in line if how == "full-disk" else re.search(r": /\S", line), (program, option, how, line)
+
+
+@pytest.mark.slow  # each program's imports, whole
+@pytest.mark.parametrize("program", list(RUN))
+def test_an_interrupt_while_a_program_imports_ends_in_its_one_line(program, valid, tmp_path):
+    """Ctrl-C lands when the program first imports NumPy (an import hook sends it): held by the
+    program's first lines (cli.PREAMBLE) until cli.run, which ends it in one line, status 130,
+    having written nothing. (tests/test_cli.py checks that every program has those lines.)"""
+    argv = with_flags(program, valid_values(program, valid, tmp_path))
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_AT_IMPORT, "numpy", str(ROOT / RUN[program][0]), *argv],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
+    err = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == cli.INTERRUPTED, run.stderr
+    assert len(err) == 1 and err[0].startswith("interrupted") and list(tmp_path.iterdir()) == []
+
+
+# A program run with a Ctrl-C that lands while it imports ``module``: an import hook sends it.
+INTERRUPTED_AT_IMPORT = """
+import os, runpy, signal, sys
+
+module, sys.argv = sys.argv[1], sys.argv[2:]
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as python script.py has it
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+INTERRUPTED_IN_SENTENCEPIECE = """
+import os, signal, sys, threading
+from minitransformer import cli, data
+
+def main(argv):
+    # Ctrl-C from outside, while sentencepiece reads the sentences (the first 0.3 s of many)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    data.train_tokenizer((f"sentence {i} of {i % 97} words" for i in range(3_000_000)), sys.argv[1],
+                         data.TokenizerConfig(vocab_size=100))
+
+cli.run(main, [])
+"""
+
+
+@pytest.mark.slow  # a tokenizer trained for a second
+def test_an_interrupt_inside_sentencepiece_s_training_ends_in_one_line(tmp_path):
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_SENTENCEPIECE, str(tmp_path / "x.model")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MT_EMULATE_CUDA": "0"})
+    assert run.returncode == cli.INTERRUPTED and run.stderr.strip() == "interrupted", run.stderr
+    assert list(tmp_path.iterdir()) == []

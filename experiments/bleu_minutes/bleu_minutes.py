@@ -19,6 +19,10 @@ instead: for a final figure, read once; nothing is to be chosen by it.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 import datetime
 import json
 import math

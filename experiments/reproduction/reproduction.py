@@ -18,6 +18,10 @@ as their README prints them: which part a gap is made of. Rescore with
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for cli.run (cli.PREAMBLE)
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
 import json
 import os
 import shutil

@@ -18,7 +18,9 @@ Layouts on disk (``python -m minitransformer.data.download NAME --dest DIR`` lay
 
 Bad input raises ``CorpusError`` (a ``ValueError``) or ``FileNotFoundError`` naming the file:
 a missing or empty file, bytes that are not UTF-8 (with the line number), source and target
-files of different lengths (both files, both counts).
+files of different lengths (both files, both counts), a side whose every line is empty. In a
+corpus folder, a file's name that holds something other than a regular file (a FIFO, a device,
+a dangling link) is refused as what it is, never taken for a missing file to download over.
 
 Lines are split on "\\n" only. Opening the files in text mode would also split on a lone
 "\\r" (universal newlines), and a stray carriage return inside a Common Crawl sentence
@@ -31,6 +33,7 @@ import functools
 import gzip
 import hashlib
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +189,25 @@ def read_sgm(path: str | Path) -> list[str]:
     return segments
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+
+
+def _is_corpus_file(path: Path) -> bool:
+    """Whether a corpus folder holds its file ``path``: a regular file (a link to one too), or
+    nothing (False). Anything else there is a ``CorpusError`` saying what it is."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise CorpusError(f"{path} is a dangling symbolic link, not a file of sentences") from None
+        return False
+    if stat.S_ISREG(mode):
+        return True
+    raise CorpusError(f"{path} is {_KINDS.get(stat.S_IFMT(mode), 'not a regular file')}, not a file of sentences: "
+                      f"a corpus folder holds regular files (plain or .gz)")
+
+
 def _read_any(path: Path) -> list[str]:
     return read_sgm(path) if path.name.endswith((".sgm", ".sgm.gz")) else read_lines(path)
 
@@ -199,6 +221,9 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelCorpus:
             f"source and target differ in length: {src_path} has {len(src)} lines, "
             f"{tgt_path} has {len(tgt)} lines"
         )
+    for path, side in ((src_path, src), (tgt_path, tgt)):
+        if not any(side):
+            raise CorpusError(f"{path}: all {len(side)} lines are empty, so there is no sentence to read")
     return ParallelCorpus(src, tgt, (src_path,), (tgt_path,))
 
 
@@ -215,9 +240,9 @@ def find_split_file(data_dir: str | Path, split: str, lang: str) -> Path:
     """``DIR/{split}.{lang}``, or ``DIR/{split}.{lang}.gz`` when only that one exists."""
     plain = Path(data_dir) / f"{split}.{lang}"
     gzipped = plain.with_name(plain.name + ".gz")
-    if plain.is_file():
+    if _is_corpus_file(plain):
         return plain
-    if gzipped.is_file():
+    if _is_corpus_file(gzipped):
         return gzipped
     raise FileNotFoundError(
         f"corpus file not found: {plain} (nor {gzipped.name}); "
@@ -260,7 +285,7 @@ def load_wmt14(data_dir: str | Path, split: str, src_lang: str = "en",
     """A WMT14 EN-DE split (see the module docstring for the files), checked aligned."""
     data_dir = Path(data_dir)
     pairs = wmt14_files(split, src_lang, tgt_lang)
-    missing = [data_dir / n for pair in pairs for n in pair if not (data_dir / n).is_file()]
+    missing = [data_dir / n for pair in pairs for n in pair if not _is_corpus_file(data_dir / n)]
     if missing:
         raise FileNotFoundError(
             "WMT14 files not found: " + ", ".join(str(p) for p in missing)
@@ -287,9 +312,9 @@ def missing_files(name: str, data_dir: str | Path) -> list[Path]:
     if name == "multi30k":
         wanted = [f"{split}.{lang}" for split in MULTI30K_SPLITS for lang in LANGS]
         return [data_dir / w for w in wanted
-                if not (data_dir / w).is_file() and not (data_dir / f"{w}.gz").is_file()]
+                if not _is_corpus_file(data_dir / w) and not _is_corpus_file(data_dir / f"{w}.gz")]
     if name == "wmt14":
         wanted = {n for split in WMT14_SPLITS for src, tgt in (("en", "de"), ("de", "en"))
                   for pair in wmt14_files(split, src, tgt) for n in pair}
-        return [data_dir / w for w in sorted(wanted) if not (data_dir / w).is_file()]
+        return [data_dir / w for w in sorted(wanted) if not _is_corpus_file(data_dir / w)]
     raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")

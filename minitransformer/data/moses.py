@@ -27,6 +27,15 @@ PREPROCESSING = ("raw", "moses-lc")
 
 
 @functools.lru_cache(maxsize=None)
+def languages() -> tuple[str, ...]:
+    """The language codes whose rules (non-breaking prefixes) sacremoses has: another code
+    would be tokenized silently by no language's rules."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
+
+
+@functools.lru_cache(maxsize=None)
 def _tools(lang: str):
     from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 

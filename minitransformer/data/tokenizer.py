@@ -278,6 +278,8 @@ def train_tokenizer(sentences: Iterable[str], model_path: str | Path,
             num_threads=os.cpu_count() or 1, minloglevel=2,
         )
     except RuntimeError as e:
+        if counted.stopped_by is not None:  # raised while sentencepiece read (Ctrl-C: "INTERNAL: KeyboardInterrupt")
+            raise counted.stopped_by from None
         # sentencepiece's reason without its source location: "Vocabulary size too high (8000).
         # Please set it to a value <= 1083." for a corpus too small for the vocabulary
         reason = re.sub(r"^.*?\] ", "", str(e))
@@ -387,8 +389,13 @@ class _Counter:
     def __init__(self, sentences: Iterable[str]):
         self._sentences = sentences
         self.count = 0
+        self.stopped_by: BaseException | None = None
 
     def __iter__(self):
-        for sentence in self._sentences:
-            self.count += 1
-            yield sentence
+        try:
+            for sentence in self._sentences:
+                self.count += 1
+                yield sentence
+        except BaseException as e:
+            self.stopped_by = e
+            raise

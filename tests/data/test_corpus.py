@@ -1,4 +1,5 @@
 import gzip
+import os
 import tempfile
 from pathlib import Path
 
@@ -176,6 +177,33 @@ def test_multi30k_layout_plain_or_gz(tmp_path):
         load_multi30k(tmp_path, "test")
     with pytest.raises(ValueError, match="two different languages"):
         load_multi30k(tmp_path, "train", "en", "en")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling-link", "folder"])
+@pytest.mark.parametrize("name", ["train.en", "val.de.gz"])
+def test_a_corpus_file_that_is_not_a_file_is_named_as_what_it_is_never_taken_for_missing(tmp_path, kind, name):
+    """A FIFO (or a dangling link, a folder) where a corpus file goes is not missing: a download
+    would replace it. Refused, saying what it is, by the readers and by missing_files."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            write(tmp_path / f"{split}.{lang}", random_sentences(rng, 5))
+    (tmp_path / name.removesuffix(".gz")).unlink()
+    path = tmp_path / name
+    {"fifo": lambda: os.mkfifo(path), "dangling-link": lambda: path.symlink_to(tmp_path / "gone"),
+     "folder": path.mkdir}[kind]()
+    what = {"fifo": "a FIFO", "dangling-link": "dangling", "folder": "a folder"}[kind]
+    for read in (lambda: missing_files("multi30k", tmp_path), lambda: load_multi30k(tmp_path, name.split(".")[0])):
+        with pytest.raises(CorpusError, match=f"{path}.* {what}"):
+            read()
+
+
+@pytest.mark.parametrize("side", ["en", "de"])
+def test_a_side_of_empty_lines_only_is_refused_saying_so(tmp_path, side):
+    for lang in ("en", "de"):
+        write(tmp_path / f"train.{lang}", ["", "", ""] if lang == side else ["A dog.", "", "Two men."])
+    with pytest.raises(CorpusError, match=rf"train\.{side}: all 3 lines are empty"):
+        read_parallel(tmp_path / "train.en", tmp_path / "train.de")
 
 
 def make_wmt14(root: Path, rng):

@@ -1,9 +1,11 @@
 import io
+import signal
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 
+from minitransformer import cli
 from minitransformer.data import (
     BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, CorpusError, ParallelCorpus, SubwordNmtConfig, SubwordNmtTokenizer,
     Tokenizer, TokenizerConfig, TokenizerError, load_or_train, moses, open_tokenizer, train_tokenizer,
@@ -136,6 +138,21 @@ def test_vocabulary_too_large_for_the_text(tmp_path):
     assert not (tmp_path / "x.model").exists()
     with pytest.raises(ValueError, match="vocab_size"):
         TokenizerConfig(vocab_size=4)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), cli.Terminated(signal.SIGTERM), CorpusError("line 7: bad")])
+def test_what_stops_the_reading_inside_sentencepiece_is_raised_as_it_was(tmp_path, stop):
+    """sentencepiece wraps an exception of the iterator it reads ("INTERNAL: KeyboardInterrupt"
+    for Ctrl-C): the original comes out, so that an interrupt ends in its one line and 130."""
+    def sentences():
+        for i in range(500):
+            if i == 300:
+                raise stop
+            yield f"sentence number {i}"
+
+    with pytest.raises(type(stop)) as e:
+        train_tokenizer(sentences(), tmp_path / "x.model", TokenizerConfig(vocab_size=30))
+    assert e.value is stop and not (tmp_path / "x.model").exists()
 
 
 NMT = SubwordNmtConfig(merges=300)

@@ -77,3 +77,15 @@ def test_a_pipe_is_read_and_a_folder_refused_in_one_line(tmp_path):
     folder = score(tmp_path, ref)
     assert folder.returncode == 2 and folder.stderr.strip().splitlines()[-1] == (
         f"score.py: error: argument hyp: {tmp_path} is a folder, not a file (see --help)")
+
+
+def test_an_unknown_language_is_refused_in_one_line(tmp_path, capsys):
+    sys.path.insert(0, str(SCORE.parent))
+    import score as program
+
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("\n".join(HYPS) + "\n")
+    with pytest.raises(SystemExit) as e:
+        program.main([str(hyp), str(hyp), "--lang", "zz"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and "--lang" in line and "zz" in line
