@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minitransformer import records
+from minitransformer import records, settings
 from minitransformer.emulated import emulator
 from tests.tools.kernels import fake_ncu
 from tests.helpers import MULTI30K_DIR, needs_multi30k
@@ -24,7 +24,7 @@ STAGES = ["tests", "benchmarks", "counts", "ncu", "nccl tests", "suite (cuda cas
 pytestmark = [
     pytest.mark.slow,  # every stage of the GPU machine's script, emulated
     needs_multi30k,
-    pytest.mark.skipif(emulator.unavailable_reason() is not None and not os.environ.get("MT_REQUIRE_EMULATOR"),
+    pytest.mark.skipif(emulator.unavailable_reason() is not None and not settings.env_flag("MT_REQUIRE_EMULATOR"),
                        reason=f"the emulated kernels cannot be built: {emulator.unavailable_reason()}"),
 ]
 

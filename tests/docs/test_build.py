@@ -19,6 +19,8 @@ import urllib.parse
 
 import pytest
 
+from minitransformer import settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import build  # noqa: E402
@@ -284,7 +286,7 @@ def _chromium() -> str | None:
 def chromium():
     path = _chromium()
     if path is None:
-        if os.environ.get("MT_REQUIRE_BROWSER") == "1":
+        if settings.env_flag("MT_REQUIRE_BROWSER"):
             pytest.fail("MT_REQUIRE_BROWSER=1 but no Chromium: apt-get install chromium")
         pytest.skip("no Chromium (apt-get install chromium); CI sets MT_REQUIRE_BROWSER=1")
     return path

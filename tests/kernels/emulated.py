@@ -25,12 +25,12 @@ shows up as NaN.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
 from hypothesis import settings
 
+from minitransformer.settings import env_flag
 from minitransformer.kernels import reference as R
 from minitransformer.emulated import emulator
 from minitransformer.kernels.resources import SHARED_MEMORY_PER_BLOCK
@@ -53,7 +53,7 @@ def require_emulator(sanitize: str | None = None) -> None:
     reason = emulator.unavailable_reason(sanitize)
     if reason is None:
         return
-    if os.environ.get("MT_REQUIRE_EMULATOR"):
+    if env_flag("MT_REQUIRE_EMULATOR"):
         pytest.fail(f"MT_REQUIRE_EMULATOR is set but the emulated kernels cannot be built: {reason}",
                     pytrace=False)
     pytest.skip(f"cannot build the emulated kernels: {reason}", allow_module_level=True)

@@ -24,10 +24,9 @@ the result is cached in the temp directory.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from minitransformer import settings
 from minitransformer.emulated import emulator
 from minitransformer.kernels import resources
 
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.slow  # the ptxas gates: csrc/ compiled for every GPU a
 
 _REASON = resources.unavailable_reason() or emulator.unavailable_reason()
 if _REASON:
-    if os.environ.get("MT_REQUIRE_NVCC"):
+    if settings.env_flag("MT_REQUIRE_NVCC"):
         raise RuntimeError(f"MT_REQUIRE_NVCC is set but the resource gates cannot run: {_REASON}")
     pytest.skip(f"cannot compile the kernels for the resource gates: {_REASON}", allow_module_level=True)
 

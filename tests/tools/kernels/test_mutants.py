@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from minitransformer import settings
 from minitransformer.emulated import emulator
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -192,7 +193,7 @@ def test_a_sample_draws_only_what_the_record_vouches_for():
 
 
 needs_emulator = pytest.mark.skipif(
-    any(emulator.unavailable_reason(s) for s in (None, *emulator.SANITIZERS)) and not os.environ.get("MT_REQUIRE_EMULATOR"),
+    any(emulator.unavailable_reason(s) for s in (None, *emulator.SANITIZERS)) and not settings.env_flag("MT_REQUIRE_EMULATOR"),
     reason="the emulator (with its sanitizers) cannot build csrc/ here")
 
 
@@ -239,7 +240,7 @@ def test_a_seeded_sample_of_the_mutants_is_killed(tmp_path):
     assert f"seed {seed}" in run.stdout
 
 
-@pytest.mark.skipif(emulator.cuda_home() is None and not os.environ.get("MT_REQUIRE_EMULATOR"),
+@pytest.mark.skipif(emulator.cuda_home() is None and not settings.env_flag("MT_REQUIRE_EMULATOR"),
                     reason="no CUDA toolkit (nvcc) here")
 def test_a_carve_shortened_into_its_last_rows_padding_is_identical_on_the_gpu_and_a_longer_one_is_not(monkeypatch):
     """Trivial compiler equivalence, on one architecture to keep it short: the float32

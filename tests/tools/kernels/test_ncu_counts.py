@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from minitransformer import settings
 from minitransformer.emulated import emulator
 from tests.tools.kernels import fake_ncu
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tools" / "kernels"))
 import ncu_counts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    emulator.unavailable_reason() is not None and not os.environ.get("MT_REQUIRE_EMULATOR"),
+    emulator.unavailable_reason() is not None and not settings.env_flag("MT_REQUIRE_EMULATOR"),
     reason=f"the emulated kernels cannot be built: {emulator.unavailable_reason()}")
 
 FORWARD, BACKWARD = "attention_forward_f32_kernel", "attention_backward_f32_kernel"
