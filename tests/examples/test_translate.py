@@ -286,7 +286,7 @@ def test_plot_attention_never_mixes_two_runs_in_one_folder(run, tmp_path, monkey
     """A second run into a folder being drawn into is refused; an earlier run's maps (a part of
     a longer text too) are replaced as a whole; a folder of other files is refused."""
     out = tmp_path / "maps"
-    monkeypatch.setattr(plot_attention.files, "save_figure", lambda fig, path, **kw: pathlib.Path(path).write_text("map"))
+    monkeypatch.setattr(plot_attention, "draw", lambda maps, rows, cols, title, path, *a: pathlib.Path(path).write_text("map"))
     with plot_attention.files.lock_output(out):  # another run draws into it
         with pytest.raises(plot_attention.files.FileInUse, match=str(out)):
             plot_attention.main(["--run", str(run), "--out", str(out), "--beam", "1", "A dog runs."])
