@@ -411,10 +411,10 @@ def _terminate_as_interrupt():
 
     # A signal ignored when the program started (SIGHUP under nohup) stays ignored.
     before = {s: signal.signal(s, raise_terminated) for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL}
-    # A program holds these from its first line while it loads (PREAMBLE): one that came
-    # meanwhile is raised now, here, where it ends in one line.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     try:
+        # A program holds these from its first line while it loads (PREAMBLE): one that came
+        # meanwhile is raised now, here, where it ends in one line.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
         yield
     finally:
         for s, handler in before.items():
