@@ -52,10 +52,12 @@ BANNER = ("minitransformer: device 'cuda' is EMULATED on the CPU (MT_EMULATE_CUD
 DEVICE_NAME = "Emulated CUDA device (CPU, minitransformer.emulated)"
 
 # What Device().attributes reports. The defaults are an H100/H200's (sm_90): 227 KB of opt-in
-# shared memory per block, 132 multiprocessors.
+# shared memory per block, 132 multiprocessors. Only keys CuPy's Device.attributes has (one per
+# cudaDevAttr* constant of its runtime module, which leaves the compute capability out: CuPy
+# gives it as Device.compute_capability and getDeviceProperties' major and minor).
 _ATTRIBUTES = {"MaxSharedMemoryPerBlockOptin": 232448, "MultiProcessorCount": 132,
-               "MaxSharedMemoryPerBlock": 49152, "ComputeCapabilityMajor": 9,
-               "ComputeCapabilityMinor": 0}
+               "MaxSharedMemoryPerBlock": 49152}
+_COMPUTE_CAPABILITY = (9, 0)
 
 
 _attributes_read = False  # whether anyone has asked for Device().attributes yet
@@ -94,18 +96,19 @@ class StreamOrderError(RuntimeError):
 
 
 class Stream:
-    """A CUDA stream as an ordering promise. ``clock`` counts the writes issued on it;
-    ``seen`` holds, per other stream, the clock up to which this one has waited for it (a
-    vector clock: waiting on an event also inherits what the recording stream had seen)."""
+    """A CUDA stream as an ordering promise. ``_clock`` counts the writes issued on it;
+    ``_seen`` holds, per other stream, the clock up to which this one has waited for it (a
+    vector clock: waiting on an event also inherits what the recording stream had seen). Its
+    public names are CuPy's (tests/emulated/test_cupy_contract.py holds them to it)."""
 
     _ids = itertools.count(1)
     null: "Stream"
 
     def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
         self.ptr = 0 if null else 0x5000 + 16 * next(Stream._ids)
-        self.non_blocking = non_blocking and not null
-        self.clock = 0
-        self.seen: dict[Stream, int] = {}
+        self.is_non_blocking = non_blocking and not null
+        self._clock = 0
+        self._seen: dict[Stream, int] = {}
         _streams[self.ptr] = self
 
     def __repr__(self) -> str:
@@ -124,14 +127,14 @@ class Stream:
         return self
 
     def synchronize(self) -> None:
-        _host_seen[self] = self.clock
+        _host_seen[self] = self._clock
 
     def wait_event(self, event: "Event") -> None:
-        if event.stream is None:
+        if event._stream is None:
             return  # never recorded: nothing to wait for, as in CUDA
-        for stream, clock in event.vector.items():
-            if clock > self.seen.get(stream, 0):
-                self.seen[stream] = clock
+        for stream, clock in event._vector.items():
+            if clock > self._seen.get(stream, 0):
+                self._seen[stream] = clock
 
     def record(self, event: "Event | None" = None) -> "Event":
         event = Event() if event is None else event
@@ -143,35 +146,32 @@ class Stream:
         return True
 
     def _tick(self) -> int:
-        self.clock += 1
-        return self.clock
+        self._clock += 1
+        return self._clock
 
     def _ordered_after(self, writer: "Stream", clock: int) -> bool:
         """True when work issued on this stream now is ordered after ``writer``'s op ``clock``."""
-        if writer is self or _host_seen.get(writer, 0) >= clock or self.seen.get(writer, 0) >= clock:
+        if writer is self or _host_seen.get(writer, 0) >= clock or self._seen.get(writer, 0) >= clock:
             return True
         # The legacy null stream and the blocking streams wait for each other.
-        return (self.ptr == 0 and not writer.non_blocking) or (writer.ptr == 0 and not self.non_blocking)
+        return (self.ptr == 0 and not writer.is_non_blocking) or (writer.ptr == 0 and not self.is_non_blocking)
 
 
 class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
-        self.stream: Stream | None = None
-        self.vector: dict[Stream, int] = {}
-        self.time = None
-        self.disable_timing = disable_timing
+        self._stream: Stream | None = None
+        self._vector: dict[Stream, int] = {}
+        self._time = None
+        self._disable_timing = disable_timing
 
     def record(self, stream: Stream | None = None) -> None:
-        self.stream = get_current_stream() if stream is None else stream
-        self.vector = {**self.stream.seen, self.stream: self.stream.clock}
-        self.time = time.perf_counter()
+        self._stream = get_current_stream() if stream is None else stream
+        self._vector = {**self._stream._seen, self._stream: self._stream._clock}
+        self._time = time.perf_counter()
 
     def synchronize(self) -> None:
-        for stream, clock in self.vector.items():
+        for stream, clock in self._vector.items():
             _host_seen[stream] = max(_host_seen.get(stream, 0), clock)
-
-    def query(self) -> bool:
-        return True
 
     @property
     def done(self) -> bool:
@@ -180,9 +180,9 @@ class Event:
 
 def get_elapsed_time(start: Event, end: Event) -> float:
     """Milliseconds between two recorded events (host time: the work ran when it was issued)."""
-    if start.disable_timing or end.disable_timing:
+    if start._disable_timing or end._disable_timing:
         raise RuntimeError("get_elapsed_time: an event was created with disable_timing=True")
-    return (end.time - start.time) * 1e3
+    return (end._time - start._time) * 1e3
 
 
 _streams: dict[int, Stream] = {}
@@ -422,7 +422,10 @@ def _host_sync() -> None:
     get_current_stream().synchronize()
 
 
-_IN_PLACE_METHODS = {"fill", "sort", "put", "partition", "resize", "itemset"}
+_IN_PLACE_METHODS = {"fill", "sort", "put", "partition"}
+# What NumPy's arrays have and CuPy's do not (tests/emulated/test_cupy_contract.py compares the
+# two): refused, as CuPy refuses them, rather than lent from the NumPy array behind.
+NUMPY_ONLY = frozenset({"ctypes", "getfield", "resize", "setfield", "setflags", "to_device"})
 
 
 class ndarray:
@@ -490,8 +493,8 @@ class ndarray:
         self._a.shape = value
 
     def __getattr__(self, name):  # the methods: astype, reshape, sum, max, view, copy, ...
-        if name.startswith("__"):  # __array_interface__ and the like would let NumPy convert us
-            raise AttributeError(name)
+        if name.startswith("__") or name in NUMPY_ONLY:  # __array_interface__ would let NumPy convert us
+            raise AttributeError(f"'cupy.ndarray' object has no attribute {name!r}")
         method = getattr(self._a, name)
         if not callable(method):
             return _wrap(method)
@@ -517,9 +520,6 @@ class ndarray:
 
     def __bool__(self):
         return bool(self.get())
-
-    def __index__(self):
-        return operator.index(self.get())
 
     def __complex__(self):
         return complex(self.get())
@@ -591,7 +591,8 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul"
     _op = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
     setattr(ndarray, f"__{_name}__", _binary(_op))
     setattr(ndarray, f"__r{_name}__", _reflected(_op))
-    setattr(ndarray, f"__i{_name}__", _in_place(getattr(operator, f"i{_name}")))
+    if _name != "matmul":  # CuPy has no in-place @=: Python then makes a new array, as here
+        setattr(ndarray, f"__i{_name}__", _in_place(getattr(operator, f"i{_name}")))
 for _name in ("lt", "le", "eq", "ne", "gt", "ge"):
     setattr(ndarray, f"__{_name}__", _binary(getattr(operator, _name)))
 for _name in ("neg", "pos", "abs", "invert"):
@@ -646,8 +647,7 @@ class _Runtime(types.ModuleType):
         return {"name": DEVICE_NAME.encode(), "totalGlobalMem": 0,
                 "multiProcessorCount": _ATTRIBUTES["MultiProcessorCount"],
                 "sharedMemPerBlockOptin": _ATTRIBUTES["MaxSharedMemoryPerBlockOptin"],
-                "major": _ATTRIBUTES["ComputeCapabilityMajor"],
-                "minor": _ATTRIBUTES["ComputeCapabilityMinor"]}
+                "major": _COMPUTE_CAPABILITY[0], "minor": _COMPUTE_CAPABILITY[1]}
 
 
 runtime = _Runtime("cupy.cuda.runtime")
@@ -663,13 +663,21 @@ class Philox4x3210:
         self._numpy = np.random.Philox(seed)
 
 
+# The methods of CuPy's random.Generator, which the stand-in's lends from NumPy's (CuPy's lacks
+# normal, choice, bit_generator and others that NumPy's has; the contract test compares the two).
+GENERATOR_METHODS = frozenset({"beta", "binomial", "chisquare", "dirichlet", "exponential", "f", "gamma",
+                               "geometric", "hypergeometric", "integers", "logseries", "poisson", "power", "random",
+                               "standard_exponential", "standard_gamma", "standard_normal", "uniform"})
+
+
 class Generator:
     def __init__(self, bit_generator) -> None:
         self._numpy = np.random.Generator(bit_generator._numpy)
 
-    def __getattr__(self, name):  # random, standard_normal, integers, uniform, ...
-        value = getattr(self._numpy, name)
-        return _device_op(value) if callable(value) else value
+    def __getattr__(self, name):
+        if name not in GENERATOR_METHODS:
+            raise AttributeError(f"'cupy.random.Generator' object has no attribute {name!r}")
+        return _device_op(getattr(self._numpy, name))
 
 
 # --------------------------------------------------------------------------- modules
