@@ -52,6 +52,7 @@ import train_wmt
 from minitransformer import cli, distributed, nn
 from minitransformer.decoding import ALPHA, BEAM, translate
 from minitransformer.files import atomic_write, lock_folder, save_figure
+from minitransformer.settings import SettingsError
 from minitransformer.train import evaluate_loss
 
 log = logging.getLogger("ablations")
@@ -94,7 +95,7 @@ def row_config(base: dict, row: Row, vocab_size: int) -> nn.TransformerConfig:
     """The row's model; an impossible one (h not dividing d_model) ends the program with one line."""
     try:
         return nn.TransformerConfig(vocab_size=vocab_size, **{**base, **row.changes})
-    except ValueError as e:
+    except SettingsError as e:
         raise SystemExit(f"ablations.py: row {row.name} ({describe(row)}): {e}") from None
 
 

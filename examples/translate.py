@@ -43,6 +43,7 @@ import numpy as np
 from minitransformer import backend, cli, data, decoding, files, nn
 from minitransformer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from minitransformer.decoding import translate
+from minitransformer.settings import SettingsError
 
 
 def load_model(checkpoint: str, device: str, dtype: str = "float32", tokenizer: data.Tokenizer | None = None
@@ -72,7 +73,7 @@ def model_from(ckpt: Checkpoint, name: str, device: str, dtype: str = "float32",
     ckpt.require_finite(name, np.float16 if dtype == "float16" else np.float32)  # bfloat16 has float32's range
     try:
         config = nn.TransformerConfig.from_dict(ckpt.config)
-    except ValueError as e:
+    except SettingsError as e:
         raise CheckpointError(f"{name}: {e}") from None
     model = nn.Transformer(config)
     model.load_state_dict(ckpt.model)

@@ -49,6 +49,8 @@ def test_an_unknown_value_of_mt_emulate_cuda_is_refused_where_cuda_is_asked_for(
 
 @pytest.mark.parametrize("make", [
     lambda: nn.TransformerConfig(vocab_size=100, d_model=30, h=4),
+    lambda: nn.TransformerConfig(vocab_size=100, dropout=1.5),
+    lambda: nn.TransformerConfig(vocab_size=0),
     lambda: nn.TransformerConfig.from_dict({"vocab_size": 100, "heads": 4}),
     lambda: nn.MultiHeadAttention(30, 4),
     lambda: data.TokenizerConfig(vocab_size=3),

@@ -1,5 +1,5 @@
 """The basic layers: Linear (the paper's xW + b), LayerNorm and Dropout; and the checks of
-the layers' constructor arguments."""
+the layers' constructor arguments, which refuse a bad one with a SettingsError naming it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from .. import functional as F
+from ..settings import SettingsError
 from ..tensor import Tensor
 from . import init
 from .module import Module, Parameter
@@ -18,7 +19,7 @@ def check_int(owner: str, name: str, value, low: int = 1) -> None:
     """Refuse a size or id that is not an integer >= ``low``, which NumPy would take as an empty
     layer, or fail on later with a raw error. Bools and floats (even 128.0) are refused too."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
+        raise SettingsError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
 
 
 def _is_real(value) -> bool:
@@ -28,13 +29,13 @@ def _is_real(value) -> bool:
 def check_fraction(owner: str, name: str, value, closed: bool = False) -> None:
     """Refuse a rate outside [0, 1), or [0, 1] when ``closed``; nan is outside."""
     if not (_is_real(value) and 0 <= value and (value <= 1 if closed else value < 1)):
-        raise ValueError(f"{owner}: {name} must be a number in [0, 1{']' if closed else ')'}, got {value!r}")
+        raise SettingsError(f"{owner}: {name} must be a number in [0, 1{']' if closed else ')'}, got {value!r}")
 
 
 def check_positive(owner: str, name: str, value) -> None:
     """Refuse a value that is not a finite number > 0 (an epsilon: 0 divides by zero)."""
     if not (_is_real(value) and 0 < value < math.inf):
-        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
+        raise SettingsError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
 
 
 class Linear(Module):
