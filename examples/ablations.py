@@ -165,6 +165,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.base = {**BASE, "d_model": args.d_model, "d_ff": args.d_ff, "h": args.heads,
                  "num_encoder_layers": args.layers, "num_decoder_layers": args.layers}
     args.preprocess = PRESET.preprocess  # the preset's text, for train_wmt.read_data
+    args.subwords = PRESET.subwords  # and its tokenizer, for train_wmt.tokenizer
     args.selected = select(args.rows, table_rows(args.base))
     for row in args.selected:  # refuse an impossible row now, not after hours of the others
         row_config(args.base, row, vocab_size=1)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 
 from . import backend
+from .schema import check_int, check_keys, check_number
 from .tensor import Tensor
 
 
@@ -124,9 +125,8 @@ class GradScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  enabled: bool = True) -> None:
-        if not (growth_factor > 1.0 and 0.0 < backoff_factor < 1.0 and growth_interval >= 1):
-            raise ValueError("GradScaler needs growth_factor > 1, 0 < backoff_factor < 1 and "
-                             "growth_interval >= 1")
+        _check_settings("GradScaler", "init_scale", init_scale, growth_factor, backoff_factor, growth_interval,
+                        enabled)
         self.enabled = enabled
         self.scale_value = float(init_scale) if enabled else 1.0
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
@@ -145,6 +145,7 @@ class GradScaler:
         for p in params:
             if p.grad is not None:
                 p.grad.data *= inv
+                p.grad.bump_version()
 
     def update(self, found_inf: bool) -> None:
         """After each step: back off on an overflow, grow after a run of good steps.
@@ -175,9 +176,30 @@ class GradScaler:
                 "growth_interval": self.growth_interval}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume the scale; a disabled scaler (e.g. a run resumed in bfloat16) stays off."""
+        """Resume the scale; a disabled scaler (e.g. a run resumed in bfloat16) stays off. The
+        state is checked whole first, with the constructor's checks: a refused one changes
+        nothing."""
+        owner = "GradScaler.load_state_dict"
+        check_keys(owner, state, ("enabled", "scale", "good_steps", "growth_factor", "backoff_factor",
+                                  "growth_interval"))
+        _check_settings(owner, "scale", state["scale"], state["growth_factor"], state["backoff_factor"],
+                        state["growth_interval"], state["enabled"])
+        check_int(owner, "good_steps", state["good_steps"], low=0)
         if not (self.enabled and state["enabled"]):
             return
         self.scale_value, self.good_steps = float(state["scale"]), int(state["good_steps"])
         self.growth_factor, self.backoff_factor = state["growth_factor"], state["backoff_factor"]
         self.growth_interval = int(state["growth_interval"])
+
+
+def _check_settings(owner: str, scale_name: str, scale, growth_factor, backoff_factor, growth_interval,
+                    enabled) -> None:
+    """What ``GradScaler`` needs, its constructor and ``load_state_dict`` alike (the scale is
+    ``init_scale`` to one, ``scale`` to the other): a finite positive scale that grows on good
+    steps and shrinks on overflows."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{owner}: enabled must be True or False, got {enabled!r}")
+    check_number(owner, scale_name, scale, 0, open_low=True)
+    check_number(owner, "growth_factor", growth_factor, 1, open_low=True)
+    check_number(owner, "backoff_factor", backoff_factor, 0, 1, open_low=True, open_high=True)
+    check_int(owner, "growth_interval", growth_interval)

@@ -29,12 +29,21 @@ whatever ``forward`` saved with ``ctx.save_for_backward``. The contexts form the
 5. Whoever registered with ``add_walk_observer`` hears of each context as the walk finishes it:
    data-parallel training learns there that a parameter's gradient is complete, and starts
    all-reducing it while the walk goes on (distributed/grad_hooks.py). The walk knows no more.
+
+Two safeguards stand outside the walk. Whether ops record (``no_grad``, ``enable_grad``) is
+kept per thread. And a saved array that is (or views) a tensor's array is saved with that
+tensor's version, the count of its in-place writes (``Tensor.bump_version``: an optimiser
+step, ``load_state_dict``): when ``backward`` reads it back through ``ctx.saved``, a newer
+version is an error naming the op, where the arithmetic would have run on values the forward
+pass never saw and returned a wrong gradient without a word.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import inspect
 import itertools
+import threading
 
 import numpy as np
 
@@ -42,33 +51,83 @@ from .backend import array_module_of, device_of
 from .tensor import Tensor
 from .tensor import _ops as _tensor_ops
 
-_grad_enabled = True
+
+class _GradState(threading.local):
+    """Whether ops record a graph, per thread as in PyTorch: a ``no_grad`` block in one thread
+    (a data loader, an evaluation) must not switch recording off in another. ``previous``
+    holds the modes that the open blocks of this thread replaced, innermost last."""
+
+    def __init__(self) -> None:  # runs once in every thread that reads the state
+        self.enabled = True
+        self.previous: list[bool] = []
+
+
+_grad = _GradState()
 
 
 def is_grad_enabled() -> bool:
-    return _grad_enabled
+    return _grad.enabled
 
 
-class _GradMode(contextlib.ContextDecorator):
+class _GradMode:
+    """A block (or decorated function) that runs with graph recording on or off."""
+
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        # As a decorator the one object is entered once per call, and calls may nest (a
-        # recursive decorated function): each entry saves the mode it replaces on a stack.
-        self._prev: list[bool] = []
 
     def __enter__(self):
-        global _grad_enabled
-        self._prev.append(_grad_enabled)
-        _grad_enabled = self.enabled
+        _grad.previous.append(_grad.enabled)
+        _grad.enabled = self.enabled
 
     def __exit__(self, *exc):
-        global _grad_enabled
-        _grad_enabled = self._prev.pop()
+        _grad.enabled = _grad.previous.pop()
         return False
+
+    def __call__(self, fn):
+        if inspect.isgeneratorfunction(fn):
+            return _generator_in_mode(fn, self.enabled)
+
+        @functools.wraps(fn)
+        def in_mode(*args, **kwargs):
+            with _GradMode(self.enabled):
+                return fn(*args, **kwargs)
+
+        return in_mode
+
+
+def _generator_in_mode(fn, enabled: bool):
+    """A decorated generator function: its body runs in the mode each time it resumes, and the
+    caller's code between two items does not (a ``with`` around the whole generator would hold
+    the mode while it is suspended, and leak it into the caller); as PyTorch does."""
+
+    @functools.wraps(fn)
+    def in_mode(*args, **kwargs):
+        gen = fn(*args, **kwargs)
+        try:
+            with _GradMode(enabled):
+                item = next(gen)
+            while True:
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    with _GradMode(enabled):
+                        gen.close()
+                    raise
+                except BaseException as e:  # thrown in by the caller: into the body, in the mode
+                    with _GradMode(enabled):
+                        item = gen.throw(e)
+                else:
+                    with _GradMode(enabled):
+                        item = gen.send(sent)
+        except StopIteration as stop:  # the body returned: so does this generator, with its value
+            return stop.value
+
+    return in_mode
 
 
 def no_grad():
-    """Context manager (and decorator) inside which ops record no graph."""
+    """Context manager (and decorator, of a generator function too) inside which ops record
+    no graph; per thread."""
     return _GradMode(False)
 
 
@@ -84,23 +143,39 @@ class Context:
     """What one op remembers between forward and backward; also the graph's node.
 
     Arrays go through ``save_for_backward``; small non-array values (an axis, a shape) may
-    simply be set as attributes, ``ctx.axes = axes``.
+    simply be set as attributes, ``ctx.axes = axes``. A saved array that is (or views) a
+    tensor's array is checked when ``backward`` reads it back: it must not have been written
+    in place since (``Tensor.bump_version``), or the gradient would be computed from values
+    the forward pass never saw.
     """
 
     def __init__(self) -> None:
         self.sequence = next(_created)  # the order of creation: the walk's order, reversed
         self.fn = None
         self.inputs = ()
-        self.saved = ()
+        self._saved = ()
+        self._versions = ()  # (index in saved, version counter, its value when saved)
         self.needs_input_grad = ()
         self.freed = False
 
     def save_for_backward(self, *arrays) -> None:
-        self.saved = arrays
+        self._saved = arrays
+
+    @property
+    def saved(self) -> tuple:
+        for i, counter, version in self._versions:
+            if counter.value != version:
+                raise RuntimeError(
+                    f"{self.fn.__name__}.backward: one of the arrays needed for gradient computation (saved "
+                    f"array {i}, shape {self._saved[i].shape}) has been modified by an inplace operation since "
+                    f"the forward pass (version {version}, now {counter.value}): run backward() before "
+                    f"optimizer.step() or load_state_dict(), or run the forward pass again")
+        return self._saved
 
     def free(self) -> None:
         self.inputs = ()
-        self.saved = ()
+        self._saved = ()
+        self._versions = ()
         self.freed = True
 
 
@@ -114,6 +189,7 @@ class Function:
     def apply(cls, *args) -> Tensor:
         arrays = []
         needs = []
+        tensors = []
         first = None  # (array type, index) of the first Tensor argument, for device checks
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
@@ -123,20 +199,57 @@ class Function:
                     _raise_device_mismatch(cls, args, first[1], i)
                 arrays.append(a.data)
                 needs.append(a.requires_grad)
+                tensors.append(a)
             else:
                 arrays.append(a)
                 needs.append(False)
-        record = _grad_enabled and any(needs)
+        record = _grad.enabled and any(needs)
         ctx = Context()
         ctx.needs_input_grad = tuple(needs) if record else (False,) * len(args)
         out = cls.forward(ctx, *arrays)
         if isinstance(out, np.generic):  # NumPy reductions to 0-d return scalars, not arrays
             out = np.asarray(out)
         if not record:
-            return Tensor(out)
+            return _share_version(Tensor(out), tensors)
         ctx.fn = cls
         ctx.inputs = tuple(a if n else None for a, n in zip(args, needs))
-        return Tensor(out, requires_grad=True, _ctx=ctx)
+        result = _share_version(Tensor(out, requires_grad=True, _ctx=ctx), tensors)
+        if ctx._saved:
+            tensors.append(result)
+            ctx._versions = _saved_versions(ctx._saved, tensors)
+        return result
+
+
+# NumPy and CuPy both point a view's ``base`` at the array that owns the memory, never at an
+# intermediate view: an array is a tensor's, or views it, when it is that tensor's array, or
+# its base is that array or that array's base.
+
+
+def _share_version(result: Tensor, inputs: list) -> Tensor:
+    """A view of an input (reshape, transpose, an index, a cast to the same dtype) counts its
+    writes with that input: writing one writes the other."""
+    out = result.data
+    owner = out.base
+    for t in inputs:
+        data = t.data
+        if data is out or owner is not None and (data is owner or data.base is owner):
+            result._version_counter = t._version_counter
+            break
+    return result
+
+
+def _saved_versions(saved: tuple, tensors: list) -> list:
+    """For each saved array that is (or views) one of ``tensors``' arrays: its index, that
+    tensor's version counter and the counter's value now, for ``Context.saved`` to check."""
+    versions = []
+    for i, array in enumerate(saved):
+        owner = getattr(array, "base", None)  # saved values may be None or numbers
+        for t in tensors:
+            data = t.data
+            if data is array or owner is not None and (data is owner or data.base is owner):
+                versions.append((i, t._version_counter, t._version_counter.value))
+                break
+    return versions
 
 
 def _raise_device_mismatch(fn, args, i, j):

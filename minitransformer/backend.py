@@ -25,6 +25,7 @@ The module also owns the random number generators (one per device), so that
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import numpy as np
@@ -280,7 +281,11 @@ _rng = _RNG()
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the generators of every device (weight init, ``randn``, dropout masks)."""
+    """Seed the generators of every device (weight init, ``randn``, dropout masks) with an
+    integer in [0, 2^64), what both NumPy's and cuRAND's take: refused here, not at the first
+    draw."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"manual_seed: seed must be an integer in [0, 2**64), got {seed!r}")
     _rng.seed(seed)
 
 

@@ -10,13 +10,22 @@ what is wrong:
 instead of a ``TypeError`` minutes later, deep in the program. JSON's non-standard ``NaN`` and
 ``Infinity`` are refused as they are read: no figure or setting of ours is one. The schemas are
 compiled to Python once, on first use, by fastjsonschema (a few milliseconds to import).
+
+The checks of single values at the bottom (``check_int``, ``check_number``, ``check_keys``) are
+what constructors and ``load_state_dict`` methods share: a loader refuses what its constructor
+refuses, in the same words, naming the field. A value refused is a ``SettingsError`` (a
+``ValueError``), which the programs tell in one line.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from typing import Any
+
+from .settings import SettingsError
 
 
 class Schema:
@@ -75,3 +84,39 @@ INTEGER_FROM_0 = {"type": "integer", "minimum": 0}
 INTEGER_FROM_1 = {"type": "integer", "minimum": 1}
 NUMBER = {"type": "number"}
 STRINGS = {"type": "array", "items": {"type": "string"}}
+
+
+# --------------------------------------------------------------------------- single values
+
+
+def check_int(owner: str, name: str, value, low: int = 1) -> None:
+    """Refuse a size, count or step that is not an integer >= ``low``, which NumPy would take as
+    an empty layer, or fail on later with a raw error. Bools and floats (even 128.0) are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise SettingsError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
+
+
+def check_number(owner: str, name: str, value, low=-math.inf, high=math.inf, *, open_low: bool = False,
+                 open_high: bool = False) -> None:
+    """Refuse what is not a finite real number (bools are not numbers here) in the interval from
+    ``low`` to ``high``, each end closed unless ``open_low``/``open_high``; nan is in none."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if real and math.isfinite(value) and (low < value or low == value and not open_low) and (
+            value < high or value == high and not open_high):
+        return
+    if math.isinf(high):
+        bound = "" if math.isinf(low) else f" {'>' if open_low else '>='} {low}"
+        what = f"a finite number{bound}"
+    else:
+        what = f"a number in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    raise SettingsError(f"{owner}: {name} must be {what}, got {value!r}")
+
+
+def check_keys(owner: str, state, keys) -> None:
+    """Refuse a state that is not a dict of exactly ``keys`` (what the owner's ``state_dict()``
+    gives), naming what is missing and what is extra."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{owner}: expected a dict (a state_dict()), got {type(state).__name__}")
+    missing, extra = [k for k in keys if k not in state], [k for k in state if k not in keys]
+    if missing or extra:
+        raise ValueError(f"{owner}: missing keys {missing}, unexpected keys {extra}")

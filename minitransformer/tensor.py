@@ -5,6 +5,8 @@
     requires_grad  whether gradients flow back to this tensor
     grad           after ``backward()``, a Tensor of the same shape (leaves only)
     _ctx           the autograd Context of the op that produced it (None for leaves)
+    _version       how many times the package has written ``data`` in place (``bump_version``);
+                   a backward refuses to read an array saved at an older version
 
 A Tensor holds numbers or booleans: bool, signed and unsigned integers, float16/32/64, bfloat16
 (and complex). ``tensor()``, the creation functions and the constructor refuse strings, bytes,
@@ -71,8 +73,19 @@ class _Ops:
 _ops = _Ops()
 
 
+class _VersionCounter:
+    """The count of in-place writes into one array's memory: shared by a tensor and its views
+    (what ``detach``, ``reshape``, ``transpose`` or an index give), as PyTorch's is, so that a
+    write through any of them is seen by all."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_version_counter", "__weakref__")
 
     # NumPy must hand ``ndarray + Tensor`` over to ``Tensor.__radd__`` instead of
     # treating the Tensor as an object array.
@@ -82,6 +95,7 @@ class Tensor:
         self.data = data
         self.grad = None
         self._ctx = _ctx
+        self._version_counter = _VersionCounter()
         # Every op's output comes through here: a dtype-kind test only.
         try:
             numeric = _holds_numbers(data.dtype)
@@ -133,8 +147,22 @@ class Tensor:
 
     # ----------------------------------------------------------------- autograd
     def detach(self) -> Tensor:
-        """The same data, cut from the graph."""
-        return Tensor(self.data)
+        """The same data, cut from the graph (and sharing its version counter)."""
+        out = Tensor(self.data)
+        out._version_counter = self._version_counter
+        return out
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes ``data`` has had (PyTorch's ``x._version``)."""
+        return self._version_counter.value
+
+    def bump_version(self) -> None:
+        """Count an in-place write into ``data``. The package's writers call it (the optimiser's
+        update, the loss scaler, gradient clipping, ``load_state_dict``), so that a backward
+        whose graph saved the old values refuses to run instead of returning a wrong gradient.
+        A raw write into ``.data`` is not counted, as in PyTorch."""
+        self._version_counter.value += 1
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if requires_grad and not backend.is_floating(self.dtype):

@@ -37,6 +37,7 @@ from . import functional as F
 from .amp import autocast
 from .autograd import no_grad
 from .optim import clip_grad_norm_, grad_norm
+from .schema import check_int, check_keys, check_number
 from .tensor import Tensor
 
 
@@ -90,6 +91,10 @@ class DivergenceDetector:
     """
 
     def __init__(self, vocab_size: int, patience: int = 200, runaway: int = 20, smoothing: float = 50.0) -> None:
+        check_int("DivergenceDetector", "vocab_size", vocab_size, low=2)  # one word: ln V = 0, every loss runs away
+        check_int("DivergenceDetector", "patience", patience)
+        check_int("DivergenceDetector", "runaway", runaway)
+        check_number("DivergenceDetector", "smoothing", smoothing, 0, open_low=True)
         self.ceiling = 2 * math.log(vocab_size)
         self.patience, self.runaway, self.smoothing = patience, runaway, smoothing
         self.smoothed = self.best = None
@@ -106,6 +111,20 @@ class DivergenceDetector:
         return {k: getattr(self, k) for k in self._STATE}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from a ``state_dict()``, checked whole first: a refused one changes nothing."""
+        owner = "DivergenceDetector.load_state_dict"
+        check_keys(owner, state, self._STATE)
+        if (state["smoothed"] is None) != (state["best"] is None):
+            raise ValueError(f"{owner}: smoothed and best are both None (no loss yet) or both numbers, "
+                             f"got {state['smoothed']!r} and {state['best']!r}")
+        for k in ("smoothed", "best"):
+            if state[k] is not None:
+                check_number(owner, k, state[k])
+        check_int(owner, "best_step", state["best_step"], low=0)
+        check_int(owner, "last_step", state["last_step"], low=0)
+        for k in ("far_since", "runaway_since"):  # None: no stretch under way
+            if state[k] is not None:
+                check_int(owner, k, state[k], low=0)
         for k in self._STATE:
             setattr(self, k, state[k])
 
@@ -140,8 +159,7 @@ class EarlyStopping:
     it. ``state_dict()`` goes into checkpoints, so that a resumed run counts on where it was."""
 
     def __init__(self, patience: int) -> None:
-        if patience < 1:
-            raise ValueError(f"EarlyStopping: patience must be >= 1, got {patience}")
+        check_int("EarlyStopping", "patience", patience)
         self.patience = patience
         self.best: float | None = None
         self.best_step = 0
@@ -158,6 +176,13 @@ class EarlyStopping:
         return {"best": self.best, "best_step": self.best_step, "bad": self.bad}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from a ``state_dict()``, checked whole first: a refused one changes nothing."""
+        owner = "EarlyStopping.load_state_dict"
+        check_keys(owner, state, ("best", "best_step", "bad"))
+        if state["best"] is not None:  # nan would compare worse than every loss: a stop for nothing
+            check_number(owner, "best", state["best"])
+        check_int(owner, "best_step", state["best_step"], low=0)
+        check_int(owner, "bad", state["bad"], low=0)
         self.best, self.best_step, self.bad = state["best"], state["best_step"], state["bad"]
 
 

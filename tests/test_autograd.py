@@ -1,5 +1,6 @@
 import gc
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -127,8 +128,8 @@ def test_no_grad_builds_no_graph(device):
 
 
 def test_no_grad_decorator_is_reentrant(device):
-    # One decorator object serves every call: a nested (here recursive) call must restore the
-    # mode its caller had, and the outermost call the mode before it.
+    # A nested (here recursive) call must restore the mode its caller had, and the outermost
+    # call the mode before it.
     x = randn(device, 3)
 
     @mt.no_grad()
@@ -144,6 +145,113 @@ def test_no_grad_decorator_is_reentrant(device):
             assert (x * 2.0).requires_grad
         assert not mt.is_grad_enabled()
     assert mt.is_grad_enabled()
+
+
+def test_grad_mode_is_per_thread_and_overlapping_blocks_restore_it():
+    """Thread A enters no_grad, then this thread; A leaves first, then this one: each thread
+    sees only its own blocks, and both end recording again (one process-wide flag left it off)."""
+    x = mt.ones(2, requires_grad=True)
+    a_inside, main_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with mt.no_grad():
+            a_inside.set()
+            main_inside.wait(10)
+            seen["inside"] = (x * 2.0).requires_grad
+        a_left.set()
+        seen["after"] = (x * 2.0).requires_grad
+
+    thread = threading.Thread(target=a)
+    thread.start()
+    assert a_inside.wait(10)
+    assert (x * 2.0).requires_grad  # A's block does not reach this thread
+    with mt.no_grad():
+        main_inside.set()
+        assert a_left.wait(10)  # A has left its block while this one is open
+        assert not (x * 2.0).requires_grad
+    thread.join()
+    assert seen == {"inside": False, "after": True}
+    assert (x * 2.0).requires_grad
+    with mt.no_grad():  # a new thread starts recording, whatever the thread that started it does
+        fresh = []
+        thread = threading.Thread(target=lambda: fresh.append((x * 2.0).requires_grad))
+        thread.start()
+        thread.join()
+    assert fresh == [True]
+
+
+def test_no_grad_on_a_generator_function_covers_its_body_not_its_caller():
+    x = mt.ones(2, requires_grad=True)
+
+    @mt.no_grad()
+    def items(n):
+        for _ in range(n):
+            received = yield (x * 2.0).requires_grad
+            assert received is None or not (x * received).requires_grad
+        return "done"
+
+    gen = items(3)
+    assert next(gen) is False  # the body records nothing
+    assert (x * 2.0).requires_grad  # the caller, between two items, records
+    assert gen.send(3.0) is False
+    with pytest.raises(StopIteration) as stop:
+        next(gen), next(gen)
+    assert stop.value.value == "done"
+    assert mt.is_grad_enabled()
+
+    @mt.enable_grad()
+    def recorded():
+        yield (x * 2.0).requires_grad
+
+    with mt.no_grad():
+        assert list(recorded()) == [True]
+        assert not (x * 2.0).requires_grad
+    unfinished = items(3)
+    next(unfinished)
+    unfinished.close()  # GeneratorExit runs the body's exit in its mode, and the caller's stays
+    assert mt.is_grad_enabled()
+
+
+def test_views_share_their_tensor_s_version_and_new_arrays_do_not(device):
+    w = randn(device, 3, 4)
+    views = [w.detach(), w.transpose(0, 1), w.reshape(12), w[1:], w.astype(w.dtype)]
+    w.bump_version()
+    assert [v._version for v in views] == [1] * len(views)
+    views[1].bump_version()  # a write through a view is a write of the tensor
+    assert w._version == 2
+    assert [t._version for t in (w * 2.0, w.astype(np.float32), w.transpose(0, 1).reshape(12))] == [0, 0, 0]
+
+
+def test_a_backward_that_would_read_an_array_written_in_place_is_refused(device):
+    """Linear saves its input and its weight (here a transposed view of W, as the tied output
+    projection's), not its bias: an optimiser step on W before backward makes the gradient
+    wrong, one on the bias does not."""
+    from minitransformer.optim import Adam
+
+    w, b = randn(device, 2, 3, seed=1), randn(device, 2, seed=2)
+    x = randn(device, 4, 3, seed=3)
+
+    def loss():
+        return F.linear(x, F.transpose(w, 0, 1), b).sum()
+
+    expected = loss()
+    expected.backward()
+    want = {"x": x.grad.numpy(), "w": w.grad.numpy()}
+    x.grad = w.grad = None
+    untouched = loss()
+    b.grad = mt.ones(2, device=device, dtype=b.dtype)
+    Adam([b], lr=0.1).step()
+    untouched.backward()  # the bias is an input of Linear, but not saved by it
+    np.testing.assert_allclose(x.grad.numpy(), want["x"])
+    np.testing.assert_allclose(w.grad.numpy(), want["w"])
+
+    stale = loss()
+    Adam([w], lr=0.1).step()
+    with pytest.raises(RuntimeError, match="Linear") as e:
+        stale.backward()
+    assert "\n" not in str(e.value)
+    loss().backward()  # a new forward pass reads the new W: it runs
 
 
 def test_training_steps_do_not_keep_previous_graphs_alive(device):

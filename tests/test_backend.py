@@ -44,6 +44,19 @@ def test_dropout_mask_is_reproducible_and_fresh(device):
     assert (a != b).any()
 
 
+def test_manual_seed_refuses_what_no_generator_takes(device):
+    """Refused at the call, not at the first draw; the seed in force stays."""
+    mt.manual_seed(2**64 - 1)
+    mt.manual_seed(5)
+    want = mt.randn(3, device=device).numpy()
+    for seed in (-1, 2**64, 1.0, True, "5", None):
+        mt.manual_seed(5)
+        with pytest.raises(ValueError) as e:
+            mt.manual_seed(seed)
+        assert "\n" not in str(e.value)
+        np.testing.assert_array_equal(mt.randn(3, device=device).numpy(), want)
+
+
 def test_dropout_mask_at_the_edges():
     """p below 2^-17 drops nothing on the CPU (scale 1); p next to 1 still keeps about one
     element in 2^16, with a finite scale; an empty shape gives an empty mask."""

@@ -293,5 +293,5 @@ def test_early_stopping_counts_validations_without_a_strictly_better_loss():
     resumed = EarlyStopping(patience=3)
     resumed.load_state_dict(EarlyStopping(3).state_dict() | {"best": 3.9, "best_step": 5, "bad": 2})
     assert resumed.update(9, 3.95) is True and resumed.state_dict() == {"best": 3.9, "best_step": 5, "bad": 3}
-    with pytest.raises(ValueError, match="patience must be >= 1"):
+    with pytest.raises(ValueError, match="patience"):
         EarlyStopping(0)

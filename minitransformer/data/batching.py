@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..schema import check_int, check_keys
 from ..settings import SettingsError
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -387,11 +388,15 @@ class TokenBatcher:
                 "max_len": self.max_len, "batching": BATCHING}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a ``state_dict()``; refuses one made with different settings."""
+        """Continue from a ``state_dict()``; refuses one made with different settings, or whose
+        position is not one (before anything is set: a refused state changes nothing)."""
         mine = self.state_dict()
+        check_keys("TokenBatcher.load_state_dict", state, mine)
         differ = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}"
                   for k in ("seed", "world_size", "num_pairs", "max_tokens", "max_len", "batching")
                   if state.get(k) != mine[k]]
         if differ:
             raise ValueError("cannot resume batching with different settings: " + "; ".join(differ))
+        for k in ("epoch", "step"):  # a step past the epoch's last starts the next epoch
+            check_int("TokenBatcher.load_state_dict", k, state[k], low=0)
         self.position = (int(state["epoch"]), int(state["step"]))

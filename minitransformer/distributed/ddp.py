@@ -287,6 +287,7 @@ class DistributedDataParallel:
             self.comm.broadcast(buf, root)
             if buf is not p.data:
                 p.data[...] = buf
+            p.bump_version()
 
 
 def _hook(ref, i: int):

@@ -428,6 +428,12 @@ _IN_PLACE_METHODS = {"fill", "sort", "put", "partition"}
 NUMPY_ONLY = frozenset({"ctypes", "getfield", "resize", "setfield", "setflags", "to_device"})
 
 
+# The one live device array over each NumPy array that owns its memory, by id: an op that
+# gives its input back (``astype`` to the same dtype, ``asarray``) gives the same object, and
+# a view's ``base`` is that very object, as in CuPy (autograd tells a tensor's views by it).
+_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class ndarray:
     """A CuPy array, emulated: NumPy storage in host memory behind CuPy's interface."""
 
@@ -436,13 +442,30 @@ class ndarray:
 
     def __init__(self, shape, dtype=float) -> None:  # cupy.ndarray(shape, dtype): uninitialised
         self._a = np.empty(shape, dtype)
+        _owners[id(self._a)] = self
 
     @classmethod
     def _of(cls, a: np.ndarray) -> "ndarray":
         """The device array whose storage is ``a`` (no copy)."""
+        owns = isinstance(a, np.ndarray) and a.base is None
+        if owns:
+            obj = _owners.get(id(a))
+            if obj is not None and obj._a is a:
+                return obj
         obj = cls.__new__(cls)
         obj._a = a
+        if owns:
+            _owners[id(a)] = obj
         return obj
+
+    @property
+    def base(self) -> "ndarray | None":
+        """The array that owns this view's memory (None for an owner): NumPy points a view's
+        base at the owning array, never at an intermediate view, and so does CuPy."""
+        root = self._a.base
+        if root is None:
+            return None
+        return ndarray._of(root)
 
     # ---- what CuPy adds
     @property
@@ -485,7 +508,6 @@ class ndarray:
     itemsize = property(lambda self: self._a.itemsize)
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
-    base = property(lambda self: None if self._a.base is None else ndarray._of(self._a.base))
     T = property(lambda self: _wrap(self._a.T))
 
     @shape.setter

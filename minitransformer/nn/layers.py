@@ -1,41 +1,25 @@
 """The basic layers: Linear (the paper's xW + b), LayerNorm and Dropout; and the checks of
-the layers' constructor arguments, which refuse a bad one with a SettingsError naming it."""
+the layers' constructor arguments."""
 
 from __future__ import annotations
-
-import math
-import numbers
 
 import numpy as np
 
 from .. import functional as F
-from ..settings import SettingsError
+from ..schema import check_int, check_number
 from ..tensor import Tensor
 from . import init
 from .module import Module, Parameter
 
 
-def check_int(owner: str, name: str, value, low: int = 1) -> None:
-    """Refuse a size or id that is not an integer >= ``low``, which NumPy would take as an empty
-    layer, or fail on later with a raw error. Bools and floats (even 128.0) are refused too."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise SettingsError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def check_fraction(owner: str, name: str, value, closed: bool = False) -> None:
     """Refuse a rate outside [0, 1), or [0, 1] when ``closed``; nan is outside."""
-    if not (_is_real(value) and 0 <= value and (value <= 1 if closed else value < 1)):
-        raise SettingsError(f"{owner}: {name} must be a number in [0, 1{']' if closed else ')'}, got {value!r}")
+    check_number(owner, name, value, 0, 1, open_high=not closed)
 
 
 def check_positive(owner: str, name: str, value) -> None:
     """Refuse a value that is not a finite number > 0 (an epsilon: 0 divides by zero)."""
-    if not (_is_real(value) and 0 < value < math.inf):
-        raise SettingsError(f"{owner}: {name} must be a finite number > 0, got {value!r}")
+    check_number(owner, name, value, 0, open_low=True)
 
 
 class Linear(Module):

@@ -46,14 +46,23 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() first")
+        # A registered name keeps its kind (None removes it), as in PyTorch: a plain Tensor over
+        # a Parameter would silently leave parameters() and state_dict(), untrained and unsaved.
+        for registry, what, kind in ((self._parameters, "parameter", Parameter), (self._modules, "submodule", Module),
+                                     (self._buffers, "buffer", Tensor)):
+            if name in registry and value is not None and not isinstance(value, kind):
+                raise TypeError(f"cannot assign {type(value).__name__} to {type(self).__name__}.{name}, a registered "
+                                f"{what}: a {kind.__name__} or None expected")
+        target = (self._parameters if isinstance(value, Parameter) else self._modules if isinstance(value, Module)
+                  else self._buffers if name in self._buffers and value is not None else None)
         for registry in (self._parameters, self._modules, self._buffers):
-            registry.pop(name, None)
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
-        else:
+            if registry is not target:
+                registry.pop(name, None)
+        if target is None:
             object.__setattr__(self, name, value)
+        else:
+            self.__dict__.pop(name, None)  # a plain attribute of that name would hide the entry
+            target[name] = value  # a replaced entry keeps its place: the parameters' order is the optimiser's
 
     def __getattr__(self, name: str):
         # Only called when normal lookup fails: the registered names live in these dicts.
@@ -167,8 +176,11 @@ class Module:
     def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list, list]:
         """Copy arrays from ``state`` into the parameters and buffers, keeping their device and
         dtype. Returns ``(missing, unexpected)``; with ``strict`` any of them, or a shape
-        mismatch, raises a ``KeyError``/``ValueError`` that lists them; so does a finite value
-        that the parameter's dtype cannot hold (a float64 1e39 into float32)."""
+        mismatch, raises a ``KeyError``/``ValueError`` that lists them; so does a value that is
+        not numbers, or a finite one that the parameter's dtype cannot hold (a float64 1e39 into
+        float32). Every key is checked before any is copied: a refused state changes nothing."""
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict: expected a dict of arrays, got {type(state).__name__}")
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
         missing = [k for k in own if k not in state]
@@ -181,17 +193,13 @@ class Module:
             raise ValueError("load_state_dict: shape mismatch for " + "; ".join(wrong))
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        for k, t in own.items():
-            if k in state:
-                value = np.asarray(state[k])
-                if value.dtype.kind == "f" and value.dtype.itemsize > np.dtype(t.dtype).itemsize:
-                    with np.errstate(over="ignore", invalid="ignore"):  # what the cast gives is counted
-                        beyond = int((np.isfinite(value) & ~np.isfinite(value.astype(t.dtype))).sum())
-                    if beyond:
-                        raise ValueError(f"load_state_dict: {k} has {beyond} values beyond the range of "
-                                         f"{np.dtype(t.dtype)}, the parameter's dtype (they would become inf)")
-                xp = backend.array_module_of(t.data)
-                t.data = xp.asarray(backend.to_device(value, t.device), dtype=t.dtype).copy()
+        loaded = {k: t for k, t in own.items() if k in state}
+        for k, t in loaded.items():
+            _check_value(k, np.asarray(state[k]), np.dtype(t.dtype))
+        for k, t in loaded.items():
+            xp = backend.array_module_of(t.data)
+            t.data = xp.asarray(backend.to_device(np.asarray(state[k]), t.device), dtype=t.dtype).copy()
+            t.bump_version()  # a graph that saved the old values must not backward through the new
         return missing, unexpected
 
     def extra_repr(self) -> str:
@@ -201,6 +209,18 @@ class Module:
         lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _check_value(key: str, value: np.ndarray, dtype: np.dtype) -> None:
+    """Refuse an array that is not numbers, or holds finite values beyond ``dtype``'s range."""
+    if value.dtype.kind not in "fiu" and not backend.is_floating(value.dtype):
+        raise ValueError(f"load_state_dict: {key} holds {value.dtype} values, not numbers of a parameter")
+    if value.dtype.kind == "f" and value.dtype.itemsize > dtype.itemsize:
+        with np.errstate(over="ignore", invalid="ignore"):  # what the cast gives is counted
+            beyond = int((np.isfinite(value) & ~np.isfinite(value.astype(dtype))).sum())
+        if beyond:
+            raise ValueError(f"load_state_dict: {key} has {beyond} values beyond the range of "
+                             f"{dtype}, the parameter's dtype (they would become inf)")
 
 
 class ModuleList(Module):

@@ -17,11 +17,11 @@ whole, one kernel per operation.
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 from .. import backend
+from ..schema import check_int, check_keys, check_number
 
 CPU_BLOCK = 32768  # entries: 128 KiB per float32 array, five arrays fit a 1-2 MiB L2 cache
 
@@ -38,6 +38,20 @@ def adam_formula(p, g, m, v, t: int, lr: float, betas=(0.9, 0.98), eps: float = 
     return p - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
 
 
+def check_settings(owner: str, lr, betas, eps, weight_decay) -> tuple:
+    """Refuse, in one line naming the setting, what would step into NaN or the wrong way (lr 0
+    is fine: a schedule sets it); returns betas as a tuple. ``Adam(...)`` and
+    ``Adam.load_state_dict`` both ask it."""
+    check_number(owner, "lr", lr, 0)
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"{owner}: betas must be a pair (beta1, beta2), got {betas!r}")
+    for i, beta in enumerate(betas):
+        check_number(owner, f"betas[{i}]", beta, 0, 1, open_high=True)
+    check_number(owner, "eps", eps, 0, open_low=True)
+    check_number(owner, "weight_decay", weight_decay, 0)
+    return tuple(betas)
+
+
 class Adam:
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.98), eps: float = 1e-9,
                  weight_decay: float = 0.0) -> None:
@@ -50,19 +64,7 @@ class Adam:
             if j != i:
                 raise ValueError(f"Adam: parameter {i} (shape {tuple(param.shape)}) is parameter {j} again: "
                                  f"each parameter once, or it is updated twice a step")
-        # Refused here, not as a nan or a wrong-way step later: lr 0 is fine (a schedule sets it).
-        if not (isinstance(lr, numbers.Real) and 0 <= lr < math.inf):
-            raise ValueError(f"Adam: lr must be a finite number >= 0, got {lr!r}")
-        betas = tuple(betas)
-        if len(betas) != 2:
-            raise ValueError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
-        for i, beta in enumerate(betas):
-            if not (isinstance(beta, numbers.Real) and 0 <= beta < 1):
-                raise ValueError(f"Adam: betas[{i}] must be a number in [0, 1), got {beta!r}")
-        if not (isinstance(eps, numbers.Real) and 0 < eps < math.inf):
-            raise ValueError(f"Adam: eps must be a finite number > 0, got {eps!r}")
-        if not (isinstance(weight_decay, numbers.Real) and 0 <= weight_decay < math.inf):
-            raise ValueError(f"Adam: weight_decay must be a finite number >= 0, got {weight_decay!r}")
+        betas = check_settings("Adam", lr, betas, eps, weight_decay)
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
         self.m = [None] * len(self.params)
@@ -73,6 +75,7 @@ class Adam:
             p.grad = None
 
     def step(self) -> None:
+        self._check_gradients()
         b1, b2 = self.betas
         self.step_count += 1
         t = self.step_count
@@ -81,6 +84,7 @@ class Adam:
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
+            p.bump_version()  # written in place below: a graph that saved p must not backward now
             xp = backend.array_module_of(p.data)
             if self.m[i] is None:
                 self.m[i] = xp.zeros_like(p.data)
@@ -94,6 +98,15 @@ class Adam:
             for start in range(0, p.size, CPU_BLOCK):
                 block = [a[start:start + CPU_BLOCK] for a in flat]
                 self._update(*block, scratch[:block[0].size], step_size, v_corr)
+
+    def _check_gradients(self) -> None:
+        """Before anything is written: a gradient of another shape than its parameter (one that
+        broadcasts too) or on another device is a bug upstream, named here rather than by NumPy."""
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is not None and (g.shape != p.shape or g.device != p.device):
+                raise ValueError(f"Adam.step: parameter {i} has shape {p.shape} on {p.device}, its gradient "
+                                 f"shape {g.shape} on {g.device}")
 
     def max_update(self, lr: float | None = None) -> float:
         """The largest change the next step can make to any parameter, at ``lr`` (default: the
@@ -142,15 +155,46 @@ class Adam:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if len(state["m"]) != len(self.params):
-            raise ValueError(f"optimizer state holds {len(state['m'])} parameters, "
-                             f"this optimizer has {len(self.params)}")
-        for i, (p, a) in enumerate(zip(self.params, state["m"])):
-            if a is not None and tuple(a.shape) != p.shape:
-                raise ValueError(f"optimizer state for parameter {i} has shape {tuple(a.shape)}, "
-                                 f"the parameter {p.shape}")
-        self.lr, self.betas, self.eps = state["lr"], tuple(state["betas"]), state["eps"]
-        self.weight_decay, self.step_count = state["weight_decay"], state["step_count"]
-        put = lambda a, p: None if a is None else backend.to_device(np.asarray(a, p.dtype), p.device).copy()  # noqa: E731
-        self.m = [put(a, p) for a, p in zip(state["m"], self.params)]
-        self.v = [put(a, p) for a, p in zip(state["v"], self.params)]
+        """Resume from a ``state_dict()``: checked whole with the constructor's checks (and the
+        moments against the parameters) before anything is set, so a refused state leaves this
+        optimiser as it was."""
+        owner = "Adam.load_state_dict"
+        check_keys(owner, state, ("lr", "betas", "eps", "weight_decay", "step_count", "m", "v"))
+        betas = check_settings(owner, state["lr"], state["betas"], state["eps"], state["weight_decay"])
+        check_int(owner, "step_count", state["step_count"], low=0)
+        m, v = self._moments(owner, "m", state["m"]), self._moments(owner, "v", state["v"])
+        for i, (mi, vi) in enumerate(zip(m, v)):
+            if (mi is None) != (vi is None):  # step() would start both afresh, dropping the other
+                raise ValueError(f"{owner}: parameter {i} has {'m' if vi is None else 'v'} without "
+                                 f"{'v' if vi is None else 'm'}")
+        self.lr, self.betas, self.eps, self.weight_decay = state["lr"], betas, state["eps"], state["weight_decay"]
+        self.step_count = int(state["step_count"])
+        self.m = [None if a is None else backend.to_device(a, p.device) for a, p in zip(m, self.params)]
+        self.v = [None if a is None else backend.to_device(a, p.device) for a, p in zip(v, self.params)]
+
+    def _moments(self, owner: str, name: str, arrays) -> list:
+        """``arrays`` (one per parameter, None where it has none yet) as NumPy arrays of the
+        parameters' dtypes, or a refusal naming the first that is not finite numbers of its
+        parameter's shape (nor >= 0, for the second moments)."""
+        if isinstance(arrays, (str, bytes)) or not hasattr(arrays, "__len__") or len(arrays) != len(self.params):
+            got = len(arrays) if hasattr(arrays, "__len__") else type(arrays).__name__
+            raise ValueError(f"{owner}: {name} must hold one array per parameter ({len(self.params)}), got {got}")
+        out = []
+        for i, (a, p) in enumerate(zip(arrays, self.params)):
+            if a is None:
+                out.append(None)
+                continue
+            try:
+                a = np.asarray(backend.to_device(a, "cpu"))
+            except TypeError:  # neither a NumPy nor a CuPy array
+                raise ValueError(f"{owner}: {name}[{i}] must be an array, got {type(a).__name__}") from None
+            if a.dtype.kind not in "fiu" or a.shape != p.shape:
+                raise ValueError(f"{owner}: {name}[{i}] must be numbers of its parameter's shape {p.shape}, "
+                                 f"got {a.dtype} of shape {a.shape}")
+            with np.errstate(over="ignore", invalid="ignore"):  # what the cast gives is checked next
+                a = a.astype(p.dtype)
+            if not np.isfinite(a).all() or name == "v" and (a < 0).any():
+                raise ValueError(f"{owner}: {name}[{i}] holds values that are not finite "
+                                 f"{'and >= 0 ' if name == 'v' else ''}in {p.dtype}")
+            out.append(a)
+        return out

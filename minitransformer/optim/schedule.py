@@ -15,7 +15,8 @@ default, where equation (3) starts at 0: the two differ by less than 1e-7 during
 from __future__ import annotations
 
 import math
-import numbers
+
+from ..schema import check_int, check_keys, check_number
 
 
 def noam_lr(step: int, d_model: int, warmup: int = 4000, factor: float = 1.0) -> float:
@@ -29,16 +30,20 @@ def schedule_factor(peak_lr: float, d_model: int, warmup: int) -> float:
     return peak_lr * math.sqrt(d_model * warmup)
 
 
+def check_settings(owner: str, d_model, warmup, factor) -> None:
+    """What the schedule needs, refused in one line naming the setting (the constructor and
+    ``load_state_dict`` both ask it): 0 would divide by zero at the first step, a negative
+    size make the rate complex."""
+    check_int(owner, "d_model", d_model)
+    check_int(owner, "warmup", warmup)
+    check_number(owner, "factor", factor, 0, open_low=True)
+
+
 class WarmupInverseSqrtSchedule:
     """Sets ``optimizer.lr`` from equation (3); call ``step()`` before each optimiser step."""
 
     def __init__(self, optimizer, d_model: int, warmup: int = 4000, factor: float = 1.0) -> None:
-        # 0 would divide by zero at the first step, a negative value make the rate complex.
-        for name, value in (("d_model", d_model), ("warmup", warmup)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"WarmupInverseSqrtSchedule: {name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
-            raise ValueError(f"WarmupInverseSqrtSchedule: factor must be a finite number > 0, got {factor!r}")
+        check_settings("WarmupInverseSqrtSchedule", d_model, warmup, factor)
         self.optimizer, self.d_model, self.warmup, self.factor = optimizer, d_model, warmup, factor
         self.step_count = 0
 
@@ -56,5 +61,10 @@ class WarmupInverseSqrtSchedule:
                 "factor": self.factor}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from a ``state_dict()``, checked whole first: a refused one changes nothing."""
+        owner = "WarmupInverseSqrtSchedule.load_state_dict"
+        check_keys(owner, state, ("step_count", "d_model", "warmup", "factor"))
+        check_settings(owner, state["d_model"], state["warmup"], state["factor"])
+        check_int(owner, "step_count", state["step_count"], low=0)
         self.step_count, self.d_model = state["step_count"], state["d_model"]
         self.warmup, self.factor = state["warmup"], state["factor"]

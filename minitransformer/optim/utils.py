@@ -42,4 +42,5 @@ def clip_grad_norm_(params, max_norm: float) -> float:
         scale = max_norm / (norm + 1e-6)
         for p in params:
             p.grad.data *= scale
+            p.grad.bump_version()
     return norm

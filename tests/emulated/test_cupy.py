@@ -65,6 +65,10 @@ def test_arrays_behave_like_cupys(cp):
     view = x[1:]
     assert view.data.ptr == x.data.ptr + 4 * 4
     assert isinstance(np.exp(x), cp.ndarray)  # NumPy's functions dispatch to the device
+    # A view's base is the owning array itself, never an intermediate view, and an op that
+    # gives its input back gives the same object: autograd tells a tensor's views by them.
+    assert view.base is x and view.T[1:].base is x and x.base is None
+    assert x.astype(np.float32, copy=False) is x and x.astype(np.float64).base is None
 
 
 @settings(max_examples=200, deadline=None)

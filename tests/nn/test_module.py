@@ -41,9 +41,12 @@ def test_train_eval_and_zero_grad():
 
 def test_state_dict_round_trip_and_errors():
     a, b = Tiny(), Tiny()
+    stale = b(mt.randn(2, 3)).sum()
     b.load_state_dict(a.state_dict())
     for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
         np.testing.assert_array_equal(pa.numpy(), pb.numpy())
+    with pytest.raises(RuntimeError):  # its graph saved the weights load_state_dict replaced
+        stale.backward()
     state = a.state_dict()
     state["extra.weight"] = np.zeros(1)
     del state["second.weight"]
@@ -55,6 +58,33 @@ def test_state_dict_round_trip_and_errors():
     state["first.weight"] = np.zeros((2, 2))
     with pytest.raises(ValueError, match=r"first.weight: checkpoint \(2, 2\) vs model \(3, 4\)"):
         b.load_state_dict(state)
+
+
+def test_a_registered_name_keeps_its_kind():
+    """A plain Tensor over a Parameter would leave parameters() and state_dict() (untrained,
+    unsaved): refused, as in PyTorch, with the module as it was; so is a non-Module over a
+    submodule. A Parameter replaces a Parameter, and None removes it."""
+    m = Tiny()
+    before = [id(p) for p in m.parameters()]
+    for name, value in (("weight", mt.zeros(3, 4)), ("weight", np.zeros((3, 4))), ("bias", 1.0)):
+        with pytest.raises(TypeError) as e:
+            setattr(m.first, name, value)
+        assert "\n" not in str(e.value)
+    with pytest.raises(TypeError):
+        m.second = mt.zeros(4, 2)
+    assert [id(p) for p in m.parameters()] == before and list(m.state_dict()) == list(Tiny().state_dict())
+    new = m.first.weight = nn.Parameter(mt.zeros(3, 4))
+    assert next(m.parameters()) is new
+    m.first.bias = None
+    assert [n for n, _ in m.named_parameters()] == ["first.weight", "second.weight"]
+    m.first.bias = mt.zeros(4)  # no longer registered: a plain attribute again
+    bias = m.first.bias = nn.Parameter(mt.zeros(4))  # registered again, not hidden by the attribute
+    assert m.first.bias is bias and "first.bias" in m.state_dict()
+    m.register_buffer("scale", mt.ones(1))
+    m.scale = mt.full(1, 2.0)
+    assert dict(m.named_buffers())["scale"].item() == 2.0
+    with pytest.raises(TypeError):
+        m.scale = 2.0
 
 
 def test_to_keeps_parameter_objects(device):

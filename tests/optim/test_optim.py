@@ -45,8 +45,20 @@ def test_adam_state_dict_round_trip():
     opt_a.step()
     opt_b.step()
     np.testing.assert_array_equal(a.numpy(), b.numpy())
-    with pytest.raises(ValueError, match="holds 1 parameters"):
+    with pytest.raises(ValueError):  # one parameter's moments for two parameters
         Adam([a, b]).load_state_dict(opt_a.state_dict())
+
+
+def test_adam_step_names_a_parameter_whose_gradient_has_another_shape():
+    """A gradient that merely broadcasts (here (1, 3) for (2, 3)) would update with NumPy's
+    broadcasting, or fail inside it anonymously: refused before any parameter is written."""
+    a, b = mt.zeros(4, requires_grad=True), mt.zeros(2, 3, requires_grad=True)
+    opt = Adam([a, b], lr=0.1)
+    a.grad, b.grad = mt.ones(4), mt.ones(1, 3)
+    with pytest.raises(ValueError, match="parameter 1") as e:
+        opt.step()
+    assert "\n" not in str(e.value)
+    assert opt.step_count == 0 and a._version == 0 and not a.numpy().any() and opt.m == [None, None]
 
 
 def test_schedule_is_equation_3():
