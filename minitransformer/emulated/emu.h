@@ -880,7 +880,11 @@ inline std::vector<unsigned> block_order(unsigned blocks) {
 // after it. Up to kMaxFibers live at once (of the 8,128 threads TSan allows a process); so
 // races between blocks farther apart than that in the launch's order can go unseen.
 constexpr unsigned kNoSync = 1;             // __tsan_switch_to_fiber_no_sync
-constexpr size_t kFiberStack = 256 << 10;   // a kernel's stack, with room for TSan's reports
+// A kernel's stack, with room for TSan's reports (the attention cases ran clean in 16 KiB and
+// reported their planted races in 32).
+// No larger: TSan clears the shadow of each fiber's stack when it is freed, and at 256 KiB that
+// was half of a run's time.
+constexpr size_t kFiberStack = 64 << 10;
 constexpr size_t kMaxFibers = 6144;
 
 // What a fiber runs: one CUDA thread of one block. The OS thread writes it, the fiber reads it

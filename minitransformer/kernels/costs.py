@@ -57,9 +57,10 @@ def counted(code: str, arch: int = 90) -> list[LoggedLaunch]:
                          tuple(Count(**c) for c in d["counts"])) for d in launches]
 
 
-def attention(dtype: str, D: int, causal: bool, arch: int = 90) -> list[LoggedLaunch]:
-    """The launches of one forward and backward of the fused attention at SHAPE."""
-    return counted(_ATTENTION.format(dtype=dtype, D=D, causal=causal, **SHAPE), arch)
+def attention(dtype: str, D: int, causal: bool, arch: int = 90, **shape) -> list[LoggedLaunch]:
+    """The launches of one forward and backward of the fused attention at SHAPE (or with the
+    sizes of ``shape`` in its place: B, H, T)."""
+    return counted(_ATTENTION.format(dtype=dtype, D=D, causal=causal, **{**SHAPE, **shape}), arch)
 
 
 # The kernel ladder of the reading's fused-attention page, rung by rung: each rung's forward at
