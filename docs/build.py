@@ -21,7 +21,11 @@ copy of the file that the build writes under src/. A name that no longer exists 
 build, with the page and line that named it. ``$...$`` and ``$$...$$`` are LaTeX, typeset to
 MathML here (no script and no network when the page is read); ``![...](pictures/NAME.png)``
 is a picture drawn by ``examples/tour.py`` or by ``docs/figures.py``; the build draws those
-that are missing or older than the code that draws them, so a second build draws nothing. The libraries (markdown-it-py with mdit-py-plugins, latex2mathml,
+that are missing or older than the code that draws them, so a second build draws nothing.
+A number the text quotes from a figure is written ``{{fused-attention.naive_over_tiled:.0f}}``
+(QUOTE): the build writes in the number the figure's code returned when it drew the picture,
+so that the text cannot quote another.
+The libraries (markdown-it-py with mdit-py-plugins, latex2mathml,
 Pygments, Jinja2) come with the ``docs`` extra, which ``dev`` includes.
 """
 
@@ -33,6 +37,7 @@ if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for c
 
 import ast
 import dataclasses
+import hashlib
 import html
 import json
 import os
@@ -60,6 +65,12 @@ DOCS = os.path.join(ROOT, "docs")
 # The kernel ladder's counts, as benchmarks/attn.py writes them (```ladder shows them).
 LADDER = os.path.join(DOCS, "ladder.json")
 LADDER_COMMAND = "python benchmarks/attn.py --emulated --counts --json docs/ladder.json"
+# A number a page quotes from a picture or table it shows: {{NAME.KEY}}, or {{NAME.KEY:SPEC}}
+# with a format() spec (",.0f"). NAME is a figure of docs/figures.py, whose numbers are those
+# its code returned when it drew the picture (figures.draw keeps them beside it, in NAME.json,
+# with the picture's SHA-256), or "trained", docs/trained/trained.json; KEY is a dotted path
+# into them. A key they lack, or numbers of another drawing than the picture's, fail the build.
+QUOTE = re.compile(r"\{\{([a-z][\w-]*)\.([\w.]+)(?::([^{}]*))?\}\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,17 +385,41 @@ class Site:
         alt = html.escape(self.md.renderer.renderInlineAsText(token.children or [], options, env))
         return f'<figure><img src="{html.escape(src)}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
 
+    def trained_record(self, where: str) -> dict:
+        """docs/trained/trained.json, read once: a page may hold several blocks."""
+        path = os.path.join(self.trained, "trained.json")
+        if self._trained is None:
+            if not os.path.isfile(path):
+                raise BuildError(f"{where}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
+            self._trained = json.load(open(path, encoding="utf-8"))
+        return self._trained
+
+    def quote(self, text: str) -> str:
+        """A page's Markdown with its quotes of figures' numbers written in (QUOTE)."""
+        def fill(match, line: int) -> str:
+            name, key, spec = match.groups()
+            where = f"{os.path.relpath(self.file, ROOT)}:{line}"
+            value = self.trained_record(where) if name == "trained" else figure_numbers(self.pictures, name, where)
+            for part in key.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    held = ", ".join(value) if isinstance(value, dict) else type(value).__name__
+                    raise BuildError(f"{where}: {{{{{name}.{key}}}}}: the numbers of {name} hold no {part!r} "
+                                     f"(they hold {held})")
+                value = value[part]
+            try:
+                return html.escape(format(value, spec or ""), quote=False)
+            except (TypeError, ValueError) as e:
+                raise BuildError(f"{where}: {{{{{name}.{key}:{spec}}}}}: {e}") from None
+
+        return "\n".join(QUOTE.sub(lambda m, n=n: fill(m, n), line)
+                         for n, line in enumerate(text.split("\n"), 1))
+
     def trained_model(self, token, part: str) -> str:
         """The trained model's figures (docs/trained/trained.json, from docs/trained.py).
         ```trained: its test BLEU with the signatures, validation translations beside their
         references, and the caption saying which run made them; ```trained pieces, batch,
         beams or bleu: a stage of one sentence's walk from text to BLEU."""
-        path = os.path.join(self.trained, "trained.json")
-        if self._trained is None:  # read once: a page may hold several blocks
-            if not os.path.isfile(path):
-                raise BuildError(f"{self.where(token)}: no {os.path.relpath(path, ROOT)} (python docs/trained.py --run ...)")
-            self._trained = json.load(open(path, encoding="utf-8"))
-        t = self._trained
+        t = self.trained_record(self.where(token))
         e = html.escape
         if part:
             if part not in WALK:
@@ -404,12 +439,7 @@ class Site:
         """```ladder: the kernel ladder's rungs counted on the emulated device, a row each, from
         docs/ladder.json (benchmarks/attn.py's --json output), the GPU's time column empty until
         a GPU run fills it."""
-        if not os.path.isfile(LADDER):
-            raise BuildError(f"{self.where(token)}: no {os.path.relpath(LADDER, ROOT)} ({LADDER_COMMAND})")
-        results = json.load(open(LADDER, encoding="utf-8"))
-        rows = results.get("ladder") or []
-        if not rows:
-            raise BuildError(f"{self.where(token)}: {os.path.relpath(LADDER, ROOT)} has no ladder ({LADDER_COMMAND})")
+        results, rows = read_ladder(self.where(token))
         e = html.escape
         body = "".join(
             f'<tr><td>{e(r["rung"])}</td><td>{e(r["dtype"])}</td><td>{r["launches"]}</td>'
@@ -464,7 +494,7 @@ class Site:
         if not os.path.isfile(path):
             raise BuildError(f"docs/build.py: the site lists {page.name!r}, but there is no {page.markdown}")
         self.markdown, self.file, self.html = page.markdown, path, page.html
-        text = open(path, encoding="utf-8").read()
+        text = self.quote(open(path, encoding="utf-8").read())
         tokens = self.md.parse(text)
         for token in tokens:  # inline tokens (links, pictures) know no line: give them their block's
             for child in token.children or []:
@@ -507,6 +537,38 @@ class Site:
             shutil.copyfile(image, os.path.join(self.out, where))
         if os.path.abspath(self.pictures) != os.path.abspath(os.path.join(self.out, "pictures")):
             shutil.copytree(self.pictures, os.path.join(self.out, "pictures"), dirs_exist_ok=True)
+
+
+def read_ladder(where: str) -> tuple[dict, list[dict]]:
+    """docs/ladder.json (benchmarks/attn.py's --json output) and its ladder's rows: what the
+    ```ladder table and the fused-attention figure both show."""
+    if not os.path.isfile(LADDER):
+        raise BuildError(f"{where}: no {os.path.relpath(LADDER, ROOT)} ({LADDER_COMMAND})")
+    results = json.load(open(LADDER, encoding="utf-8"))
+    rows = results.get("ladder") or []
+    if not rows:
+        raise BuildError(f"{where}: {os.path.relpath(LADDER, ROOT)} has no ladder ({LADDER_COMMAND})")
+    return results, rows
+
+
+def figure_numbers(pictures: str, name: str, where: str) -> dict:
+    """The numbers figure ``name`` drew, kept beside its picture in ``pictures`` (figures.draw),
+    if they are that picture's: they name the SHA-256 of the picture they were drawn with."""
+    path = os.path.join(pictures, f"{name}.json")
+    if not os.path.isfile(path):
+        raise BuildError(f"{where}: no numbers of a figure {name} (docs/figures.py draws them with "
+                         f"its picture, as {name}.json)")
+    kept = json.load(open(path, encoding="utf-8"))
+    picture = os.path.join(pictures, f"{name}.png")
+    if not os.path.isfile(picture) or sha256(picture) != kept["picture_sha256"]:
+        raise BuildError(f"{where}: {os.path.relpath(path, ROOT)} holds the numbers of another drawing "
+                         f"than {name}.png: draw it again (python docs/figures.py --out ... {name})")
+    return kept["numbers"]
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 # A page of this many sections or more opens with their list.
@@ -600,7 +662,8 @@ def tour_pictures() -> list[str]:
 def draw_pictures(folder: str) -> None:
     """Draw into ``folder`` the pictures that are missing there or older than the code that
     draws them: the tour's (one run of examples/tour.py, which draws them all) and those of
-    figures.py, one by one."""
+    figures.py, one by one, each with its numbers and again when the data it reads changes."""
+    sys.modules.setdefault("build", sys.modules[__name__])  # figures imports this module, as build when run
     import figures  # docs/, beside this file
 
     if stale(folder, tour_pictures(), newest("examples/tour.py", "examples/copy_task.py", "minitransformer")):
@@ -612,8 +675,10 @@ def draw_pictures(folder: str) -> None:
             raise BuildError(f"examples/tour.py --out {folder}: {last}")
     os.makedirs(folder, exist_ok=True)
     code = newest("docs/figures.py", "minitransformer")
-    for name in stale(folder, [f"{n}.png" for n in figures.FIGURES], code):
-        figures.FIGURES[name[:-len(".png")]](folder)
+    for name in figures.FIGURES:  # a picture and its numbers, drawn together
+        reads = [os.path.getmtime(p) for p in figures.READS.get(name, ()) if os.path.isfile(p)]  # its data
+        if stale(folder, [f"{name}.png", f"{name}.json"], max([code] + reads)):
+            figures.draw(name, folder)
 
 
 def build(out: str, pictures: str | None = None, pages: str = os.path.join(DOCS, "pages")) -> Site:

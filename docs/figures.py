@@ -9,7 +9,8 @@ that pass between them, the heads of multi-head attention, one embedding matrix 
 places. Each is a function named after the page that shows it, and each takes what it draws
 from the package (a module's parameters, the batcher's batches, the autograd graph of an
 expression, DistributedDataParallel's buckets), so that a picture changes when the code does.
-docs/build.py draws them when they are missing or older than the code.
+docs/build.py draws them when they are missing or older than the code, each beside the numbers
+its function returns (NAME.json, by ``draw``), which a page quotes as {{NAME.KEY}}.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for c
     import signal
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
+import json
 import math
 import os
 import sys
@@ -42,6 +44,8 @@ from minitransformer.data.batching import TokenBatcher  # noqa: E402
 from minitransformer.distributed import ddp as ddp_module  # noqa: E402
 from minitransformer.distributed.comm import LocalCommunicator  # noqa: E402
 from minitransformer.distributed.world import World  # noqa: E402
+
+import build  # noqa: E402 - docs/, beside this file: the ladder the table and the figure both read
 
 WIDTH = 8.0  # inches: 800 px at 100 dpi, as the tour's pictures
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 10, "figure.titlesize": 12,
@@ -374,9 +378,10 @@ def batching(out: str) -> None:
 # --------------------------------------------------------------------------- the engine
 
 
-def autograd(out: str) -> None:
+def autograd(out: str) -> dict:
     """The graph that a small expression records, micrograd-style: one node per op (its
-    Function), arrows from inputs to outputs, and the order in which backward visits them."""
+    Function), arrows from inputs to outputs, and the order in which backward visits them.
+    Returns how many ops it drew."""
     from minitransformer import autograd as ag
 
     x = mt.tensor(np.array([[1.0, -2.0]]), requires_grad=True)
@@ -420,6 +425,7 @@ def autograd(out: str) -> None:
     ax.set_title("loss = ((x @ w + b).relu() ** 2).sum(): the Contexts the forward recorded, and the order "
                  "backward walks them (root first)", fontsize=9)
     save(fig, out, "autograd.png")
+    return {"ops": len(order)}
 
 
 def mixed_precision(out: str) -> None:
@@ -519,52 +525,45 @@ def data_parallel(out: str) -> None:
 # --------------------------------------------------------------------------- the kernels
 
 
-def fused_attention(out: str) -> None:
-    """What one forward of attention costs in global memory, per batch element and head, as the
-    sequence grows (T = S), from each twin's forward_bytes: the bytes the kernels read and write
-    (the naive kernels' T x S matrix P goes through memory four times; the tiled kernel reads K
-    twice and V once per tile of 16 queries, the fused kernel K and V once per tile of 64),
-    beside the least any attention moves (Q, K, V read once, O written once); and the memory
-    each holds besides its inputs and output (P, against lse; the tiled kernel holds none)."""
-    from minitransformer.kernels.reference import attention as fused
-    from minitransformer.kernels.reference import attention_naive as naive
-    from minitransformer.kernels.reference import attention_tiled as tiled
-
-    D, itemsize, block = 64, 2, 64  # d_k of the base model, 16-bit inputs, the 16-bit kernels' tiles
-    lengths = [2**n for n in range(7, 15)]
-    mib = lambda n: n / 2**20  # noqa: E731
-    naive_mib = [mib(naive.forward_bytes(1, 1, n, n, D, itemsize)) for n in lengths]
-    fused_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block)) for n in lengths]
-    tiled_mib = [mib(tiled.forward_bytes(1, 1, n, n, D, itemsize)) for n in lengths]
-    causal_mib = [mib(fused.forward_bytes(1, 1, n, n, D, itemsize, block, block, causal=True)) for n in lengths]
-    least_mib = [mib(4 * n * D * itemsize) for n in lengths]
-    fig, (moved, held) = plt.subplots(1, 2, figsize=(WIDTH, 3.9), gridspec_kw={"width_ratios": [3, 2]})
-    for values, color, style, label in [(naive_mib, "#c0392b", "-", "naive kernels"),
-                                        (tiled_mib, "#8e6c1f", "-.", "tiled kernel (tiles of 16)"),
-                                        (fused_mib, "#2f5f9f", "-", f"fused kernel (tiles of {block})"),
-                                        (causal_mib, "#2f5f9f", "--", "fused kernel, causal"),
-                                        (least_mib, MUTED, ":", "least possible")]:
-        moved.plot(lengths, values, style, color=color, marker="o", ms=3.5, label=label)
-    for n, a, b in zip(lengths, naive_mib, fused_mib):
-        moved.text(n, a * 0.62, f"{a / b:.1f}×", ha="center", va="top", fontsize=7.5, color="#c0392b")
-    moved.set_ylabel("MiB")
-    moved.set_title("read and written (×: naive / fused)")
+def fused_attention(out: str) -> dict:
+    """The kernel ladder's counts, the rows of the page's table (docs/ladder.json, which
+    benchmarks/attn.py counts on the emulated device, read by build.read_ladder as the table
+    is): each rung's global memory in the 32-byte sectors its requests fetch, before any cache,
+    beside the fewest its bytes could take; and its shared-memory wavefronts beside the fewest
+    its requests could take. Returns the counts it drew, and the ratios of them the page quotes."""
+    _, rows = build.read_ladder("docs/figures.py")
+    rungs = [r["rung"] for r in rows]
+    by = {r["rung"]: r for r in rows}
+    fig, (moved, shared) = plt.subplots(1, 2, figsize=(WIDTH, 3.3), sharey=True)
+    y = np.arange(len(rows))
+    for ax, taken, fewest, unit, title in [
+            (moved, "global_KB", "ideal_KB", "KiB", "global memory: KiB of the sectors fetched"),
+            (shared, "wavefronts", "ideal_wf", "", "shared memory: wavefronts")]:
+        values, least = [r[taken] for r in rows], [r[fewest] for r in rows]
+        ax.barh(y, values, height=0.6, color="#2f5f9f", label="taken")
+        ax.barh(y, least, height=0.25, color="#f0b37e", label="fewest possible")
+        low = 10 ** math.floor(math.log10(min(v for v in least if v) / 3))
+        for k, v in enumerate(values):
+            ax.text(v * 1.25 if v else low * 1.5, k, f"{v:,.0f} {unit}" if v else "none: no shared memory",
+                    va="center", fontsize=8, color=INK if v else MUTED)
+        ax.set_xscale("log")
+        ax.set_xlim(low, max(values) * 40)
+        ax.set_title(title)
+        ax.set_xlabel(f"{unit or 'wavefronts'} (log scale)")
+    moved.set_yticks(y, [f"{r['rung']}\n{r['dtype']}" for r in rows])
+    moved.set_ylabel("rung")
+    moved.invert_yaxis()
     moved.legend(fontsize=8, loc="lower right")
-    held.plot(lengths, [mib(4 * n * n) for n in lengths], "-", color="#c0392b", marker="o", ms=3.5,
-              label="naive: P, float32, T × S")
-    held.plot(lengths, [mib(4 * n) for n in lengths], "-", color="#2f5f9f", marker="o", ms=3.5,
-              label="fused: lse, float32, T")
-    held.set_title("held besides Q, K, V and O (tiled: none)")
-    held.set_ylabel("MiB")
-    held.legend(fontsize=8, loc="upper left")
-    for ax in (moved, held):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths[::2], [str(n) for n in lengths[::2]])
-        ax.set_xlabel("sequence length T = S")
-    fig.suptitle(f"Global memory of one attention forward, per batch element and head (d_k = {D}, "
-                 f"16-bit inputs)", fontsize=10)
+    shape = ", ".join(f"{k} = {v}" for k, v in rows[0]["shape"].items())
+    fig.suptitle(f"One forward of each rung ({shape}, non-causal), counted on the emulated device:\n"
+                 "the rows of the ladder's table", fontsize=10)
     save(fig, out, "fused-attention.png")
+    counts = {name.replace(" ", "_"): {k: by[name][k] for k in ("global_KB", "ideal_KB", "wavefronts", "ideal_wf")}
+              for name in rungs}
+    return {**counts,
+            "naive_over_fewest": by["naive"]["global_KB"] / by["naive"]["ideal_KB"],
+            "naive_over_tiled": by["naive"]["global_KB"] / by["tiled"]["global_KB"],
+            "tiled_over_fused_wavefronts": by["tiled"]["wavefronts"] / by["fused"]["wavefronts"]}
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -572,6 +571,17 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--out", type=cli.output_folder, required=True, help="folder for the pictures")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"pictures to draw (default: all): {', '.join(FIGURES)}")
     return p
+
+
+def draw(name: str, out: str) -> dict:
+    """Draw picture ``name`` into ``out``, and keep beside it, as ``name``.json, the numbers its
+    function returned (those it drew, which a page may quote: build.QUOTE) with the SHA-256 of
+    the picture they belong to."""
+    numbers = FIGURES[name](out) or {}
+    with files.atomic_write(os.path.join(out, f"{name}.json")) as f:
+        json.dump({"picture_sha256": build.sha256(os.path.join(out, f"{name}.png")), "numbers": numbers}, f, indent=1)
+        f.write("\n")
+    return numbers
 
 
 def main(argv=None) -> int:
@@ -583,7 +593,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     for name in args.names or FIGURES:
         start = time.perf_counter()
-        FIGURES[name](args.out)
+        draw(name, args.out)
         print(f"{name}.png in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 
@@ -591,6 +601,8 @@ def main(argv=None) -> int:
 FIGURES = {"stacks": stacks, "multi-head": multi_head, "uses-of-attention": uses_of_attention,
            "feed-forward": feed_forward, "embeddings": embeddings, "batching": batching, "autograd": autograd,
            "mixed-precision": mixed_precision, "data-parallel": data_parallel, "fused-attention": fused_attention}
+# The data a figure reads besides the package: the build draws it again when they change.
+READS = {"fused-attention": (build.LADDER,)}
 
 if __name__ == "__main__":
     sys.exit(cli.run(main))

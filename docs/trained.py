@@ -6,10 +6,12 @@ references, and its BLEU, rendered once from a run of the README's main job into
 runs/ is not in git, so what this writes is committed, and the reading shows the committed
 copy: the three attention maps of plot_attention.py (the last layer, head by head) for the
 first validation sentence, and trained.json (the run's test BLEU with its sacreBLEU
-signatures, a few validation sentences translated with the run's beam and alpha beside their
-references, the first one's walk from text to BLEU, and the caption: the command that trained
-it, its seed and the commit it ran at). Validation sentences only: the test set gives the
-run's one figure and nothing else.
+signatures, a few validation sentences translated beside their references, the first one's
+walk from text to BLEU, and the caption: the command that trained it, its seed and the commit
+it ran at). Every translation here, the maps' included, is the run's own beam search (its
+beam, alpha and length penalty, read from the run): the maps are of the translation the walk
+follows, or none is written. Validation sentences only: the test set gives the run's one
+figure and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if __name__ == "__main__":  # first: Ctrl-C while the imports load is held for c
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -32,7 +35,7 @@ from minitransformer.decoding import beam_search, translate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import plot_attention  # noqa: E402 - examples/, for its maps
-from translate import beam_and_alpha, find_run_files, model_from  # noqa: E402
+from translate import Search, beam_and_alpha, find_run_files, model_from, text_settings  # noqa: E402
 
 COMMAND = "mpiexec -n 2 python examples/train_wmt.py --data-dir ../shared/data/multi30k"  # the README's
 
@@ -51,7 +54,7 @@ def build_parser() -> cli.ArgumentParser:
     return p
 
 
-def walk(model, tok, source: str, reference: str, other: str, beam: int, alpha: float) -> dict:
+def walk(model, tok, source: str, reference: str, other: str, search: Search) -> dict:
     """One sentence from text to BLEU, each stage as the page shows it: its pieces and ids, a
     batch with a second sentence (for the padding), the encoder's output, every step of beam
     search with the beams it keeps, the detokenized translation and its sentence BLEU."""
@@ -73,9 +76,11 @@ def walk(model, tok, source: str, reference: str, other: str, beam: int, alpha: 
                  for sentence, tokens, lp, sc in step.finished if sentence == 0]
         steps.append({"t": int(step.t), "beams": beams, "finished": ended})
 
-    (hypothesis,) = beam_search(model, src, beam, alpha, observer=observe)
+    (hypothesis,) = beam_search(model, src, search.beam, search.alpha, observer=observe,
+                                length_penalty=search.length_penalty)
     translation = tok.decode([hypothesis])[0]
     metric = BLEU(effective_order=True)
+    finished = [f for step in steps for f in step["finished"]]
     return {
         "source": source, "reference": reference, "pieces": tok.id_to_piece(own),
         "ids": own, "batch": batch.src.tolist(), "pad_id": data.PAD_ID,
@@ -84,6 +89,9 @@ def walk(model, tok, source: str, reference: str, other: str, beam: int, alpha: 
         "hypothesis_pieces": tok.id_to_piece(hypothesis), "translation": translation,
         "sentence_bleu": metric.sentence_score(translation, [reference]).score,
         "sentence_signature": str(metric.get_signature()),
+        # the finished hypotheses the page compares: the most probable, and the best scored (the winner)
+        "likeliest": max(finished, key=lambda f: f["log_prob"], default=None),
+        "winner": max(finished, key=lambda f: f["score"], default=None),
     }
 
 
@@ -100,21 +108,28 @@ def main(argv=None) -> int:
     tok = data.Tokenizer(tokenizer)
     ckpt = load_checkpoint(checkpoint)
     model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)
-    beam, alpha = beam_and_alpha(ckpt, None, None)
+    search = Search(*beam_and_alpha(ckpt, None, None), *text_settings(ckpt, None))  # as the run decodes
     val = data.load_multi30k(args.data_dir, "val")
     sources, references = val.src[:args.samples], val.tgt[:args.samples]
-    hypotheses = translate(model, tok, sources, "cpu", beam, alpha, progress=False)
+    hypotheses = translate(model, tok, sources, "cpu", search.beam, search.alpha, progress=False,
+                           length_penalty=search.length_penalty)
+    first = walk(model, tok, sources[0], references[0], sources[1 % len(sources)], search)
     os.makedirs(args.out, exist_ok=True)
     (ids,) = tok.encode(sources[:1])
-    plot_attention.draw_part(model, tok, ids, beam, args.out, layers="last")  # the page reads the last layer
+    with tempfile.TemporaryDirectory(dir=args.out, prefix=".maps.") as staged:  # kept only if they are the walk's
+        drawn = plot_attention.draw_part(model, tok, ids, search, staged, layers="last")  # the page reads the last layer
+        if drawn != first["translation"]:
+            raise AssertionError(f"the maps are of {drawn!r}, the walk's translation is {first['translation']!r}")
+        for name in plot_attention.MAPS:
+            os.replace(os.path.join(staged, name), os.path.join(args.out, name))
     record = {
         "command": args.command, "seed": args.seed, "commit": args.trained_at,
-        "steps": bleu["steps"], "beam": beam, "alpha": alpha,
+        "steps": bleu["steps"], "beam": search.beam, "alpha": search.alpha, "length_penalty": search.length_penalty,
         "bleu": bleu["bleu"], "signature": bleu["signature"],
         "bleu_lowercased": bleu["bleu_lowercased"], "signature_lowercased": bleu["signature_lowercased"],
         "test_sentences": bleu["test_sentences"],
         "samples": [{"source": s, "translation": h, "reference": r} for s, h, r in zip(sources, hypotheses, references)],
-        "walk": walk(model, tok, sources[0], references[0], sources[1 % len(sources)], beam, alpha),
+        "walk": first,
     }
     with files.atomic_write(os.path.join(args.out, "trained.json")) as f:
         json.dump(record, f, indent=1, ensure_ascii=False)

@@ -4,8 +4,10 @@ Figures 3-5).
 
     python examples/plot_attention.py --run runs/multi30k "A dog runs through the grass."
 
-The translation is the model's own (beam search); the maps are those of the decoder reading
-that translation. Files: <out>/encoder_self.png, decoder_self.png, cross.png, one row of
+The translation is the model's own, by the beam search the run decodes with (its beam, alpha
+and length penalty, as translate.py reads them; the options override them); the maps are those
+of the decoder reading that translation, each of its rows labelled with the piece that position
+predicts. Files: <out>/encoder_self.png, decoder_self.png, cross.png, one row of
 panels per layer, one column per head; with ``--layers last``, the last layer's heads alone, two
 to a row, large enough to read each piece.
 """
@@ -27,7 +29,7 @@ import minitransformer as mt
 from minitransformer import cli, data, decoding, files
 from minitransformer.checkpoint import CheckpointError, load_checkpoint
 from minitransformer.decoding import beam_search
-from translate import find_run_files, load_model, refuse_wide_beams, text_settings
+from translate import Search, beam_and_alpha, find_run_files, model_from, refuse_wide_beams, text_settings
 
 logger = logging.getLogger("plot_attention")
 
@@ -76,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=cli.input_folder, required=True, help="a train_wmt.py --out-dir")
     p.add_argument("--out", type=cli.output_folder, default=None, help="folder for the PNGs (default: <run>/attention); "
                    "earlier maps there are replaced as a whole")
-    p.add_argument("--beam", type=cli.integer(1), default=decoding.BEAM, help="beam size of the translation")
+    p.add_argument("--beam", type=cli.integer(1), help="beam size (default: the run's, else 4)")
+    p.add_argument("--alpha", type=cli.real(0.0, decoding.ALPHA_MAX), help="length penalty (default: the run's, else 0.6)")
+    p.add_argument("--length-penalty", choices=decoding.LENGTH_PENALTIES,
+                   help="what alpha shapes: gnmt or fairseq (default: the run's, else gnmt)")
     p.add_argument("--layers", choices=LAYERS, default="all",
                    help="every layer's heads (a row each), or the last layer's alone, larger")
     return p
@@ -89,10 +94,13 @@ def main(argv=None) -> None:
         p.error("the sentence is empty: there is no attention to draw")
     checkpoint, tokenizer = find_run_files(args.run)
     tok = data.open_tokenizer(tokenizer)
-    model = load_model(checkpoint, "cpu", tokenizer=tok)
-    refuse_wide_beams(p, [args.beam], tok)
-    # A moses-lc run reads lowercased Moses tokens, as translate.py gives them to it.
-    _, preprocess = text_settings(load_checkpoint(checkpoint, metadata_only=True), None)
+    ckpt = load_checkpoint(checkpoint)
+    model = model_from(ckpt, checkpoint, "cpu", tokenizer=tok)
+    # The translation translate.py gives: the run's beam search, and its text (a moses-lc run
+    # reads lowercased Moses tokens).
+    search = Search(*beam_and_alpha(ckpt, args.beam, args.alpha), *text_settings(ckpt, args.length_penalty))
+    refuse_wide_beams(p, [search.beam], tok)
+    preprocess = search.preprocess
     (sentence,) = data.moses.preprocess([args.sentence], "en", preprocess)
 
     # As translate.py does: a text longer than the model's positions is cut at sentence ends,
@@ -113,7 +121,7 @@ def main(argv=None) -> None:
     with files.lock_output(out), files.atomic_folder(out) as staged:
         for k, part in enumerate(parts, 1):
             folder = "" if len(parts) == 1 else f"part-{k}"
-            translation = draw_part(model, tok, part, args.beam, os.path.join(staged, folder), args.layers)
+            translation = draw_part(model, tok, part, search, os.path.join(staged, folder), args.layers)
             if preprocess == "moses-lc":  # read as translate.py writes it
                 (translation,) = data.moses.detokenize([translation], "de")
             print(f"translation{'' if len(parts) == 1 else f' of part {k}'}: {translation}")
@@ -130,11 +138,14 @@ def check_out(p: cli.ArgumentParser, out: str) -> None:
                     f"folder, or empty it")
 
 
-def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "all") -> str:
-    """The three maps of one sentence (piece ids) into ``out`` (``layers``: as ``draw``'s);
-    returns its translation."""
+def draw_part(model, tok, ids: list[int], search: Search, out: str, layers: str = "all") -> str:
+    """The three maps of one sentence (piece ids) into ``out`` (``layers``: as ``draw``'s), for
+    the translation that ``search`` (its beam, alpha and length penalty) finds; returns that
+    translation. Row t of a decoder map is the query at input position t, which reads BOS and
+    the first t pieces and predicts piece t + 1 (EOS last): it is labelled with that piece."""
     batch = data.collate([ids])
-    hyp = beam_search(model, mt.tensor(batch.src), beam_size=beam)[0]
+    hyp = beam_search(model, mt.tensor(batch.src), beam_size=search.beam, alpha=search.alpha,
+                      length_penalty=search.length_penalty)[0]
     tgt_in = np.array([[model.config.start_id] + hyp])
     modules = [m for m in model.modules() if hasattr(m, "keep_weights")]
     for m in modules:
@@ -142,7 +153,8 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "al
     model(mt.tensor(batch.src), mt.tensor(tgt_in))
 
     src_pieces = tok.id_to_piece(batch.src[0])  # ends with EOS, as the model saw it
-    tgt_pieces = tok.id_to_piece(tgt_in[0])
+    read = tok.id_to_piece(tgt_in[0])  # what the decoder reads: BOS, then the translation
+    predicted = tok.id_to_piece(hyp + [model.config.eos_id])  # what each of its positions predicts
     os.makedirs(out, exist_ok=True)  # a part's
     weights = lambda mods: [m.last_weights.numpy()[0] for m in mods]  # noqa: E731 - (h, T, S) per layer
     enc = [layer.self_attn for layer in model.encoder.layers]
@@ -150,10 +162,10 @@ def draw_part(model, tok, ids: list[int], beam: int, out: str, layers: str = "al
     cross = [layer.cross_attn for layer in model.decoder.layers]
     draw(weights(enc), src_pieces, src_pieces, "encoder self-attention", os.path.join(out, "encoder_self.png"),
          ("source piece (key)", "source piece (query)"), layers)
-    draw(weights(dec), tgt_pieces, tgt_pieces, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"),
-         ("translation piece (key)", "translation piece (query)"), layers)
-    draw(weights(cross), tgt_pieces, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"),
-         ("source piece (key)", "translation piece (query)"), layers)
+    draw(weights(dec), predicted, read, "decoder self-attention (causal)", os.path.join(out, "decoder_self.png"),
+         ("piece read (key)", "piece being predicted (query)"), layers)
+    draw(weights(cross), predicted, src_pieces, "encoder-decoder attention", os.path.join(out, "cross.png"),
+         ("source piece (key)", "piece being predicted (query)"), layers)
     return tok.decode([hyp])[0]
 
 

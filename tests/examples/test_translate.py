@@ -322,6 +322,32 @@ def test_beam_and_alpha_default_to_the_runs(run, tmp_path, monkeypatch):
     assert seen == [(3, 1.7), (2, 0.0), (4, 0.6)]
 
 
+@pytest.mark.slow  # issue 77's budget
+def test_plot_attention_draws_the_runs_translation_a_row_per_piece_predicted(run, tmp_path, monkeypatch):
+    """The maps are of the translation translate.py gives (the run's beam, alpha and length
+    penalty, unless told otherwise), and a decoder map's row t is labelled with the piece that
+    position predicts: the translation's pieces, then EOS."""
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    tiny_run(ours, seed=0)
+    ckpt = load_checkpoint(str(ours / "averaged.npz"))
+    save_checkpoint(str(ours / "averaged.npz"), translate.model_from(ckpt, "averaged.npz", "cpu"),
+                    extra={**ckpt.extra, "beam": 3, "alpha": 1.7, "length_penalty": "fairseq"})
+    searched, drawn = [], {}
+    real_search = plot_attention.beam_search
+    monkeypatch.setattr(plot_attention, "beam_search", lambda model, src, **k: searched.append(k) or real_search(model, src, **k))
+    monkeypatch.setattr(plot_attention, "draw", lambda maps, rows, cols, title, *a: drawn.__setitem__(title, (rows, cols)))
+    for flags in ([], ["--beam", "2", "--alpha", "0", "--length-penalty", "gnmt"]):
+        plot_attention.main(["--run", str(ours), "--out", str(tmp_path / "maps"), "A dog runs.", *flags])
+    assert [(k["beam_size"], k["alpha"], k["length_penalty"]) for k in searched] == [(3, 1.7, "fairseq"), (2, 0.0, "gnmt")]
+    tok = data.Tokenizer(str(next(ours.glob("*.model"))))  # the maps of the second: beam 2, alpha 0
+    (hypothesis,) = real_search(translate.load_model(str(ours / "averaged.npz"), "cpu"),
+                                np.array([tok.encode(["A dog runs."])[0] + [data.EOS_ID]]), beam_size=2, alpha=0.0)
+    predicted = tok.id_to_piece(hypothesis + [data.EOS_ID])
+    assert drawn["encoder-decoder attention"][0] == predicted
+    assert drawn["decoder self-attention (causal)"] == (predicted, tok.id_to_piece([data.BOS_ID] + hypothesis))
+
+
 def test_a_truncated_checkpoint_is_one_line(run, tmp_path):
     folder = tmp_path / "cut"
     folder.mkdir()
