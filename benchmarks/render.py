@@ -64,6 +64,10 @@ TABLES = {
                        ("identical", "identical", "{}"), ("stillborn", "stillborn", "{}"), ("score", "score", "{:.3f}")]),
     "ci": Table([("tier", "tier", "{}")], [("seconds, cold", "seconds", "{:.0f}"), ("passed", "passed", "{:,}"),
                                            ("skipped", "skipped", "{}")]),
+    "gpu_check": Table([("device", "device", "{}"), ("GPUs", "gpus", "{}")],
+                       [(f"{stage}, s", f"{stage}_s", "{:.0f}") for stage in
+                        ("build", "kernels", "parity", "ddp", "attn", "step", "nccl", "suite", "ncu", "wmt")]
+                       + [("all, s", "total_s", "{:.0f}")]),
 }
 
 

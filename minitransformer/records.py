@@ -170,11 +170,16 @@ def machine() -> str:
 
 
 def _commit(folder: str) -> str:
-    """The checkout's commit, ``+dirty`` when its tracked files differ from it."""
+    """The checkout's commit, ``+dirty`` when its tracked files differ from it. A copy of a
+    checkout without its .git (what a lent GPU machine is sent) is named by MT_RECORD_COMMIT,
+    which the sender sets to ``git rev-parse --short HEAD`` (+dirty where so)."""
     git = lambda *a: subprocess.run(["git", "-C", folder, *a], capture_output=True, text=True, check=False)  # noqa: E731
     head = git("rev-parse", "--short=7", "HEAD")
+    if head.returncode and os.environ.get("MT_RECORD_COMMIT"):
+        return os.environ["MT_RECORD_COMMIT"]  # checked against the record's schema by append
     if head.returncode:
-        raise RecordError(f"{folder}: not a git checkout: a record names the commit it measured")
+        raise RecordError(f"{folder}: not a git checkout (and no MT_RECORD_COMMIT): a record names the commit it "
+                          f"measured")
     dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     return head.stdout.strip() + ("+dirty" if dirty else "")
 

@@ -87,6 +87,16 @@ def test_the_commit_is_the_checkout_measured_not_the_records_folder(tmp_path):
     assert records.read_bench(elsewhere / "bench.jsonl") == [row]
 
 
+def test_a_copy_without_git_is_named_by_the_commit_its_sender_gives(tmp_path, monkeypatch):
+    copy = tmp_path / "copy"  # a checkout sent to a GPU machine without its .git
+    copy.mkdir()
+    monkeypatch.setenv("MT_RECORD_COMMIT", "1057ee6+dirty")
+    assert records.append(copy / "bench.jsonl", "python bench.py", {}, {"x": 1})["commit"] == "1057ee6+dirty"
+    monkeypatch.setenv("MT_RECORD_COMMIT", "not a commit")
+    with pytest.raises(records.RecordError, match="commit"):
+        records.append(copy / "bench.jsonl", "python bench.py", {}, {"x": 1})
+
+
 @pytest.mark.parametrize("figures", [{}, {"x": float("nan")}, {"x": float("inf")}, {"x": [1]}])
 def test_a_line_that_would_not_read_back_is_not_written(tmp_path, figures):
     repo = git_checkout(tmp_path / "repo")

@@ -1,14 +1,17 @@
 """benchmarks/gpu_check.sh, the one script a lent GPU runs first, runs every stage here on the
 emulated device at toy sizes (GPU_CHECK_EMULATED=1): a typo in it, a renamed option or test,
-a stage that crashes, fails CI instead of costing the GPU's minutes. And the script's exit
-status says when a stage failed."""
+a stage that crashes, fails CI instead of costing the GPU's minutes. Each stage prints its time
+against its budget, writes its figures as records that benchmarks/render.py renders, and is
+stopped at its budget or skipped when it does not fit; the exit status says when one failed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from tests.tools.kernels import fake_ncu
 from tests.helpers import MULTI30K_DIR, needs_multi30k
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["tests", "benchmarks", "counts", "ncu", "nccl tests", "suite (cuda cases)", "train_wmt (bf16, 2 steps)"]
+STAGES = ["build", "kernels", "parity", "ddp", "attn", "step", "nccl", "suite", "ncu", "wmt"]
 
 pytestmark = [
     pytest.mark.slow,  # every stage of the GPU machine's script, emulated
@@ -40,14 +43,41 @@ def test_every_stage_runs_on_the_emulated_device(tmp_path):
     proc = gpu_check(tmp_path, NCU=str(fake_ncu.install(tmp_path / "bin")))  # Nsight Compute's stand-in
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
-    assert "skipped" not in log.replace("build: skipped", ""), log  # every stage ran
-    for stage in STAGES:
-        assert re.search(rf"^{re.escape(stage)}: \d+ s, exit 0", proc.stdout, re.M), (stage, log)
-    for name in ("allreduce.log", "train_step_fp32.log", "train_step_bf16.log", "reseed.log", "bench.json",
-                 "counts.json", "ncu.json"):
+    assert "skipped" not in log and "not run" not in log, log  # every stage ran
+    # Each stage's time against its budget (the emulated run's: ten times the GPU's), in order.
+    timed = re.findall(r"^(\w+): (\d+) s of (\d+) s, exit 0$", proc.stdout, re.M)
+    assert [name for name, _, _ in timed] == STAGES, log
+    assert all(int(took) <= int(budget) for _, took, budget in timed), timed
+    for name in ("allreduce.log", "train_step_fp32.log", "train_step_bf16.log", "ddp.log", "counts.json", "ncu.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "gpu_check summary" in proc.stdout and "FAILED" not in proc.stdout
     attention_counted_emulated(tmp_path)
+    # Two emulated GPUs: one data-parallel step over NCCL (carried over MPI), recorded as such.
+    steps = records.read_bench(tmp_path / "records" / "train_step.jsonl")
+    assert [r["config"]["setup"].endswith("two ranks") for r in steps] == [True, False, False], steps
+    assert [r["config"].get("precision") for r in steps[1:]] == ["bf16", None]
+    # The stages' seconds, a record of their own.
+    (run,) = records.read_bench(tmp_path / "records" / "gpu_check.jsonl")
+    assert run["config"] == {"device": "emulated", "gpus": 2} and run["command"] == "bash benchmarks/gpu_check.sh"
+    assert run["figures"] == {**{f"{name}_s": int(took) for name, took, _ in timed}, "total_s": run["figures"]["total_s"]}
+    rendered(tmp_path / "records")
+
+
+def rendered(folder: Path) -> None:
+    """What the run recorded, rendered by benchmarks/render.py; and the README's GPU rows read
+    the very configurations the run writes (an emulated run's never fill them: its device is
+    "emulated", not "cuda")."""
+    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    sys.modules["render"] = render  # dataclasses look their module up
+    spec.loader.exec_module(render)
+    for name in ("gpu_check", "attn", "train_step"):
+        table = render.table(name, records.read_bench(folder / f"{name}.jsonl"))
+        assert "emulated" in table.split("Run as:")[0], table
+    assert "| emulated | 2 |" in render.table("gpu_check", records.read_bench(folder / "gpu_check.jsonl"))
+    for row in (r for r in render.RESULTS if r.config.get("device") == "cuda"):
+        written = [line["config"] | {"device": "cuda"} for line in records.read_bench(folder / f"{row.record}.jsonl")]
+        assert any(all(config.get(k) == v for k, v in row.config.items()) for config in written), (row.what, written)
 
 
 def attention_counted_emulated(out: Path) -> None:
@@ -99,3 +129,16 @@ def test_a_failed_stage_fails_the_script_and_is_named(tmp_path):
     proc = gpu_check(tmp_path, GPU_CHECK_STAGES="wmt")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED: wmt (exit 1)" in proc.stdout
+
+
+def test_a_stage_is_stopped_at_its_budget_and_one_that_does_not_fit_is_skipped(tmp_path):
+    # At 4 % of the GPU's budgets attn's 120 s are 4 s, which its emulated run far exceeds.
+    proc = gpu_check(tmp_path / "stopped", GPU_CHECK_STAGES="attn", GPU_CHECK_SCALE="4", GPU_CHECK_SECONDS="100000")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"^attn: \d+ s of 4 s, stopped at its budget$", proc.stdout, re.M), proc.stdout
+    assert "FAILED: attn (stopped at its 4 s budget)" in proc.stdout
+    # No time left: the stage does not start, and that is no failure.
+    proc = gpu_check(tmp_path / "skipped", GPU_CHECK_STAGES="kernels", GPU_CHECK_SECONDS="0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^kernels: skipped, its 750 s budget does not fit", proc.stdout, re.M), proc.stdout
+    assert not (tmp_path / "skipped" / "tests.log").exists()
