@@ -28,7 +28,7 @@ for folder in FOLDERS:
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
             "bleu_tokens", "bleu_minutes", "recipe", "subwords", "reproduction", "ncu_counts", "score", "build", "figures",
-            "trained", "render", "minitransformer.data.download"]
+            "trained", "render", "prebuilt", "minitransformer.data.download"]
 
 
 def test_every_program_has_a_parser_to_read():

@@ -169,13 +169,20 @@ def install(folder: Path) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["build", "install"])
-    p.add_argument("--arch", type=cli.integer(50), default=90, help="compute capability to compile for (default 90)")
-    p.add_argument("--python", default=sys.executable, help="build: the Python the GPU machine runs (default: this one)")
-    p.add_argument("--folder", type=Path, default=FOLDER, help=f"where the build goes or comes from (default {FOLDER.name})")
-    args = p.parse_args(argv)
+    p.add_argument("--arch", type=cli.integer(50, 200), default=90, help="compute capability to compile for (default 90)")
+    p.add_argument("--python", default=sys.executable,
+                   help="build: the Python the GPU machine runs, a path or a command (default: this one)")
+    p.add_argument("--folder", type=cli.output_folder, default=str(FOLDER),
+                   help=f"where the build goes or comes from (default {FOLDER.name})")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.folder = Path(args.folder)
     if args.command == "build":
         manifest = build(args.arch, args.python, args.folder)
         print(f"built {args.folder}: sm_{args.arch}, CUDA {manifest['cuda'] // 1000}.{manifest['cuda'] % 1000 // 10}, "
