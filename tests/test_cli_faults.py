@@ -49,7 +49,7 @@ PATH_TYPES = (cli.input_file, cli.input_or_stdin, cli.input_folder, cli.data_fol
 # Options that take text, not a path (a test below keeps every other option typed).
 NOT_PATHS = {("ablations", "--rows"), ("plot_attention", "sentence"), ("bleu_tokens", "--note"), ("bleu_minutes", "--label"), ("score", "--lang"),
              ("figures", "names"), ("trained", "--trained-at"), ("trained", "--command"),
-             ("ncu_counts", "--ncu"), ("ncu_counts", "--launch"),
+             ("ncu_counts", "--ncu"), ("ncu_counts", "--launch"), ("prebuilt", "--python"),  # a command, or a path
              ("minitransformer.data.download", "--base-url")}
 KINDS = ("link-to-file", "dangling-link", "fifo", "device", "folder", "file", "read-only", "dash")
 
