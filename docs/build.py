@@ -144,6 +144,15 @@ MATH_THEN_PUNCTUATION = re.compile(rf'(<span class="math inline">{_INLINE_MATH}<
 PRIMED = re.compile(r"<msup>(<mi>[^<]*</mi>)(?:<mrow>)?<mi>&#x02032;</mi>(?:</mrow>)?</msup>")
 
 
+HEADING = re.compile(r'(<h([23]) id="([^"]+)">)(.*?)(</h\2>)', re.S)
+
+
+def permalinks(html: str) -> str:
+    """Each ## and ### heading with a visible link to itself after its text: the address a
+    reader copies to point someone at the section."""
+    return HEADING.sub(r'\1\4<a class="permalink" href="#\3" aria-label="Link to this section">#</a>\5', html)
+
+
 def bind_punctuation(html: str) -> str:
     """Keep each inline formula on one line with the punctuation after it."""
     return MATH_THEN_PUNCTUATION.sub(r'<span class="nowrap">\1\2</span>', html)
@@ -177,13 +186,15 @@ class SourceRef:
     node: ast.AST | None
 
 
+DOCUMENTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # what may have a docstring
 PIECE = re.compile(r'^(?P<ref>\S+)\s+from\s+"(?P<start>[^"]+)"(?:\s+to\s+"(?P<stop>[^"]+)")?\s*$')
 
 
 def resolve(ref: str, where: str) -> SourceRef:
     """``path`` or ``path::Name`` or ``path::Class.method``, checked against the source; with
     ``from "text"`` (and ``to "text"``) after it, a piece of that: from the first of its lines
-    holding the one text to the first line after it holding the other (or to its end)."""
+    holding the one text to the first line after it holding the other (or to its end); the
+    piece that holds the docstring has it as its notes."""
     piece = PIECE.match(ref.strip())
     if piece:
         whole = resolve(piece["ref"], where)
@@ -196,7 +207,11 @@ def resolve(ref: str, where: str) -> SourceRef:
             (n for n in span if n >= first and piece["stop"] in lines[n]), None)
         if last is None:
             raise BuildError(f'{where}: {piece["ref"]} has no line with "{piece["stop"]}" after "{piece["start"]}"')
-        return SourceRef(whole.path, whole.name, first + 1, last + 1, None)  # no docstring of its own
+        # The piece that holds the docstring shows it beside its code, as the whole would.
+        doc = whole.node.body[0] if isinstance(whole.node, DOCUMENTED) and whole.node.body \
+            and ast.get_docstring(whole.node) is not None else None
+        holds_doc = doc is not None and first + 1 <= doc.lineno and doc.end_lineno <= last + 1
+        return SourceRef(whole.path, whole.name, first + 1, last + 1, whole.node if holds_doc else None)
     path, _, name = ref.strip().partition("::")
     full = os.path.join(ROOT, path)
     if not os.path.isfile(full):
@@ -278,6 +293,7 @@ class Site:
         anchors_plugin(self.md, min_level=2, max_level=3)  # every section can be linked to
         for rule in ("fence", "link_open", "image"):  # markdown-it binds a rule to its renderer
             self.md.add_render_rule(rule, lambda renderer, *args, method=getattr(self, rule): method(*args))
+        self.notes.add_render_rule("link_open", lambda renderer, *args: self.link_open(*args))  # a page's notes link too
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(DOCS), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.page: Page | None = None
@@ -334,15 +350,15 @@ class Site:
             return self.ladder(token)
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
-        listings = []  # [(ref, its notes)]: a line ": text" is a note on the listing above it
-        for line in token.content.splitlines():
+        listings = []  # [(ref, its notes, its line)]: a line ": text" is a note on the listing above it
+        for n, line in enumerate(token.content.splitlines()):
             if line.startswith(": ") and listings:
                 listings[-1][1].append(line[2:])
             elif line.startswith(": "):
                 raise BuildError(f"{self.where(token)}: a note (': ...') before any listing")
             elif line.strip():
-                listings.append((resolve(line, self.where(token)), []))
-        return "".join(self.listing(ref, "\n".join(notes)) for ref, notes in listings)
+                listings.append((resolve(line, self.where(token)), [], token.map[0] + 2 + n if token.map else "?"))
+        return "".join(self.listing(ref, "\n".join(notes), at) for ref, notes, at in listings)
 
     def link_open(self, tokens, idx, options, env):
         token = tokens[idx]
@@ -466,21 +482,24 @@ class Site:
             lexer = get_lexer_by_name("text")
         return highlight(text, lexer, self.formatter)
 
-    def listing(self, ref: SourceRef, notes_md: str = "") -> str:
+    def listing(self, ref: SourceRef, notes_md: str = "", line: int | str = "?") -> str:
         """A piece of the source: its docstring, then the page's own notes on it (``notes_md``,
-        Markdown), on the left; its code on the right."""
+        Markdown, from the page's ``line``), on the left; its code on the right."""
         self.sources.add(ref.path)
         lines = open(os.path.join(ROOT, ref.path), encoding="utf-8").read().splitlines()
         body = lines[ref.first - 1:ref.last]
         notes = ""
-        doc = ast.get_docstring(ref.node) if ref.node is not None and not isinstance(
-            ref.node, (ast.Assign, ast.AnnAssign)) else None
+        doc = ast.get_docstring(ref.node) if isinstance(ref.node, DOCUMENTED) else None
         if doc and ref.node.body and isinstance(ref.node.body[0], ast.Expr):
             d = ref.node.body[0]  # cut the docstring out of the code: it is shown beside it
             body = lines[ref.first - 1:d.lineno - 1] + lines[d.end_lineno:ref.last]
             notes = bind_punctuation(self.notes.render(rst_literals(doc)))
-        if notes_md:
-            notes += bind_punctuation(self.notes.render(notes_md))
+        if notes_md:  # a link in them that names nothing is told at the listing's line of the page
+            tokens = self.notes.parse(notes_md)
+            for token in tokens:
+                for child in token.children or []:
+                    child.meta["line"] = line
+            notes += bind_punctuation(self.notes.renderer.render(tokens, self.notes.options, {}))
         code = highlight("\n".join(body) + "\n", get_lexer_for_filename(ref.path), self.listing_formatter)
         label = f"{ref.path}" + (f" · {ref.name}" if ref.name else "")
         return (f'<div class="listing"><div class="notes"><a class="where" href="{self.root}{src_href(ref)}">'
@@ -499,7 +518,7 @@ class Site:
         for token in tokens:  # inline tokens (links, pictures) know no line: give them their block's
             for child in token.children or []:
                 child.meta.setdefault("line", token.map[0] + 1 if token.map else "?")
-        body = bind_punctuation(self.md.renderer.render(tokens, self.md.options, {}))
+        body = permalinks(bind_punctuation(self.md.renderer.render(tokens, self.md.options, {})))
         heading = lambda inline: self.md.renderer.renderInline(inline.children or [], self.md.options, {})
         body = body.replace("</h1>", "</h1>\n" + contents(tokens, heading), 1)
         i = group.index(page)  # the previous and next pages of its own group

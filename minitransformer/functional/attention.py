@@ -42,13 +42,14 @@ from .softmax import softmax_array
 class KeyMask:
     """Which keys of a batch are real tokens, from (B, S) booleans (an array or a Tensor):
     True where a key may be attended, False at padding. ``model.src_key_mask(src)`` builds it.
+    It holds the mask in the forms its users take:
 
-        mask        (B, S), as given
-        attn_mask   (B, 1, 1, S), broadcasting over heads and queries (the composite op)
-        lengths     (B,) int32 real keys per row, for the fused kernel, which takes padding as
-                    lengths; None if some row's padding is not a suffix. Computed on first use,
-                    by the kernel's dispatch only, since the suffix check costs a device-to-host
-                    sync: once per batch this way, instead of once per attention layer.
+    - ``mask``, (B, S), as given;
+    - ``attn_mask``, (B, 1, 1, S), broadcasting over heads and queries, for the composite op;
+    - ``lengths``, (B,) int32, the real keys of each row, for the fused kernel, which takes
+      padding as lengths; None if some row's padding is not a suffix. Computed on first use,
+      by the kernel's dispatch only, since the suffix check costs a device-to-host sync: once
+      per batch this way, instead of once per attention layer.
     """
 
     def __init__(self, mask) -> None:

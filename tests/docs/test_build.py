@@ -103,14 +103,16 @@ def test_the_manuals_markdown_links_become_the_sites_own(tmp_path):
 
 
 def test_every_heading_can_be_linked_to_and_a_long_page_lists_its_sections(site):
-    """Every ## and ### heading has an id; a page of build.CONTENTS_FROM sections or more opens
-    with their list, each entry a link to its section on the page."""
+    """Every ## and ### heading has an id and a visible link to it; a page of build.CONTENTS_FROM
+    sections or more opens with their list, each entry a link to its section on the page."""
     out, _ = site
     listed = 0
     for page in build.SITE:
         text = (out / page.html).read_text()
-        headings = re.findall(r"<h([23])( id=\"[^\"]+\")?>", text)
-        assert headings and all(ident for _, ident in headings), f"{page.name}: a heading without an id"
+        headings = re.findall(r"<h([23])( id=\"[^\"]+\")?>(.*?)</h\1>", text, re.S)
+        assert headings and all(ident for _, ident, _ in headings), f"{page.name}: a heading without an id"
+        for _, ident, inner in headings:  # and a visible link to itself, to copy
+            assert f'href="#{ident[5:-1]}"' in inner and re.sub(r"<[^>]+>", "", inner).strip(), (page.name, inner)
         sections = re.findall(r'<h2 id="([^"]+)">', text)
         links = re.findall(r'<nav class="contents".*?</nav>', text, re.S)
         if len(sections) >= build.CONTENTS_FROM:
@@ -139,13 +141,37 @@ def test_an_inline_formula_keeps_the_punctuation_after_it_on_its_line(site):
         (out / "positional-encoding.html").read_text()
 
 
-def test_docstrings_render_as_markdown_with_their_literals_as_code(site):
-    """Notes are Markdown: a docstring's ``literals`` are code, its indented blocks kept."""
+def test_docstrings_render_as_markdown_with_their_literals_as_code(site, tmp_path):
+    """Notes are Markdown: a docstring's ``literals`` are code, its lists lists, its indented
+    blocks kept as written."""
     out, _ = site
     text = (out / "attention.html").read_text()
     notes = re.search(r'KeyMask, line \d+</a>(.*?)</div>', text, re.S).group(1)
     assert "``" not in notes and "<code>model.src_key_mask(src)</code>" in notes
-    assert "<pre>" in notes  # the docstring's indented table, kept as written
+    assert notes.count("<li>") == 3  # the forms it holds
+    rendered = build.Site(str(tmp_path), str(tmp_path)).notes.render("Shapes:\n\n    q   (B, h, T, d_k)\n")
+    assert "<pre><code>q   (B, h, T, d_k)" in rendered
+
+
+# A listing of more lines than this is cut into pieces, a note beside each (labml's annotated
+# implementations set a note beside each section of a file, not one beside the whole).
+LONGEST_LISTING = 40
+
+
+def test_every_listing_has_its_note_and_a_long_one_is_cut_into_pieces(site):
+    """Each listing's notes column says something beside its path (its docstring, or the page's
+    notes on it), and none runs past LONGEST_LISTING lines of code."""
+    out, _ = site
+    listings = unnoted = 0
+    for page in build.SITE:
+        text = (out / page.html).read_text()
+        for notes, code in re.findall(r'<div class="notes">(.*?)</div><div class="code">(.*?)</div>\n', text, re.S):
+            listings += 1
+            where = re.sub(r"<[^>]+>", "", re.search(r'class="where"[^>]*>(.*?)</a>', notes, re.S).group(1))
+            said = re.sub(r"<[^>]+>", " ", re.sub(r'<a class="where".*?</a>', "", notes, flags=re.S)).split()
+            assert len(said) >= 5, f"{page.name}: {where} has no note"
+            assert code.count('class="line"') <= LONGEST_LISTING, f"{page.name}: {where} is one listing"
+    assert listings > 90
 
 
 # A formula written in ASCII: what a note (a docstring shown beside its code) may not contain
@@ -224,11 +250,28 @@ def test_a_piece_of_a_function_is_its_lines_from_one_text_to_the_next(tmp_path):
 
 def test_a_pages_notes_on_a_listing_are_set_beside_it_with_their_math(tmp_path):
     site = build.Site(str(tmp_path / "out"), str(tmp_path))
+    site.file = os.path.join(ROOT, "p.md")  # the page being built, which a note's broken link names
     listing = site.listing(build.resolve("minitransformer/nn/layers.py::Linear", "p.md:1"),
-                           "**The map.** It computes $xW + b$.")
+                           "**The map.** It computes $xW + b$, [tested](src:tests/nn/test_transformer.py).")
     notes = re.search(r'<div class="notes">(.*?)</div><div class="code">', listing, re.S).group(1)
     assert notes.index("Xavier-uniform") < notes.index("<strong>The map.</strong>")  # docstring first
     assert notes.count("<math") == 3  # the docstring's $y = xW + b$ and $W$, and the note's
+    assert 'href="src/tests/nn/test_transformer.py.html#L-1"' in notes  # into the source, as the page's links
+    with pytest.raises(build.BuildError, match=r"p\.md:7: no file tests/gone\.py"):
+        site.listing(build.resolve("minitransformer/nn/layers.py::Linear", "p.md:1"), "[it](src:tests/gone.py)", 7)
+
+
+def test_the_piece_that_holds_a_docstring_has_it_as_its_notes():
+    """A function cut into pieces shows its docstring beside the piece whose lines hold it, as
+    the whole function would, and beside no other."""
+    name = "minitransformer/kernels/reference/attention.py::attention_forward"
+    first = build.resolve(f'{name} from "def attention_forward" to "lse = np.full("', "p.md:1")
+    later = build.resolve(f'{name} from "for q0 in range"', "p.md:1")
+    site = build.Site("/nonexistent", "/nonexistent")
+    notes = [re.search(r'<div class="notes">(.*?)</div><div class="code">', site.listing(ref), re.S).group(1)
+             for ref in (first, later)]
+    assert "Tiled attention with online softmax" in notes[0] and "Tiled attention" not in notes[1]
+    assert "Tiled attention with online softmax" not in site.listing(first).split('<div class="code">')[1]
 
 
 def test_a_name_that_no_longer_exists_fails_the_build(tour, tmp_path):
@@ -339,6 +382,14 @@ function next() {
                                      return n.right <= c.left && Math.abs(n.top - c.top) < 2; }).length,
       lines: lines.length,
       wrapped: lines.filter(e => e.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(e).lineHeight)).length,
+      formulas: doc.querySelectorAll("math").length,
+      // A formula wider than its column (a listing's notes, else the page) runs under the code
+      // beside it or off the page: its box must lie inside the column's content box.
+      cut: [...doc.querySelectorAll("math")].filter(m => {
+        const column = m.closest(".notes, main"), c = column.getBoundingClientRect(), r = m.getBoundingClientRect(),
+              style = getComputedStyle(column);
+        return r.right > c.right - parseFloat(style.paddingRight) + 0.5 || r.left < c.left + parseFloat(style.paddingLeft) - 0.5;
+      }).map(m => m.textContent.slice(0, 60)),
     };
     frame.remove(); i += 1; next();
   };
@@ -367,9 +418,12 @@ def _listings_at(site, chromium, width: int) -> dict:
 def test_notes_sit_beside_their_code_from_1100_pixels(site, chromium):
     """At 1280 pixels (most laptops) every listing has its notes beside its code and the code's
     lines (to 120 columns) fit whole; at 1100 the notes are still beside, and a line too long
-    for the column wraps under itself (at most 1 in 12) instead of scrolling."""
+    for the column wraps under itself (at most 1 in 12) instead of scrolling. At both, every
+    formula of every page fits its column."""
     for width, wrapped in ((1280, 0), (1100, 1 / 12)):
         found = _listings_at(site, chromium, width)
+        assert sum(p["formulas"] for p in found.values()) > 500, "the probe found almost no formulas"
+        assert {name: p["cut"] for name, p in found.items() if p["cut"]} == {}, width
         assert {name: p["overflowing"] for name, p in found.items() if p["overflowing"]} == {}, width
         assert {name: p["listings"] - p["beside"] for name, p in found.items() if p["beside"] != p["listings"]} == {}, width
         lines = sum(p["lines"] for p in found.values())
