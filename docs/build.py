@@ -91,7 +91,7 @@ class Page:
         return f"{self.group}/{self.name}.html" if self.group else f"{self.name}.html"
 
 
-# The paper's order (sections 3, 5 and 6), then the engine under it.
+# The paper's order (sections 3 to 6), then the engine under it.
 PAGES = [
     Page("index", "Read it", ""),
     Page("stacks", "The encoder and decoder stacks", "3.1"),
@@ -101,6 +101,7 @@ PAGES = [
     Page("feed-forward", "The position-wise feed-forward network", "3.3"),
     Page("embeddings", "Embeddings and the shared softmax weights", "3.4"),
     Page("positional-encoding", "Positional encoding", "3.5"),
+    Page("why-self-attention", "Why self-attention: Table 1, measured", "4"),
     Page("batching", "Batches of similar length", "5.1"),
     Page("optimizer", "Adam and the learning rate of equation (3)", "5.3"),
     Page("regularization", "Dropout and label smoothing", "5.4"),
@@ -348,6 +349,8 @@ class Site:
             return self.trained_model(token, (token.info.split() + [""])[1])
         if token.info.strip() == "ladder":
             return self.ladder(token)
+        if token.info.strip() == "self-attention-costs":
+            return self.self_attention_costs(token)
         if token.info.strip() != "source":  # ```python, or ```python exercise (tests/docs runs those)
             return self.code(token.content, (token.info.split() or ["text"])[0])
         listings = []  # [(ref, its notes, its line)]: a line ": text" is a note on the listing above it
@@ -473,6 +476,36 @@ class Site:
                 f'requests fetch, before any cache, beside the fewest their bytes could take; shared-memory '
                 f'requests and their wavefronts, one more than the fewest for each bank conflict; the time '
                 f'column {gpu}.</p></div>\n')
+
+    def self_attention_costs(self, token) -> str:
+        """```self-attention-costs: section 4's measurements against the length n, a row each,
+        from docs/why-self-attention.json (docs/why_self_attention.py), with the commands,
+        commits and machine that made them."""
+        import why_self_attention  # docs/, beside this file
+
+        try:
+            data = why_self_attention.load()
+        except (OSError, ValueError, KeyError) as e:
+            raise BuildError(f"{self.where(token)}: {e} ({why_self_attention.COMMAND})") from None
+        counts, times = data["counts"], data["times"]
+        counted = {r["n"]: (r, b) for r, b in zip(counts["rows"]["float32"], counts["rows"]["bfloat16"])}
+
+        def row(n, t):
+            cells = ("<td>–</td>" * 3 if n not in counted else  # past the lengths counted
+                     f'<td>{counted[n][0]["global_bytes"] / 1024:,.1f}</td><td>{counted[n][1]["global_bytes"] / 1024:,.1f}'
+                     f'</td><td>{counted[n][1]["mma_flops"] / 1e6:,.2f}</td>')
+            return f'<tr><td>{n:,}</td>{cells}<td>{t["forward_ms"]:,.3f}</td></tr>'
+
+        body = "".join(row(n, t) for n, t in zip(data["lengths"], times["rows"]))
+        e = html.escape
+        return (f'<div class="ladder by-length"><table><tr><th>n</th><th>float32 kernel, KiB</th>'
+                f'<th>tensor cores, KiB</th><th>tensor cores, MFLOP</th><th>NumPy path, ms</th></tr>{body}</table>'
+                f'<p class="caption">One forward of one head, d = {data["d"]}, non-causal. Counted to '
+                f'n = {data["counted"][-1]:,} on the emulated device by <code>{e(counts["command"])}</code> '
+                f'(commit {e(counts["commit"])}, {e(counts["date"])}): the fused kernel\'s global memory, in the '
+                f'32-byte sectors its requests fetch, and the tensor cores\' mma instructions at 4,096 FLOPs each. '
+                f'Timed by <code>{e(times["command"])}</code> on {e(times["machine"])} (commit {e(times["commit"])}, {e(times["date"])}): the least CPU time of '
+                f'{times["repeats"]} forwards of <code>F.scaled_dot_product_attention</code>, one BLAS thread.</p></div>\n')
 
     def code(self, text: str, language: str) -> str:
         from pygments.lexers import get_lexer_by_name

@@ -46,6 +46,7 @@ from minitransformer.distributed.comm import LocalCommunicator  # noqa: E402
 from minitransformer.distributed.world import World  # noqa: E402
 
 import build  # noqa: E402 - docs/, beside this file: the ladder the table and the figure both read
+import why_self_attention as section_4  # noqa: E402 - docs/: the measurements of section 4's page
 
 WIDTH = 8.0  # inches: 800 px at 100 dpi, as the tour's pictures
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 10, "figure.titlesize": 12,
@@ -566,6 +567,146 @@ def fused_attention(out: str) -> dict:
             "tiled_over_fused_wavefronts": by["tiled"]["wavefronts"] / by["fused"]["wavefronts"]}
 
 
+# --------------------------------------------------------------------------- section 4
+
+
+def path_lengths(layers, n: int, sources) -> np.ndarray:
+    r"""How many layers information needs to go from each position of ``sources`` (the columns)
+    to each of the $n$ positions ($\infty$: never), when layer $l$ lets position $i$ read
+    position $j$ where ``layers(l)[i, j]``: a breadth-first walk over the masks themselves, a
+    layer a step. Where a layer's mask is the last one's (the same array), only the positions
+    reached at the last step can reach new ones."""
+    hops = np.full((n, len(sources)), np.inf)
+    for c, source in enumerate(sources):
+        hops[source, c] = 0
+        reached, new, previous = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), None
+        reached[source] = new[source] = True
+        for step in range(1, n):
+            mask = layers(step - 1)
+            spread = new if mask is previous else reached
+            new = mask[:, spread].any(axis=1) & ~reached
+            if reached.all() or not new.any() and mask is previous:
+                break
+            hops[new, c] = step
+            reached |= new
+            previous = mask
+    return hops
+
+
+def _band(n: int, offsets) -> np.ndarray:
+    r"""(n, n) mask: position $i$ reads $i + o$ for each offset $o$ (a convolution's taps)."""
+    i = np.arange(n)
+    return np.isin(i[None, :] - i[:, None], np.asarray(offsets))
+
+
+def layer_masks(n: int, r: int = 8, k: int = 3) -> dict:
+    r"""Each layer type of Table 1 as the mask of what a position reads in one layer, for $n$
+    positions: self-attention (the encoder's ``KeyMask`` with no padding, and the decoder's
+    causal mask: the model's own), self-attention restricted to a neighbourhood of $r$, a
+    convolution of width $k$ over the past, dilated $k^l$ at layer $l$ (Table 1's
+    $\log_k(n)$), and a recurrent layer, which reads the previous position's state and its own
+    input."""
+    from minitransformer.functional.attention import causal_mask
+
+    keys = F.KeyMask(np.ones((1, n), dtype=bool)).attn_mask[0, 0]  # (1, n): no padding
+    full, causal = np.broadcast_to(keys, (n, n)), causal_mask(np, n, n)
+    window, chain = _band(n, range(-(r // 2), r // 2 + 1)), _band(n, [-1, 0])
+    # layer l of the dilated stack reads i, i - k^l, ..., i - (k - 1) k^l; from k^l >= n
+    # on, only i itself: the last of these serves every deeper layer
+    depth = math.ceil(math.log(n, k))
+    dilated = [_band(n, [-o * k**l for o in range(k)]) for l in range(depth + 1)]
+    return {"self-attention": lambda l: full,
+            "self-attention, causal": lambda l: causal,
+            f"restricted, r = {r}": lambda l: window,
+            f"convolution, k = {k}, dilated": lambda l: dilated[min(l, len(dilated) - 1)],
+            "recurrent": lambda l: chain}
+
+
+def why_self_attention(out: str) -> dict:
+    """Table 1 of section 4 measured: above, how many layers separate two positions, from the
+    masks of each layer type (the model's own masks for self-attention); below, the maximum of
+    that against the length n, and this project's attention measured against n
+    (docs/why-self-attention.json: the fused kernel's global bytes and mma FLOPs counted on the
+    emulated device, and the CPU time of the NumPy path). Returns the numbers the page quotes."""
+    from matplotlib.colors import PowerNorm
+
+    data = section_4.load()
+    lengths, small = data["lengths"], 16
+    kinds = list(layer_masks(small))
+    keys = dict(zip(kinds, ["self_attention", "causal", "restricted", "convolution", "recurrent"]))
+    titles = dict(zip(kinds, ["self-attention", "causal self-attention", "restricted, r = 8",
+                              "dilated conv., k = 3", "recurrent"]))
+    colors = dict(zip(kinds, ["#2f5f9f", "#6a4c93", "#3c8f5a", "#8e6c1f", "#c0392b"]))
+    fig = plt.figure(figsize=(WIDTH, 6.4))
+    rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.3])
+    top, bottom = rows[0].subgridspec(1, len(kinds)), rows[1].subgridspec(1, 3)
+    longest, maps = {}, []
+    norm = PowerNorm(0.4, vmin=0, vmax=small - 1)  # one layer stands apart from none and from many
+    for c, kind in enumerate(kinds):
+        hops = path_lengths(layer_masks(small)[kind], small, np.arange(small))  # (to, from)
+        ax = fig.add_subplot(top[c], sharey=maps[0] if maps else None)
+        maps.append(ax)
+        image = ax.imshow(np.ma.masked_invalid(hops), cmap="viridis_r", norm=norm)  # masked, white: never
+        longest[kind] = int(hops[np.isfinite(hops)].max())
+        ax.set_title(f"{titles[kind]}\nlongest: {longest[kind]}", fontsize=8, color=colors[kind])
+        ax.set_xticks([0, small - 1])
+        ax.set_yticks([0, small - 1])
+        ax.tick_params(labelsize=7, labelleft=c == 0)
+        ax.set_xlabel("from j", fontsize=8)
+    maps[0].set_ylabel("to position i", fontsize=8)
+    fig.colorbar(image, ax=maps, label="layers", ticks=[0, 1, 2, 4, 8, 15], shrink=0.85)
+    paths, counted_ax, timed = (fig.add_subplot(bottom[c]) for c in range(3))
+    worst = {kind: [] for kind in kinds}  # from either end: the longest path of these masks
+    for n in lengths:
+        for kind, layers in layer_masks(n).items():
+            hops = path_lengths(layers, n, [0, n - 1])
+            worst[kind].append(int(hops[np.isfinite(hops)].max()))
+    for kind in kinds:
+        if kind != kinds[1]:  # the causal mask's paths are the full one's: one line for both
+            paths.plot(lengths, worst[kind], "-o", ms=3, color=colors[kind])
+            paths.text(lengths[-1] * 1.2, worst[kind][-1], str(worst[kind][-1]), fontsize=7, va="center",
+                       color=colors[kind])
+    paths.set_yscale("log", base=2)
+    paths.set_ylabel("layers")
+    paths.set_title("maximum path length\n(colours as above)", fontsize=9)
+    counts, times = data["counts"]["rows"], data["times"]["rows"]
+    counted = np.asarray(data["counted"], dtype=float)
+    for values, color, style, label in [
+            ([r["global_bytes"] / 2**10 for r in counts["float32"]], "#2f5f9f", "-o", "global KiB, float32"),
+            ([r["global_bytes"] / 2**10 for r in counts["bfloat16"]], "#7aa6d8", "-o", "global KiB, tensor cores"),
+            ([r["mma_flops"] / 1e6 for r in counts["bfloat16"]], "#3c8f5a", "-s", "MFLOP in mma")]:
+        counted_ax.plot(counted, values, style, ms=3, color=color, label=label)
+    flops = counts["bfloat16"][-1]["mma_flops"] / 1e6
+    counted_ax.plot(counted, flops * (counted / counted[-1]) ** 2, ":", color=MUTED, label="∝ n²")
+    counted_ax.set_ylabel("KiB or MFLOP")
+    counted_ax.set_title("fused kernel, counted\n(emulated device)", fontsize=9)
+    counted_ax.legend(fontsize=6.5, loc="upper left")
+    n = np.asarray(lengths, dtype=float)
+    ms = [r["forward_ms"] for r in times]
+    timed.plot(n, ms, "-^", ms=3, color="#c0392b", label="forward")
+    timed.plot(n, ms[-1] * (n / n[-1]) ** 2, ":", color=MUTED, label="∝ n²")
+    timed.set_ylabel("ms of CPU")
+    timed.set_title("NumPy path, timed\n(one BLAS thread)", fontsize=9)
+    timed.legend(fontsize=6.5, loc="upper left")
+    for ax, xs in ((paths, lengths), (counted_ax, data["counted"]), (timed, lengths)):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs], fontsize=6.5)
+        ax.minorticks_off()
+        ax.set_xlabel("length n")
+        if ax is not paths:
+            ax.set_yscale("log")
+    fig.suptitle(f"Section 4, Table 1: how far apart two positions are, and what one head of attention "
+                 f"(d = {data['d']}) costs, against n", fontsize=10)
+    save(fig, out, "why-self-attention.png")
+    ratio = lambda rows, key: rows[-1][key] / rows[-2][key]  # noqa: E731 - the last doubling of n
+    return {"longest_at_16": {keys[k]: v for k, v in longest.items()},
+            "longest_at_1024": {keys[k]: v[-1] for k, v in worst.items()},
+            "counted_to": data["counted"][-1], "counted_from": data["counted"][-2],
+            "flops_last_doubling": ratio(counts["bfloat16"], "mma_flops"),
+            "bytes_last_doubling": ratio(counts["float32"], "global_bytes"),
+            "time_1024_over_512": ratio(times, "forward_ms")}
+
+
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=cli.output_folder, required=True, help="folder for the pictures")
@@ -600,9 +741,10 @@ def main(argv=None) -> int:
 
 FIGURES = {"stacks": stacks, "multi-head": multi_head, "uses-of-attention": uses_of_attention,
            "feed-forward": feed_forward, "embeddings": embeddings, "batching": batching, "autograd": autograd,
-           "mixed-precision": mixed_precision, "data-parallel": data_parallel, "fused-attention": fused_attention}
+           "mixed-precision": mixed_precision, "data-parallel": data_parallel, "fused-attention": fused_attention,
+           "why-self-attention": why_self_attention}
 # The data a figure reads besides the package: the build draws it again when they change.
-READS = {"fused-attention": (build.LADDER,)}
+READS = {"fused-attention": (build.LADDER,), "why-self-attention": (section_4.DATA,)}
 
 if __name__ == "__main__":
     sys.exit(cli.run(main))

@@ -28,7 +28,7 @@ for folder in FOLDERS:
 PROGRAMS = ["train_wmt", "translate", "export_ctranslate2", "tune_decoding", "ablations", "copy_task",
             "tour", "plot_attention", "train_step", "translate_speed", "attn", "allreduce", "bpe_dropout", "mutants", "wmt_scale",
             "bleu_tokens", "bleu_minutes", "recipe", "subwords", "reproduction", "ncu_counts", "score", "build", "figures",
-            "trained", "render", "prebuilt", "minitransformer.data.download"]
+            "trained", "render", "prebuilt", "why_self_attention", "minitransformer.data.download"]
 
 
 def test_every_program_has_a_parser_to_read():
@@ -131,7 +131,7 @@ def test_every_numeric_option_is_checked_when_parsed(program):
             assert accepts(action.type, wrap(str(value))) == in_range(kind, value), \
                 f"{program} {action.option_strings} at {value}"
     assert numeric or program in ("plot_attention", "build", "figures", "render", "bleu_tokens", "recipe", "reproduction",
-                                  "score", "ncu_counts")  # none takes a number
+                                  "score", "ncu_counts", "why_self_attention")  # none takes a number
 
 
 @pytest.mark.parametrize("program, argv", [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import math
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import urllib.parse
 
+import numpy as np
 import pytest
 
 from minitransformer import settings
@@ -27,8 +29,8 @@ import build  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the reading built whole, and rendered in a browser
 
-# The paper's sections the reading walks through (issue 27): each must have its page.
-SECTIONS = ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "6.1", "6.2"]
+# The paper's sections the reading walks through (issue 27; section 4, issue 77): each must have its page.
+SECTIONS = ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "4", "5.1", "5.3", "5.4", "6.1", "6.2"]
 MAIN_PAGES = ["index", "attention", "positional-encoding", "optimizer", "online-softmax", "fused-attention"]
 
 
@@ -313,6 +315,46 @@ def test_the_ladders_table_is_attn_pys_counts_and_without_them_the_build_fails(s
     pictures, _ = tour
     with pytest.raises(build.BuildError, match=r"index\.md:5: no .*none\.json \(python benchmarks/attn\.py"):
         build.build(str(tmp_path / "out"), str(pictures), str(pages))
+
+
+def test_section_4s_table_is_the_kept_measurements_and_without_them_the_build_fails(site, tour, tmp_path,
+                                                                                    monkeypatch):
+    import why_self_attention
+
+    out, _ = site
+    page = (out / "why-self-attention.html").read_text()
+    data = why_self_attention.load()
+    counted = dict(zip(data["counted"], zip(data["counts"]["rows"]["float32"], data["counts"]["rows"]["bfloat16"])))
+    assert set(counted) < set(data["lengths"])
+    for n, t in zip(data["lengths"], data["times"]["rows"]):  # each length's row, as measured
+        f32, bf16 = counted.get(n, (None, None))
+        cells = "<td>–</td>" * 3 if f32 is None else (
+            f'<td>{f32["global_bytes"] / 1024:,.1f}</td><td>{bf16["global_bytes"] / 1024:,.1f}</td>'
+            f'<td>{bf16["mma_flops"] / 1e6:,.2f}</td>')
+        assert f'<tr><td>{n:,}</td>{cells}<td>{t["forward_ms"]:,.3f}</td></tr>' in page, n
+    monkeypatch.setattr(why_self_attention, "DATA", str(tmp_path / "none.json"))
+    pages = tmp_path / "pages"
+    shutil.copytree(os.path.join(ROOT, "docs", "pages"), pages)
+    (pages / "index.md").write_text("# A\n\n```self-attention-costs\n```\n")
+    pictures, _ = tour
+    with pytest.raises(build.BuildError, match=r"index\.md:3: .*none\.json.*python docs/why_self_attention\.py"):
+        build.build(str(tmp_path / "out"), str(pictures), str(pages))
+
+
+def test_table_1s_path_lengths_come_out_of_the_masks():
+    """Walked over each layer type's mask (the model's own for self-attention), the longest path
+    between two positions is Table 1's: 1 for self-attention, n/r restricted to a window of r,
+    log_k(n) for a dilated convolution, n for a recurrent layer; the causal layers never reach
+    back."""
+    import figures
+
+    for n in (16, 64):
+        masks = figures.layer_masks(n, r=8, k=3)
+        hops = {kind: figures.path_lengths(layers, n, np.arange(n)) for kind, layers in masks.items()}
+        longest = [int(h[np.isfinite(h)].max()) for h in hops.values()]
+        assert longest == [1, 1, math.ceil((n - 1) / 4), math.ceil(math.log(n, 3)), n - 1], (n, longest)
+        reach_back = [bool(np.isfinite(h[0, n - 1])) for h in hops.values()]  # from the last position to the first
+        assert reach_back == [True, False, True, False, False], (n, reach_back)
 
 
 # --------------------------------------------------------------------------- in a real browser
