@@ -654,7 +654,7 @@ def why_self_attention(out: str) -> dict:
         ax.tick_params(labelsize=7, labelleft=c == 0)
         ax.set_xlabel("from j", fontsize=8)
     maps[0].set_ylabel("to position i", fontsize=8)
-    fig.colorbar(image, ax=maps, label="layers", ticks=[0, 1, 2, 4, 8, 15], shrink=0.85)
+    fig.colorbar(image, ax=maps, label="layers (white: never)", ticks=[0, 1, 2, 4, 8, 15], shrink=0.85)
     paths, counted_ax, timed = (fig.add_subplot(bottom[c]) for c in range(3))
     worst = {kind: [] for kind in kinds}  # from either end: the longest path of these masks
     for n in lengths:
@@ -680,7 +680,9 @@ def why_self_attention(out: str) -> dict:
     counted_ax.plot(counted, flops * (counted / counted[-1]) ** 2, ":", color=MUTED, label="∝ n²")
     counted_ax.set_ylabel("KiB or MFLOP")
     counted_ax.set_title("fused kernel, counted\n(emulated device)", fontsize=9)
-    counted_ax.legend(fontsize=6.5, loc="upper left")
+    highest = max(r["global_bytes"] / 2**10 for r in counts["float32"])
+    counted_ax.set_ylim(flops * (counted[0] / counted[-1]) ** 2 / 10, highest * 2)  # the legend below the lines
+    counted_ax.legend(fontsize=6.5, loc="lower right")
     n = np.asarray(lengths, dtype=float)
     ms = [r["forward_ms"] for r in times]
     timed.plot(n, ms, "-^", ms=3, color="#c0392b", label="forward")
