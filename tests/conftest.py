@@ -70,7 +70,7 @@ def pytest_report_header(config):
 
 # pytest -n (pytest-xdist, as pyproject.toml's addopts run it) sends each worker a scope at a
 # time, a module with --dist loadscope, so that a module's fixtures are made once. The
-# sanitizer module takes a third of the suite's time: its scopes are its three checks instead
+# sanitizer module is the slow tier's longest: its scopes are its three checks instead
 # (each check's builds are its own), and they are collected first, so that the longest work
 # starts first and ends before the rest.
 SANITIZERS = "tests/kernels/test_sanitizers.py"

@@ -12,7 +12,7 @@
 // index order (block_order; a GPU promises none). The threads of a block are fibers on the
 // launching OS thread, each on a stack of its own, one running until it waits at a barrier or
 // a warp collective that the others have not reached (Scheduler); under ThreadSanitizer each
-// is an OS thread of its own instead, so that TSan sees them run concurrently.
+// is also a TSan fiber, new for every block, so that TSan sees them as threads of their own.
 //   __syncthreads        an OrderedBarrier over the block's threads: whatever any of them did
 //                        before it happens before whatever any does after it; threads that
 //                        all wait at barriers none of them can pass (one that some never
@@ -62,7 +62,7 @@
 //                        slots are hidden from it (Unobserved), the order a barrier does
 //                        create is told to it by a release and an acquire (publish,
 //                        subscribe), and each block's threads are fibers that know nothing of
-//                        the blocks before them, with shared memory of their own (FiberJob).
+//                        the blocks before them, with shared memory of their own (Scheduler).
 // Without a sanitizer, the shuffled order shows a block reading what another block writes in
 // the same launch: the read finds the caller's poison, or the previous launch's values.
 // What they cannot see: races between blocks more than kMaxFibers threads apart in a launch's
@@ -70,9 +70,9 @@
 // a tile into the next within one array, from one row of a global tensor into the next, or
 // farther past a carved array than its own length); races and reads of unwritten memory on
 // paths that the shapes run do not reach; a read of poison that the kernel then drops (a branch
-// not taken, a multiplication by zero). Outside TSan a block's fibers take turns in one fixed
-// order (thread index, round and round), so a race between warps that this order happens to
-// run the right way round shows only under TSan. Streams, events and NCCL are the emulated
+// not taken, a multiplication by zero). A block's fibers take turns in one fixed order (thread
+// index, round and round), so a race between warps that this order happens to run the right
+// way round shows only under TSan, which judges by the order barriers make, not by the turns. Streams, events and NCCL are the emulated
 // CuPy's (minitransformer/emulated/cupy.py), not this file's.
 #pragma once
 
@@ -92,7 +92,6 @@
 #include <array>
 #include <atomic>
 #include <algorithm>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -109,7 +108,6 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
-#include <ucontext.h>
 #include <utility>
 #include <vector>
 
@@ -132,6 +130,7 @@ void* __tsan_get_current_fiber();
 void* __tsan_create_fiber(unsigned flags);
 void __tsan_destroy_fiber(void* fiber);
 void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_func_exit();
 }
 #endif
 
@@ -177,6 +176,17 @@ inline void publish(void*) {}
 inline void subscribe(void*) {}
 #endif
 
+// The scheduler's and the barriers' own state, which every fiber of a block touches: hidden
+// from TSan, whose view must hold the kernel's accesses alone; the count variant counts no
+// access to it anyway (it is no device memory), so it stays as it is there.
+#ifdef __SANITIZE_THREAD__
+using SchedulerState = Unobserved;
+#else
+struct SchedulerState {
+    SchedulerState() {}
+};
+#endif
+
 // The count variant closes a warp's requests where its lanes meet (Counting, below): the first
 // thread out of a meeting closes those of the meeting's warp (-1: of every warp).
 #ifdef MT_EMU_COUNT
@@ -194,44 +204,10 @@ inline void count_meeting(unsigned& closed, unsigned phase, int warp) {
 
 // ---------------------------------------------------------------------------- barriers
 
-#ifdef __SANITIZE_THREAD__
-// Under TSan, every CUDA thread is an OS thread (running a TSan fiber; see Launcher), and a
-// barrier is a std::barrier, counting its phases, and Unobserved: meeting here orders no memory in TSan's
-// eyes. (Observed, it would order far too much: it waits on a process-wide pool of atomics,
-// through which TSan sees order between unrelated threads, and misses their races.)
-class Barrier {
-  public:
-    explicit Barrier(int threads) : barrier_(threads, Advance{&phase_}) {}
-
-    // The phase that the caller's next arrival belongs to (it cannot end before then).
-    unsigned phase() const {
-        Unobserved hidden;
-        return phase_;
-    }
-
-    void arrive_and_wait() {
-        Unobserved hidden;
-        barrier_.arrive_and_wait();
-    }
-
-    // An exited thread: it arrives at the current phase and is not waited for again.
-    void arrive_and_drop() {
-        Unobserved hidden;
-        barrier_.arrive_and_drop();
-    }
-
-  private:
-    struct Advance {
-        unsigned* phase;
-        void operator()() noexcept { ++*phase; }
-    };
-    unsigned phase_ = 0;
-    std::barrier<Advance> barrier_;
-};
-#else
-// Otherwise every CUDA thread of a block is a fiber on the launching OS thread (Scheduler
-// below), and a barrier is a count: a thread that arrives before the others yields to the next
-// fiber until the last one arrives.
+// Every CUDA thread of a block is a fiber on the launching OS thread (Scheduler below), and a
+// barrier is a count: a thread that arrives before the others yields to the next fiber until
+// the last one arrives. Under TSan the count is Unobserved: meeting here orders no memory in
+// TSan's eyes (OrderedBarrier below tells it the order a barrier makes).
 inline void yield_to_other_threads();
 inline void note_progress();
 
@@ -240,9 +216,13 @@ class Barrier {
     explicit Barrier(int threads) : expected_(threads) {}
 
     // The phase that the caller's next arrival belongs to (it cannot end before then).
-    unsigned phase() const { return phase_; }
+    unsigned phase() const {
+        const SchedulerState hidden;
+        return phase_;
+    }
 
     void arrive_and_wait() {
+        const SchedulerState hidden;
         const unsigned phase = phase_;
         note_progress();
         if (++arrived_ == expected_) {
@@ -254,6 +234,7 @@ class Barrier {
 
     // An exited thread: it is not waited for again.
     void arrive_and_drop() {
+        const SchedulerState hidden;
         note_progress();
         if (--expected_ > 0 && arrived_ == expected_) complete();
     }
@@ -266,7 +247,6 @@ class Barrier {
     int expected_, arrived_ = 0;
     unsigned phase_ = 0;
 };
-#endif
 
 // A barrier that orders memory: whatever a thread did before arriving happens before whatever
 // any of them does after leaving (__syncthreads, and the boundaries between blocks). TSan
@@ -334,13 +314,9 @@ struct ThreadState {
     SharedMemory* shared;
     AsyncCopies* copies;  // its cp.async in flight
 };
-// The running CUDA thread's view: per OS thread under TSan, else set as each fiber resumes (and
-// then one for the process: launches take turns, on the OS thread that makes each, launch_lock).
-#ifdef __SANITIZE_THREAD__
-inline thread_local ThreadState ts;
-#else
+// The running CUDA thread's view, set as each fiber resumes: one for the process (launches take
+// turns, on the OS thread that makes each, launch_lock).
 inline ThreadState ts;
-#endif
 
 inline int lane() { return int(ts.thread.x % 32); }
 
@@ -871,56 +847,6 @@ inline std::vector<unsigned> block_order(unsigned blocks) {
 
 // ---------------------------------------------------------------------------- launches
 
-#ifdef __SANITIZE_THREAD__
-// Under TSan, each CUDA thread of each block runs as a fiber of its OS thread, on a stack of
-// its own (swapcontext), made with all the OS thread knows (the arguments, the block's new
-// shared memory) and left without telling it anything: so TSan sees no order between one
-// block and another, as the GPU gives none. A fiber lives on after its block: TSan gives a
-// destroyed one's identity, and with it its history, to a later one, which then seems ordered
-// after it. Up to kMaxFibers live at once (of the 8,128 threads TSan allows a process); so
-// races between blocks farther apart than that in the launch's order can go unseen.
-constexpr unsigned kNoSync = 1;             // __tsan_switch_to_fiber_no_sync
-// A kernel's stack, with room for TSan's reports (the attention cases ran clean in 16 KiB and
-// reported their planted races in 32).
-// No larger: TSan clears the shadow of each fiber's stack when it is freed, and at 256 KiB that
-// was half of a run's time.
-constexpr size_t kFiberStack = 64 << 10;
-constexpr size_t kMaxFibers = 6144;
-
-// What a fiber runs: one CUDA thread of one block. The OS thread writes it, the fiber reads it
-// unobserved (it is the emulator's, and the OS thread rewrites it for the next block).
-struct FiberJob {
-    void (*run)(FiberJob*);
-    const void* launcher;
-    const void* packed;
-    ThreadState state;
-    char* launch_end;
-    void* base;
-    ucontext_t back, context;
-};
-inline thread_local FiberJob* fiber_job;
-
-inline void fiber_main() {
-    FiberJob* job;
-    {
-        Unobserved hidden;
-        job = fiber_job;
-    }
-    job->run(job);
-    void* base;
-    ucontext_t *context, *back;
-    {
-        Unobserved hidden;
-        base = job->base;
-        context = &job->context;
-        back = &job->back;
-    }
-    __tsan_switch_to_fiber(base, kNoSync);
-    swapcontext(context, back);  // never resumed
-}
-#endif
-
-#ifndef __SANITIZE_THREAD__
 // Saves the caller's callee-saved registers on its stack and its stack pointer in *save, then
 // continues on the stack at `next` (as left by an earlier call, or as Scheduler prepares a new
 // one), popping its registers. What the System V x86-64 ABI leaves to the callee is all a
@@ -932,13 +858,25 @@ inline void fiber_main() {
         "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
 }
 
-// Without TSan, the CUDA threads of a block are fibers on the launching OS thread, each on a
-// stack of its own: one runs until it must wait (at a barrier or a warp collective that others
-// have not reached), then the next one does. No OS thread per CUDA thread, no locking, no
-// scheduling by the OS (with a hundred OS threads per block on two cores, each barrier cost
-// milliseconds of waking and spinning); a barrier costs one switch per thread. When every
-// thread still running waits and none can go on, some never reach the barrier the others wait
-// at (a __syncthreads in a branch that not all take): a deadlock on the GPU, an abort here.
+// The CUDA threads of a block are fibers on the launching OS thread, each on a stack of its
+// own: one runs until it must wait (at a barrier or a warp collective that others have not
+// reached), then the next one does. No OS thread per CUDA thread, no locking, no scheduling by
+// the OS (with a hundred OS threads per block on two cores, each barrier cost milliseconds of
+// waking and spinning, under TSan two thirds of its run in the kernel); a barrier costs one
+// switch per thread. When every thread still running waits and none can go on, some never
+// reach the barrier the others wait at (a __syncthreads in a branch that not all take): a
+// deadlock on the GPU, an abort here.
+//
+// Under TSan each CUDA thread of a block is a TSan fiber that no thread of the blocks before it
+// was, on a stack newly allocated (TSan forgets what freed memory saw), entered with all the
+// launching thread knows (the arguments, the block's new shared memory) and left without
+// telling it anything: so TSan sees no order between one block and another, as the GPU gives
+// none, and within a block only the order that barriers tell it (OrderedBarrier). There are
+// kMaxFibers of them (of the 8,128 threads TSan allows a process), taken in turn: a block's
+// threads are ordered after those that were the same fibers kMaxFibers threads earlier, so
+// races between blocks farther apart than that go unseen. (A fiber made anew for every thread
+// of every block cost six times the whole run, and a destroyed one's identity would go to a
+// later one all the same.)
 class Scheduler {
   public:
     using Body = void (*)(const void* task, const ThreadState& state);
@@ -947,42 +885,57 @@ class Scheduler {
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;
     ~Scheduler() {
+#ifdef __SANITIZE_THREAD__
+        for (void* fiber : identities_) __tsan_destroy_fiber(fiber);
+#else
         for (auto& f : fibers_) munmap(f->mapping, kGuard + kStack);
+#endif
     }
 
     // One block: its threads' states (`first` with thread index t and warp t / 32), each
     // running body(task, state), until all have exited.
     void run_block(int threads, const ThreadState& first, Body body, const void* task) {
-        while (int(fibers_.size()) < threads) fibers_.push_back(new_fiber());
-        body_ = body;
-        task_ = task;
-        for (int t = 0; t < threads; ++t) {
-            Fiber& f = *fibers_[t];
-            f.state = first;
-            f.state.thread = uint3{unsigned(t), 0, 0};
-            f.state.warp = first.block->warps[t / 32].get();
-            f.state.copies = &f.copies;
-            f.done = false;
-#if MT_EMU_ASAN
-            // the poison of the frames that the stack's last fiber left (it never returned)
-            ASAN_UNPOISON_MEMORY_REGION(f.stack + kStack - kUnpoison, kUnpoison);
+        {
+            const SchedulerState hidden;
+            while (int(fibers_.size()) < threads) fibers_.push_back(new_fiber());
+            body_ = body;
+            task_ = task;
+#ifdef __SANITIZE_THREAD__
+            main_fiber_ = __tsan_get_current_fiber();
 #endif
-            // A new stack as switch_stack leaves one: six registers (zero), then where to
-            // return, entry, which is entered with the stack 16-byte aligned as a call leaves it.
-            auto* top = reinterpret_cast<uintptr_t*>(f.stack + kStack);
-            top[-1] = 0;
-            top[-2] = reinterpret_cast<uintptr_t>(&entry);
-            for (int r = 3; r <= 8; ++r) top[-r] = 0;
-            f.sp = top - 8;
+            for (int t = 0; t < threads; ++t) {
+                Fiber& f = *fibers_[t];
+                f.state = first;
+                f.state.thread = uint3{unsigned(t), 0, 0};
+                f.state.warp = first.block->warps[t / 32].get();
+                f.state.copies = &f.copies;
+                f.done = false;
+#ifdef __SANITIZE_THREAD__
+                f.stack = static_cast<unsigned char*>(std::malloc(kStack));  // new to TSan, as the shared memory is
+                if (!f.stack) throw std::bad_alloc();
+                f.fiber = next_identity();
+#endif
+#if MT_EMU_ASAN
+                // the poison of the frames that the stack's last fiber left (it never returned)
+                ASAN_UNPOISON_MEMORY_REGION(f.stack + kStack - kUnpoison, kUnpoison);
+#endif
+                // A new stack as switch_stack leaves one: six registers (zero), then where to
+                // return, entry, which is entered with the stack 16-byte aligned as a call leaves it.
+                auto* top = reinterpret_cast<uintptr_t*>(f.stack + kStack);
+                top[-1] = 0;
+                top[-2] = reinterpret_cast<uintptr_t>(&entry);
+                for (int r = 3; r <= 8; ++r) top[-r] = 0;
+                f.sp = top - 8;
+            }
         }
         int live = threads, idle = 0;
         for (int t = 0; live > 0; t = (t + 1) % threads) {
             Fiber& f = *fibers_[t];
-            if (f.done) continue;
-            progress_ = false;
+            if (done(f)) continue;
+            set_progress(false);
             resume(f);
-            if (f.done) --live;
-            if (progress_) {
+            if (done(f)) --live;
+            if (set_progress(false)) {
                 idle = 0;
             } else if (++idle >= live) {
                 std::fprintf(stderr, "deadlock in block (%u, %u, %u): each of its %d threads still "
@@ -992,21 +945,33 @@ class Scheduler {
                 std::abort();
             }
         }
+#ifdef __SANITIZE_THREAD__
+        const SchedulerState hidden;
+        for (int t = 0; t < threads; ++t) std::free(fibers_[t]->stack);
+#endif
     }
 
     // From the running fiber: let the others run; it resumes where it was.
     void yield() {
         Fiber& f = *current_;
         start_switch(&f.fake_stack, main_bottom_, main_size_);
+        to_main();
         switch_stack(&f.sp, main_sp_);
         finish_switch(f.fake_stack);
     }
 
     // Something happened that may let a waiting thread go on (an arrival, an exit).
-    void progress() { progress_ = true; }
+    void progress() { set_progress(true); }
 
   private:
+#ifdef __SANITIZE_THREAD__
+    // A kernel's stack, with room for TSan's reports (the attention cases ran clean in 16 KiB and
+    // reported their planted races in 32). No larger: TSan clears the shadow of each fiber's
+    // stack when it is freed, and at 256 KiB that was half of a run's time.
+    static constexpr size_t kStack = 64 << 10, kMaxFibers = 6144;
+#else
     static constexpr size_t kStack = 256 << 10, kGuard = 4096, kUnpoison = 64 << 10;
+#endif
 
     struct Fiber {
         void* sp;  // where its stack was left
@@ -1016,28 +981,64 @@ class Scheduler {
         unsigned char* stack;
         bool done;
         void* fake_stack = nullptr;  // ASan's, for the frames of this fiber's stack
+        void* fiber = nullptr;       // TSan's, for this block's thread
     };
 
     static std::unique_ptr<Fiber> new_fiber() {
+        auto f = std::make_unique<Fiber>();
+#ifndef __SANITIZE_THREAD__  // (under TSan, a stack of its own for every block)
         // A guard page below the stack: an overflow faults instead of writing the heap.
         void* m = mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (m == MAP_FAILED) throw std::bad_alloc();
         mprotect(m, kGuard, PROT_NONE);
-        auto f = std::make_unique<Fiber>();
         f->mapping = m;
         f->stack = static_cast<unsigned char*>(m) + kGuard;
+#endif
         return f;
     }
 
     void resume(Fiber& f) {
-        ts = f.state;
-        current_ = &f;
+        {
+            const SchedulerState hidden;
+            ts = f.state;
+            current_ = &f;
+        }
         start_switch(&main_fake_stack_, f.stack, kStack);
         count_running(true);
+#ifdef __SANITIZE_THREAD__
+        __tsan_switch_to_fiber(f.fiber, 0);  // what this thread did happens before what f does
+#endif
         switch_stack(&main_sp_, f.sp);
         count_running(false);
         finish_switch(main_fake_stack_);
+    }
+
+    // From a fiber, just before its stack is left: back to the launching thread, which learns
+    // nothing of what the fiber did.
+    void to_main() {
+#ifdef __SANITIZE_THREAD__
+        __tsan_switch_to_fiber(main_fiber_, kNoSync);
+#endif
+    }
+
+#ifdef __SANITIZE_THREAD__
+    void* next_identity() {  // the TSan fiber whose turn it is, made on first use
+        if (identities_.size() < kMaxFibers) return identities_.emplace_back(__tsan_create_fiber(0));
+        void* fiber = identities_[turn_];
+        turn_ = (turn_ + 1) % kMaxFibers;
+        return fiber;
+    }
+#endif
+
+    static bool done(const Fiber& f) {
+        const SchedulerState hidden;
+        return f.done;
+    }
+
+    bool set_progress(bool progress) {  // returns what it was
+        const SchedulerState hidden;
+        return std::exchange(progress_, progress);
     }
 
     static void entry();
@@ -1054,6 +1055,12 @@ class Scheduler {
 #endif
     }
 
+#ifdef __SANITIZE_THREAD__
+    static constexpr unsigned kNoSync = 1;  // __tsan_switch_to_fiber's flag
+    void* main_fiber_ = nullptr;            // the launching thread's
+    std::vector<void*> identities_;         // TSan's fibers, up to kMaxFibers
+    size_t turn_ = 0;                       // the next one's, once all are made
+#endif
     std::vector<std::unique_ptr<Fiber>> fibers_;  // reused from block to block
     Fiber* current_ = nullptr;
     void* main_sp_ = nullptr;  // the launching thread's stack, while a fiber runs
@@ -1081,16 +1088,20 @@ inline void Scheduler::entry() {
     Fiber& f = *s.current_;
     s.finish_switch(nullptr);
     s.body_(s.task_, f.state);
-    f.done = true;
+    {
+        const SchedulerState hidden;
+        f.done = true;
+    }
     s.start_switch(nullptr, s.main_bottom_, s.main_size_);  // this fiber's frames end here
+#ifdef __SANITIZE_THREAD__
+    __tsan_func_exit();  // and in TSan's stack of them, which the fiber keeps for its next block
+#endif
+    s.to_main();
     switch_stack(&f.sp, s.main_sp_);                        // never resumed
 }
 
 inline void yield_to_other_threads() { scheduler().yield(); }
 inline void note_progress() { scheduler().progress(); }
-#else
-inline thread_local AsyncCopies os_thread_copies;  // of the CUDA thread this OS thread runs
-#endif
 
 // A kernel launch: the blocks one after another, in block_order, each from new shared memory.
 template <typename... KArgs>
@@ -1099,19 +1110,17 @@ struct Launcher {
     dim3 grid, block;
     size_t smem;
 
-    // One CUDA thread of one block. Under TSan its view of ts is written unobserved: every block
-    // rewrites it, and each reads only its own.
+    // One CUDA thread of one block, which publishes what it did at `launch_end` for the launching
+    // thread, at the launch's end, to learn.
     template <typename Packed>
-    static void run_thread(const Launcher& self, const Packed& packed, const ThreadState& state) {
-        {
-            Unobserved hidden;
-            ts = state;
-        }
+    static void run_thread(const Launcher& self, const Packed& packed, const ThreadState& state,
+                           char* launch_end) {
         forget_async_copies();
         std::apply(self.kernel, packed);
         // An exited thread no longer holds up its block's or warp's barriers.
         state.block->barrier.arrive_and_drop();
         state.warp->barrier.arrive_and_drop();
+        publish(launch_end);
     }
 
     template <typename... Args>
@@ -1121,103 +1130,31 @@ struct Launcher {
         const int threads = int(block.x * block.y * block.z);
         const std::vector<unsigned> order = block_order(grid.x * grid.y * grid.z);
         SharedMemory shared(smem);
-#ifndef __SANITIZE_THREAD__
+        char launch_end = 0;
         struct Task {
             const Launcher* self;
             const Packed* packed;
-        } task{this, &packed};
+            char* launch_end;
+        } task{this, &packed, &launch_end};
         std::lock_guard turn(launch_lock());
         for (unsigned b : order) {
             shared.renew();
-            Block state(threads);
+            // On the heap, new: TSan knows a barrier's order by its address, and the same one on
+            // the stack would order each block after the block before.
+            const auto state = std::make_unique<Block>(threads);
             count_block(threads);
             const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
-            scheduler().run_block(threads, ThreadState{{}, index, block, grid, &state, nullptr, &shared, nullptr},
+            scheduler().run_block(threads, ThreadState{{}, index, block, grid, state.get(), nullptr, &shared, nullptr},
                                   [](const void* t, const ThreadState& st) {
                                       const Task& task = *static_cast<const Task*>(t);
-                                      run_thread(*task.self, *task.packed, st);
+                                      run_thread(*task.self, *task.packed, st, task.launch_end);
                                   },
                                   &task);
             count_block(0);
         }
-        count_launch();
-#else
-        run_on_os_threads(packed, order, shared, threads);
-#endif
-    }
-
-#ifdef __SANITIZE_THREAD__
-    // One OS thread per CUDA thread of a block, for the whole launch (creating them anew for
-    // every block costs more than most blocks): they run the blocks one after another, thread 0
-    // preparing each between two boundaries, each CUDA thread as a TSan fiber (FiberJob).
-    template <typename Packed>
-    void run_on_os_threads(const Packed& packed, const std::vector<unsigned>& order,
-                           SharedMemory& shared, int threads) const {
-    std::unique_ptr<Block> state;
-    OrderedBarrier boundary(threads);  // orders the OS threads' bookkeeping, not the blocks
-    const size_t window = std::max<size_t>(1, kMaxFibers / threads);  // blocks whose fibers live
-    char launch_end = 0;
-    auto run = [&](int t) {
-        std::deque<void*> fibers;
-        FiberJob job;
-        for (unsigned b : order) {
-            if (t == 0) {
-                shared.renew();
-                state = std::make_unique<Block>(threads);
-            }
-            boundary.arrive_and_wait();
-            const uint3 index{b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
-            const ThreadState mine{uint3{unsigned(t), 0, 0}, index, block, grid, state.get(),
-                                   state->warps[t / 32].get(), &shared, &os_thread_copies};
-            void* stack = std::malloc(kFiberStack);  // new to TSan, as the shared memory is
-            if (fibers.size() == window) {
-                __tsan_destroy_fiber(fibers.front());
-                fibers.pop_front();
-            }
-            fibers.push_back(__tsan_create_fiber(0));
-            {
-                Unobserved hidden;
-                os_thread_copies.copies.clear();  // made here, not in a fiber
-                os_thread_copies.groups.clear();
-                job = FiberJob{[](FiberJob* j) {
-                                   const Launcher* self;
-                                   const Packed* p;
-                                   ThreadState st;
-                                   char* end;
-                                   {
-                                       Unobserved hidden;
-                                       self = static_cast<const Launcher*>(j->launcher);
-                                       p = static_cast<const Packed*>(j->packed);
-                                       st = j->state;
-                                       end = j->launch_end;
-                                   }
-                                   run_thread(*self, *p, st);
-                                   publish(end);
-                               },
-                               this, &packed, mine, &launch_end, __tsan_get_current_fiber(), {}, {}};
-                fiber_job = &job;
-                getcontext(&job.context);
-                job.context.uc_stack.ss_sp = stack;
-                job.context.uc_stack.ss_size = kFiberStack;
-                job.context.uc_link = nullptr;
-                makecontext(&job.context, fiber_main, 0);
-            }
-            __tsan_switch_to_fiber(fibers.back(), 0);
-            swapcontext(&job.back, &job.context);
-            {
-                Unobserved hidden;
-                std::free(stack);
-            }
-            boundary.arrive_and_wait();
-        }
         subscribe(&launch_end);  // what every block did, before the launch returns
-        for (void* fiber : fibers) __tsan_destroy_fiber(fiber);
-    };
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
-    for (auto& th : pool) th.join();
+        count_launch();
     }
-#endif
 };
 
 // The GPU launches a kernel with more than 48 KiB of dynamic shared memory only after

@@ -44,7 +44,7 @@ emulated.require_emulator()
 
 DRIVER = Path(sanitized_run.__file__)
 KERNELS = ["attention", "attention_naive", "attention_tiled", "layernorm", "softmax", "cross_entropy"]
-# A run's CPU seconds (the slowest, ThreadSanitizer on attention, takes about 120 on a quiet
+# A run's CPU seconds (the slowest, attention under either sanitizer, takes about 40 on a quiet
 # machine): CPU time, which a busy machine does not inflate as it does the wall clock.
 CPU_SECONDS = 900
 
@@ -186,10 +186,9 @@ def run(module: Path, sanitize: str | None, cases: list[str]):
 
 
 # ThreadSanitizer looks for races, which neither the element type nor the head dim changes,
-# and its runs cost 30 times the plain build's (each CUDA thread an OS thread, every barrier a
-# wake-up of all of them): bfloat16 instantiates the templates of float16, indices and barriers
-# alike, and the float32 kernels at D = 128 are those at D = 64 (attention-tiles) with other
-# constants. The causal case still runs in float16, for the mma kernels' smaller backward tiles.
+# and its runs cost several times the plain build's: bfloat16 instantiates the templates of
+# float16, indices and barriers alike, and the float32 kernels at D = 128 are those at D = 64
+# (attention-tiles) with other constants. The causal case still runs in float16, for the mma kernels' smaller backward tiles.
 THREAD_SKIPS = {name for name in sanitized_run.CASES
                 if name.endswith("-bfloat16") or name == "attention-causal-float32"}
 
